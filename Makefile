@@ -1,0 +1,28 @@
+# Two commands a new machine needs: `make test` and (later) `make serve`.
+PY ?= python3.11
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: venv test bench clean
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q torch==2.13.0
+	$(BIN)/pip install -q -e '.[dev]'
+	touch $(STAMP)
+
+test: venv
+	$(BIN)/python -m pytest tests
+
+# Benchmarks write JSON under bench-out/; speed claims live here, never in tests.
+bench: venv
+	mkdir -p bench-out
+	$(BIN)/adaflash bench --tiny-random --modes ar,ngram,dflash,adaflash,adaflash-published --concurrency 1,4,16 --json bench-out/engine-tiny.json
+	$(BIN)/python clients/bench_runner.py --json bench-out/runner-vs-transformers.json
+
+clean:
+	rm -rf $(VENV) bench-out

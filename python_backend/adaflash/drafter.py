@@ -1,0 +1,311 @@
+"""DFlash block-diffusion drafter, as published, with the AdaFlash length head.
+
+One forward drafts a whole block: the block is [anchor, mask x (B-1)], queries come from
+the block only, keys/values from [injected context ; block], attention is bidirectional,
+and the target's frozen embedding and LM head turn ids into vectors and back. The
+context is the target's hidden states of committed positions, fused by `fc`; its
+per-layer K/V are cached per slot, so each step only projects the newly committed ones.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from safetensors.torch import load_file, save_file
+from torch import Tensor, nn
+
+from adaflash.layers import MLP, RMSNorm, RopeConfig, apply_rope, attend, gather_slots, rope_cos_sin
+from adaflash.target import Transformer
+
+
+def default_target_layer_ids(num_target_layers: int, num_draft_layers: int) -> list[int]:
+    """Published default: spread evenly from layer 1 to layer N-3; the middle layer for a 1-layer drafter."""
+    if num_draft_layers == 1:
+        return [num_target_layers // 2]
+    start, end = 1, num_target_layers - 3
+    return [round(start + i * (end - start) / (num_draft_layers - 1)) for i in range(num_draft_layers)]
+
+
+@dataclass
+class DrafterConfig:
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    rope: RopeConfig
+    rms_norm_eps: float
+    block_size: int
+    num_target_layers: int
+    target_layer_ids: list[int]
+    mask_token_id: int
+    length_head: bool
+    length_head_dim: int
+    hf: dict  # the full config.json, written back unchanged apart from what the fields above set
+
+    @classmethod
+    def from_hf(cls, cfg: dict) -> "DrafterConfig":
+        dc = cfg.get("dflash_config", {})
+        head_dim = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
+        layer_ids = dc.get("target_layer_ids") or default_target_layer_ids(cfg["num_target_layers"], cfg["num_hidden_layers"])
+        if "mask_token_id" not in dc:
+            raise ValueError("drafter config.json: dflash_config.mask_token_id is required")
+        return cls(
+            hidden_size=cfg["hidden_size"],
+            intermediate_size=cfg["intermediate_size"],
+            num_hidden_layers=cfg["num_hidden_layers"],
+            num_attention_heads=cfg["num_attention_heads"],
+            num_key_value_heads=cfg.get("num_key_value_heads", cfg["num_attention_heads"]),
+            head_dim=head_dim,
+            rope=RopeConfig.from_hf(cfg, head_dim),
+            rms_norm_eps=cfg.get("rms_norm_eps", 1e-6),
+            block_size=cfg["block_size"],
+            num_target_layers=cfg["num_target_layers"],
+            target_layer_ids=list(layer_ids),
+            mask_token_id=dc["mask_token_id"],
+            length_head=bool(dc.get("use_thresh_head_two_model", False)),
+            length_head_dim=dc.get("thresh_head_bottleneck_dim", 256),
+            hf=copy.deepcopy(cfg),
+        )
+
+    def to_hf(self) -> dict:
+        cfg = copy.deepcopy(self.hf)
+        cfg.update(
+            architectures=["DFlashDraftModel"], model_type="qwen3", block_size=self.block_size,
+            num_target_layers=self.num_target_layers, num_hidden_layers=self.num_hidden_layers,
+        )
+        dc = cfg.setdefault("dflash_config", {})
+        dc.update(mask_token_id=self.mask_token_id, target_layer_ids=self.target_layer_ids)
+        if self.length_head:
+            dc.update(use_thresh_head_two_model=True, thresh_head_bottleneck_dim=self.length_head_dim)
+        else:
+            dc.pop("use_thresh_head_two_model", None)
+            dc.pop("thresh_head_bottleneck_dim", None)
+        return cfg
+
+
+class ContextCache:
+    """Per-slot K/V of the injected context, for every drafter layer."""
+
+    def __init__(self, cfg: DrafterConfig, num_slots: int, max_len: int, dtype: torch.dtype) -> None:
+        shape = (cfg.num_hidden_layers, num_slots, cfg.num_key_value_heads, max_len, cfg.head_dim)
+        self.k = torch.zeros(shape, dtype=dtype)
+        self.v = torch.zeros(shape, dtype=dtype)
+        self.lengths = [0] * num_slots
+        self.max_len = max_len
+
+
+class DraftAttention(nn.Module):
+    def __init__(self, cfg: DrafterConfig) -> None:
+        super().__init__()
+        h, kv, hd = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+        self.n_heads, self.n_kv, self.head_dim = h, kv, hd
+        self.q_proj = nn.Linear(cfg.hidden_size, h * hd, bias=False)
+        self.k_proj = nn.Linear(cfg.hidden_size, kv * hd, bias=False)
+        self.v_proj = nn.Linear(cfg.hidden_size, kv * hd, bias=False)
+        self.o_proj = nn.Linear(h * hd, cfg.hidden_size, bias=False)
+        self.q_norm = RMSNorm(hd, cfg.rms_norm_eps)
+        self.k_norm = RMSNorm(hd, cfg.rms_norm_eps)
+
+    def project_kv(self, x: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor]:
+        """x: [T, D] -> keys (k_norm, RoPE) and values [T, KV, hd]; used for context and block alike."""
+        t = x.shape[0]
+        k = apply_rope(self.k_norm(self.k_proj(x).view(t, self.n_kv, self.head_dim)), cos, sin)
+        return k, self.v_proj(x).view(t, self.n_kv, self.head_dim)
+
+    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, ctx_k: Tensor, ctx_v: Tensor, ctx_mask: Tensor) -> Tensor:
+        """x: [n, B, D] block; ctx_k/ctx_v: [n, KV, Lc, hd]; ctx_mask: [n, Lc] (True = valid context)."""
+        n, b, _ = x.shape
+        flat = x.reshape(n * b, -1)
+        q = apply_rope(self.q_norm(self.q_proj(flat).view(n * b, self.n_heads, self.head_dim)), cos, sin)
+        k, v = self.project_kv(flat, cos, sin)
+        keys = torch.cat([ctx_k, k.view(n, b, self.n_kv, -1).transpose(1, 2)], dim=2)
+        values = torch.cat([ctx_v, v.view(n, b, self.n_kv, -1).transpose(1, 2)], dim=2)
+        block_mask = torch.ones(n, b, dtype=torch.bool)
+        mask = torch.cat([ctx_mask, block_mask], dim=1)[:, None, None, :].expand(n, 1, b, -1)
+        out = attend(q.view(n, b, self.n_heads, -1).transpose(1, 2), keys, values, mask, self.head_dim**-0.5)
+        return self.o_proj(out.transpose(1, 2).reshape(n, b, -1))
+
+
+class DraftLayer(nn.Module):
+    def __init__(self, cfg: DrafterConfig) -> None:
+        super().__init__()
+        self.self_attn = DraftAttention(cfg)
+        self.mlp = MLP(cfg.hidden_size, cfg.intermediate_size)
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, ctx_k: Tensor, ctx_v: Tensor, ctx_mask: Tensor) -> Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, ctx_k, ctx_v, ctx_mask)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class LengthHead(nn.Module):
+    """AdaFlash 'thresh head': [mean of draft hidden states ; last hidden state] -> accepted fraction of the block."""
+
+    def __init__(self, hidden: int, dim: int) -> None:
+        super().__init__()
+        self.down = nn.Linear(2 * hidden, dim)
+        self.res = nn.ModuleList([nn.Linear(dim, dim)])
+        self.out = nn.Linear(dim, 1)
+
+    def forward(self, block_hidden: Tensor) -> Tensor:
+        """block_hidden: [n, B, D] (position 0 is the anchor) -> [n] in (0, 1)."""
+        draft = block_hidden[:, 1:]
+        x = self.down(torch.cat([draft.mean(dim=1), draft[:, -1]], dim=-1))
+        x = x + F.silu(self.res[0](x))
+        return torch.sigmoid(self.out(x)).squeeze(-1)
+
+
+@dataclass
+class Draft:
+    tokens: Tensor  # [n, block_size - 1] drafted ids (greedy: the draft is deterministic)
+    hidden: Tensor  # [n, block_size, D] final-norm hidden states of the block
+    accept_ratio: Tensor | None  # [n] length head prediction of (accepted + 1) / block_size
+
+
+class DFlashDrafter(nn.Module):
+    def __init__(self, cfg: DrafterConfig) -> None:
+        super().__init__()
+        self.config = cfg
+        self.fc = nn.Linear(len(cfg.target_layer_ids) * cfg.hidden_size, cfg.hidden_size, bias=False)
+        self.hidden_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.layers = nn.ModuleList(DraftLayer(cfg) for _ in range(cfg.num_hidden_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        if cfg.length_head:
+            self.thresh_head_two_model = LengthHead(cfg.hidden_size, cfg.length_head_dim)
+        self.register_buffer("inv_freq", cfg.rope.inv_freq(), persistent=False)
+        self.cache: ContextCache | None = None
+
+    @property
+    def length_head(self) -> LengthHead | None:
+        return self.thresh_head_two_model if self.config.length_head else None
+
+    @classmethod
+    def from_pretrained(cls, path: str | Path, dtype: torch.dtype = torch.float32) -> "DFlashDrafter":
+        path = Path(path)
+        model = cls(DrafterConfig.from_hf(json.loads((path / "config.json").read_text())))
+        state: dict[str, Tensor] = {}
+        for f in sorted(path.glob("*.safetensors")):
+            state.update(load_file(f))
+        missing, unexpected = model.load_state_dict(state, strict=False)
+        if missing or unexpected:
+            raise ValueError(f"drafter checkpoint {path}: missing {missing}, unexpected {unexpected}")
+        return model.to(dtype).eval()
+
+    def save_pretrained(self, path: str | Path, dtype: torch.dtype = torch.bfloat16) -> None:
+        path = Path(path)
+        path.mkdir(parents=True, exist_ok=True)
+        cfg = self.config.to_hf()
+        cfg["dtype"] = str(dtype).removeprefix("torch.")
+        (path / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
+        state = {k: v.detach().to(dtype).contiguous() for k, v in self.state_dict().items()}
+        save_file(state, path / "model.safetensors", metadata={"format": "pt"})
+
+    def check_target(self, target: Transformer) -> None:
+        """A drafter only fits the target it was trained for; say which dimension differs."""
+        t, d = target.config, self.config
+        problems = []
+        if t.hidden_size != d.hidden_size:
+            problems.append(f"hidden_size {d.hidden_size} != target {t.hidden_size}")
+        if t.num_hidden_layers != d.num_target_layers:
+            problems.append(f"num_target_layers {d.num_target_layers} != target depth {t.num_hidden_layers}")
+        if max(d.target_layer_ids) >= t.num_hidden_layers:
+            problems.append(f"target_layer_ids {d.target_layer_ids} out of range")
+        if not 0 <= d.mask_token_id < t.vocab_size:
+            problems.append(f"mask_token_id {d.mask_token_id} outside the target vocabulary")
+        if problems:
+            raise ValueError("drafter does not match target: " + "; ".join(problems))
+
+    def allocate_cache(self, num_slots: int, max_len: int) -> ContextCache:
+        self.cache = ContextCache(self.config, num_slots, max_len, self.fc.weight.dtype)
+        return self.cache
+
+    def fuse(self, features: Tensor) -> Tensor:
+        """Concatenated target hidden states [T, n_layers * D] -> one context vector per position."""
+        return self.hidden_norm(self.fc(features))
+
+    @torch.inference_mode()
+    def append_context(self, slots: list[int], features: Tensor, counts: list[int]) -> None:
+        """Project newly committed positions (packed `features`, `counts[b]` for `slots[b]`) into the cache."""
+        cache = self.cache
+        assert cache is not None, "allocate_cache() first"
+        if sum(counts) == 0:
+            return
+        c = torch.tensor(counts, dtype=torch.long)
+        seq = torch.repeat_interleave(torch.arange(len(counts)), c)
+        offset = torch.arange(int(c.sum())) - (torch.cumsum(c, 0) - c)[seq]
+        starts = torch.tensor([cache.lengths[s] for s in slots], dtype=torch.long)
+        positions = starts[seq] + offset
+        slot_t = torch.tensor(slots, dtype=torch.long)[seq]
+        if int(positions.max()) >= cache.max_len:
+            raise ValueError(f"drafter context exceeds its cache length {cache.max_len}")
+        fused = self.fuse(features)
+        cos, sin = rope_cos_sin(self.inv_freq, positions)
+        for i, layer in enumerate(self.layers):
+            k, v = layer.self_attn.project_kv(fused, cos, sin)
+            cache.k[i][slot_t, :, positions] = k
+            cache.v[i][slot_t, :, positions] = v
+        for s, n in zip(slots, counts):
+            cache.lengths[s] += n
+
+    def truncate(self, slot: int, length: int) -> None:
+        assert self.cache is not None
+        self.cache.lengths[slot] = min(self.cache.lengths[slot], length)
+
+    @torch.inference_mode()
+    def draft(self, target: Transformer, slots: list[int], anchors: list[int]) -> Draft:
+        """Draft block_size - 1 tokens after each anchor; the anchor sits right after the cached context."""
+        cache = self.cache
+        assert cache is not None, "allocate_cache() first"
+        ctx_lens = torch.tensor([cache.lengths[s] for s in slots], dtype=torch.long)
+        lc = int(ctx_lens.max())
+        ctx_mask = torch.arange(lc)[None, :] < ctx_lens[:, None]
+        ctx_kv = [(gather_slots(cache.k[i], slots, lc), gather_slots(cache.v[i], slots, lc)) for i in range(len(self.layers))]
+        return self._finish(target, self.block_hidden(target, self.block_ids(anchors), ctx_lens, ctx_kv, ctx_mask))
+
+    @torch.inference_mode()
+    def draft_uncached(self, target: Transformer, features: Tensor, anchor: int) -> Draft:
+        """The same draft recomputed from scratch for one sequence: context K/V projected from `features` [C, F]."""
+        ctx_kv = self.context_kv(features)
+        ctx_mask = torch.ones(1, features.shape[0], dtype=torch.bool)
+        hidden = self.block_hidden(target, self.block_ids([anchor]), torch.tensor([features.shape[0]]), ctx_kv, ctx_mask)
+        return self._finish(target, hidden)
+
+    def context_kv(self, features: Tensor) -> list[tuple[Tensor, Tensor]]:
+        """Per-layer context keys/values [1, KV, C, hd] of positions 0..C-1 (training and reference path)."""
+        fused = self.fuse(features)
+        cos, sin = rope_cos_sin(self.inv_freq, torch.arange(features.shape[0]))
+        out = []
+        for layer in self.layers:
+            k, v = layer.self_attn.project_kv(fused, cos, sin)
+            out.append((k.transpose(0, 1)[None], v.transpose(0, 1)[None]))
+        return out
+
+    def block_ids(self, anchors: list[int] | Tensor) -> Tensor:
+        anchors = torch.as_tensor(anchors, dtype=torch.long)
+        ids = torch.full((anchors.shape[0], self.config.block_size), self.config.mask_token_id, dtype=torch.long)
+        ids[:, 0] = anchors
+        return ids
+
+    def block_hidden(
+        self, target: Transformer, ids: Tensor, starts: Tensor, ctx_kv: list[tuple[Tensor, Tensor]], ctx_mask: Tensor
+    ) -> Tensor:
+        """Blocks `ids` [n, B] at absolute positions starts[i] + 0..B-1, each seeing the context where ctx_mask[i]."""
+        n, b = ids.shape
+        x = target.model.embed_tokens(ids).to(self.fc.weight.dtype)
+        cos, sin = rope_cos_sin(self.inv_freq, (starts[:, None] + torch.arange(b)[None, :]).reshape(-1))
+        for layer, (ck, cv) in zip(self.layers, ctx_kv):
+            x = layer(x, cos, sin, ck.expand(n, -1, -1, -1), cv.expand(n, -1, -1, -1), ctx_mask)
+        return self.norm(x)
+
+    def _finish(self, target: Transformer, hidden: Tensor) -> Draft:
+        logits = target.lm_head(hidden[:, 1:].to(target.lm_head.weight.dtype))
+        head = self.length_head
+        return Draft(tokens=logits.argmax(-1), hidden=hidden, accept_ratio=None if head is None else head(hidden))

@@ -1,0 +1,209 @@
+"""Draft-length policies: the cost-aware AdaFlash policy and the published threshold rule.
+
+Speculation pays when the tokens it commits outweigh the extra verify cost. Alone, a
+16-token verify costs about as much as a 1-token decode; under load the forward is
+compute-bound and every verified draft token costs time. The cost-aware policy measures
+T(batch, tokens) on the running machine and, each step, picks the per-sequence draft
+lengths that maximise expected committed tokens per second for the whole batch; k = 0
+(plain decoding) is always a candidate, so it never plans to be slower than `ar`.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+import torch
+
+if TYPE_CHECKING:
+    from adaflash.drafter import DFlashDrafter
+    from adaflash.target import Transformer
+
+
+@dataclass
+class CostModel:
+    """Measured milliseconds: verify[b] = [(total_tokens, ms), ...] for b sequences; draft[b] = ms."""
+
+    verify: dict[int, list[tuple[int, float]]] = field(default_factory=dict)
+    draft: dict[int, float] = field(default_factory=dict)
+
+    def verify_ms(self, batch: int, total_tokens: int) -> float:
+        """Interpolate linearly in tokens per sequence, then across the measured batch sizes."""
+        sizes = sorted(self.verify)
+        lo = max([b for b in sizes if b <= batch], default=sizes[0])
+        hi = min([b for b in sizes if b >= batch], default=sizes[-1])
+        per_seq = total_tokens / batch
+        t_lo = self._at(lo, per_seq * lo)
+        if hi == lo:
+            return t_lo * batch / lo if batch > lo else t_lo
+        t_hi = self._at(hi, per_seq * hi)
+        w = (batch - lo) / (hi - lo)
+        return (1 - w) * t_lo + w * t_hi
+
+    def _at(self, batch: int, total: float) -> float:
+        pts = self.verify[batch]
+        xs, ys = [p[0] for p in pts], [p[1] for p in pts]
+        if total > xs[-1]:  # extrapolate with the last slope
+            slope = (ys[-1] - ys[-2]) / (xs[-1] - xs[-2]) if len(xs) > 1 else ys[-1] / xs[-1]
+            return ys[-1] + slope * (total - xs[-1])
+        return float(np.interp(total, xs, ys))
+
+    def draft_ms(self, n: int) -> float:
+        if n == 0 or not self.draft:
+            return 0.0
+        sizes = sorted(self.draft)
+        xs, ys = sizes, [self.draft[b] for b in sizes]
+        if n > xs[-1]:
+            return ys[-1] * n / xs[-1]
+        return float(np.interp(n, xs, ys))
+
+    def to_json(self) -> dict:
+        return {"verify_ms": {str(b): pts for b, pts in self.verify.items()}, "draft_ms": {str(b): v for b, v in self.draft.items()}}
+
+    @classmethod
+    def from_json(cls, d: dict) -> "CostModel":
+        return cls(
+            verify={int(b): [tuple(p) for p in pts] for b, pts in d["verify_ms"].items()},
+            draft={int(b): float(v) for b, v in d.get("draft_ms", {}).items()},
+        )
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_text(json.dumps(self.to_json(), indent=1))
+
+
+def measure_costs(
+    target: "Transformer",
+    drafter: "DFlashDrafter | None",
+    max_batch: int,
+    context: int = 128,
+    tokens_per_seq: tuple[int, ...] = (1, 2, 4, 8, 16),
+    reps: int = 3,
+) -> CostModel:
+    """Time batched verify forwards (and drafts) on the idle caches; every slot is left empty afterwards."""
+    cache = target.cache
+    assert cache is not None and all(n == 0 for n in cache.lengths[:max_batch]), "measure on free slots"
+    context = min(context, cache.max_len - max(tokens_per_seq) - 1)
+    g = torch.Generator().manual_seed(0)
+    vocab = target.config.vocab_size
+    slots = list(range(max_batch))
+    target.forward(slots, torch.randint(0, vocab, (max_batch, context), generator=g).tolist(), logit_rows=torch.tensor([0]))
+    if drafter is not None:
+        width = drafter.fc.weight.shape[1]
+        drafter.append_context(slots, torch.randn(max_batch * context, width, generator=g), [context] * max_batch)
+    batches = sorted({1, max_batch} | {2**i for i in range(20) if 2**i < max_batch})
+    model = CostModel()
+    for b in batches:
+        model.verify[b] = []
+        for k in tokens_per_seq:
+            toks = torch.randint(0, vocab, (b, k), generator=g).tolist()
+
+            def verify() -> None:
+                target.forward(slots[:b], toks)
+                for s in slots[:b]:
+                    cache.truncate(s, context)
+
+            model.verify[b].append((b * k, _median_ms(verify, reps)))
+        if drafter is not None:
+            anchors = [0] * b
+            model.draft[b] = _median_ms(lambda: drafter.draft(target, slots[:b], anchors), reps)
+    for s in slots:
+        cache.truncate(s, 0)
+        if drafter is not None:
+            drafter.truncate(s, 0)
+    return model
+
+
+def _median_ms(fn, reps: int) -> float:
+    fn()
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - t0) * 1000)
+    return statistics.median(times)
+
+
+class AcceptanceStats:
+    """Counts of tries and hits per draft position: position j is tried only when 1..j-1 were accepted."""
+
+    def __init__(self, size: int) -> None:
+        self.tries = np.zeros(size)
+        self.hits = np.zeros(size)
+        self.blocks = 0
+        self.ratio_sum = 0.0
+
+    def update(self, draft_len: int, accepted: int, block_size: int) -> None:
+        self.tries[: min(accepted + 1, draft_len)] += 1
+        self.hits[:accepted] += 1
+        self.blocks += 1
+        self.ratio_sum += (accepted + 1) / block_size
+
+    def rates(self, prior: np.ndarray, weight: float) -> np.ndarray:
+        """Conditional acceptance per position, shrunk toward `prior` with `weight` pseudo-tries."""
+        return (self.hits + weight * prior) / (self.tries + weight)
+
+    def mean_ratio(self, default: float) -> float:
+        return self.ratio_sum / self.blocks if self.blocks else default
+
+
+def ratio_to_rates(ratio: torch.Tensor, block_size: int, iters: int = 40) -> np.ndarray:
+    """Turn the published head's accepted fraction (a+1)/B into a constant per-position rate alpha,
+    solving sum_{j=1}^{B-1} alpha^j = expected accepted tokens by bisection."""
+    target = (ratio.double() * block_size - 1).clamp(min=0.0, max=block_size - 1.0 - 1e-6).numpy()
+    lo, hi = np.zeros_like(target), np.ones_like(target)
+    powers = np.arange(1, block_size)
+    for _ in range(iters):
+        mid = (lo + hi) / 2
+        above = (mid[:, None] ** powers).sum(axis=1) > target
+        hi, lo = np.where(above, mid, hi), np.where(above, lo, mid)
+    return np.repeat(((lo + hi) / 2)[:, None], block_size - 1, axis=1)
+
+
+def choose_lengths(
+    rates: np.ndarray,
+    caps: list[int],
+    cost: CostModel,
+    batch: int,
+    other_tokens: int,
+    draft_ms: float,
+    sunk_ms: float = 0.0,
+) -> tuple[list[int], float]:
+    """Per-sequence draft lengths maximising expected committed tokens per millisecond.
+
+    rates[i, j]: probability that draft position j+1 of sequence i is accepted given the ones
+    before it. The expected gain of verifying a (j+1)-th token is the product of the first j+1
+    rates, non-increasing in j, so the best allocation of S verified tokens takes the S
+    largest gains over all sequences; every S is tried. `other_tokens` are tokens that other
+    sequences put into the same forward. `draft_ms` is paid only if some k > 0 (deciding
+    whether to draft at all); `sunk_ms` is time every option pays (a draft already made).
+    Returns the lengths and the rate they promise.
+    """
+    n = len(caps)
+    gains = np.cumprod(rates, axis=1)
+    owner, value = [], []
+    for i in range(n):
+        owner.extend([i] * caps[i])
+        value.extend(gains[i, : caps[i]].tolist())
+    order = np.argsort(-np.asarray(value), kind="stable")
+    base_tokens = other_tokens + n
+    best_s, best_rate = 0, n / (cost.verify_ms(batch, base_tokens) + sunk_ms)
+    expected = float(n)
+    for s, idx in enumerate(order, start=1):
+        expected += value[idx]
+        rate = expected / (cost.verify_ms(batch, base_tokens + s) + sunk_ms + draft_ms)
+        if rate > best_rate:
+            best_s, best_rate = s, rate
+    ks = [0] * n
+    for idx in order[:best_s]:
+        ks[owner[idx]] += 1
+    return ks, best_rate
+
+
+def published_length(ratio: float, block_size: int, cap: int) -> int:
+    """AdaFlash paper rule: verify round(ratio * B * 1.3) draft tokens, at least 1."""
+    return min(cap, max(1, round(ratio * block_size * 1.3)))

@@ -1,0 +1,235 @@
+"""Lean Qwen3 / Llama decoder with a slot-based KV cache and ragged batched forwards.
+
+One forward serves many sequences at once, each with its own cached length and its own
+number of new tokens (1 for a decode step, k+1 for a verify, hundreds for a prefill).
+Parameter names match Hugging Face checkpoints, so `model.safetensors` loads as is.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file
+from torch import Tensor, nn
+
+from adaflash.layers import MLP, Ragged, RMSNorm, RopeConfig, apply_rope, attend, gather_slots, rope_cos_sin
+
+
+@dataclass
+class TargetConfig:
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    rope: RopeConfig
+    rms_norm_eps: float = 1e-6
+    qk_norm: bool = True
+    attention_bias: bool = False
+    tie_word_embeddings: bool = False
+    max_position_embeddings: int = 4096
+    eos_token_ids: list[int] = field(default_factory=list)
+
+    @classmethod
+    def from_hf(cls, cfg: dict) -> "TargetConfig":
+        model_type = cfg.get("model_type")
+        if model_type not in ("qwen3", "llama"):
+            raise ValueError(f"unsupported target model_type {model_type!r} (supported: qwen3, llama)")
+        head_dim = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
+        eos = cfg.get("eos_token_id")
+        return cls(
+            vocab_size=cfg["vocab_size"],
+            hidden_size=cfg["hidden_size"],
+            intermediate_size=cfg["intermediate_size"],
+            num_hidden_layers=cfg["num_hidden_layers"],
+            num_attention_heads=cfg["num_attention_heads"],
+            num_key_value_heads=cfg.get("num_key_value_heads", cfg["num_attention_heads"]),
+            head_dim=head_dim,
+            rope=RopeConfig.from_hf(cfg, head_dim),
+            rms_norm_eps=cfg.get("rms_norm_eps", 1e-6),
+            qk_norm=model_type == "qwen3",
+            attention_bias=cfg.get("attention_bias", False),
+            tie_word_embeddings=cfg.get("tie_word_embeddings", False),
+            max_position_embeddings=cfg.get("max_position_embeddings", 4096),
+            eos_token_ids=[] if eos is None else ([eos] if isinstance(eos, int) else list(eos)),
+        )
+
+
+class KVCache:
+    """N slots x max_len positions, allocated once; `lengths[slot]` says how many are valid.
+
+    Truncating a slot only lowers its length: rejected positions are overwritten later.
+    """
+
+    def __init__(self, cfg: TargetConfig, num_slots: int, max_len: int, dtype: torch.dtype) -> None:
+        shape = (cfg.num_hidden_layers, num_slots, cfg.num_key_value_heads, max_len, cfg.head_dim)
+        self.k = torch.zeros(shape, dtype=dtype)
+        self.v = torch.zeros(shape, dtype=dtype)
+        self.lengths = [0] * num_slots
+        self.max_len = max_len
+
+    def truncate(self, slot: int, length: int) -> None:
+        if not 0 <= length <= self.lengths[slot]:
+            raise ValueError(f"cannot truncate slot {slot} of length {self.lengths[slot]} to {length}")
+        self.lengths[slot] = length
+
+
+@dataclass
+class ForwardBatch:
+    """Where the new tokens of one ragged forward go: their slots, cache offsets, positions and mask."""
+
+    slots: list[int]
+    starts: list[int]
+    ragged: Ragged
+    positions: Tensor  # [T]
+    slot_of_token: Tensor  # [T]
+    kv_len: int
+    mask: Tensor  # [B, 1, Qmax, kv_len]
+
+    @classmethod
+    def build(cls, slots: list[int], starts: list[int], counts: list[int]) -> "ForwardBatch":
+        ragged = Ragged.build(counts)
+        start_t = torch.tensor(starts, dtype=torch.long)
+        positions = start_t[ragged.seq_of_token] + ragged.row_of_token
+        kv_len = max(s + c for s, c in zip(starts, counts))
+        query_pos = start_t[:, None] + torch.arange(ragged.qmax)[None, :]  # [B, Qmax]
+        mask = torch.arange(kv_len)[None, None, :] <= query_pos[:, :, None]
+        slot_t = torch.tensor(slots, dtype=torch.long)
+        return cls(slots, starts, ragged, positions, slot_t[ragged.seq_of_token], kv_len, mask[:, None])
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: TargetConfig) -> None:
+        super().__init__()
+        h, kv, hd = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+        self.n_heads, self.n_kv, self.head_dim = h, kv, hd
+        self.q_proj = nn.Linear(cfg.hidden_size, h * hd, bias=cfg.attention_bias)
+        self.k_proj = nn.Linear(cfg.hidden_size, kv * hd, bias=cfg.attention_bias)
+        self.v_proj = nn.Linear(cfg.hidden_size, kv * hd, bias=cfg.attention_bias)
+        self.o_proj = nn.Linear(h * hd, cfg.hidden_size, bias=cfg.attention_bias)
+        if cfg.qk_norm:
+            self.q_norm = RMSNorm(hd, cfg.rms_norm_eps)
+            self.k_norm = RMSNorm(hd, cfg.rms_norm_eps)
+        self.qk_norm = cfg.qk_norm
+
+    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, fb: ForwardBatch, k_cache: Tensor, v_cache: Tensor) -> Tensor:
+        t = x.shape[0]
+        q = self.q_proj(x).view(t, self.n_heads, self.head_dim)
+        k = self.k_proj(x).view(t, self.n_kv, self.head_dim)
+        v = self.v_proj(x).view(t, self.n_kv, self.head_dim)
+        if self.qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        k_cache[fb.slot_of_token, :, fb.positions] = k
+        v_cache[fb.slot_of_token, :, fb.positions] = v
+        keys = gather_slots(k_cache, fb.slots, fb.kv_len)
+        values = gather_slots(v_cache, fb.slots, fb.kv_len)
+        qp = fb.ragged.pad(q).transpose(1, 2)  # [B, H, Qmax, hd]
+        out = attend(qp, keys, values, fb.mask, self.head_dim**-0.5)
+        out = fb.ragged.unpad(out.transpose(1, 2))  # [T, H, hd]
+        return self.o_proj(out.reshape(t, -1))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: TargetConfig) -> None:
+        super().__init__()
+        self.self_attn = Attention(cfg)
+        self.mlp = MLP(cfg.hidden_size, cfg.intermediate_size)
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, fb: ForwardBatch, k_cache: Tensor, v_cache: Tensor) -> Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, fb, k_cache, v_cache)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class Backbone(nn.Module):
+    def __init__(self, cfg: TargetConfig) -> None:
+        super().__init__()
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.num_hidden_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+
+@dataclass
+class ForwardOutput:
+    logits: Tensor  # [R, vocab] for the requested rows
+    hidden: Tensor | None  # [T, len(capture_layers) * hidden], concatenated in the order asked
+
+
+class Transformer(nn.Module):
+    def __init__(self, cfg: TargetConfig) -> None:
+        super().__init__()
+        self.config = cfg
+        self.model = Backbone(cfg)
+        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        if cfg.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+        self.register_buffer("inv_freq", cfg.rope.inv_freq(), persistent=False)
+        self.cache: KVCache | None = None
+
+    @classmethod
+    def from_pretrained(cls, path: str | Path, dtype: torch.dtype = torch.float32) -> "Transformer":
+        path = Path(path)
+        cfg = TargetConfig.from_hf(json.loads((path / "config.json").read_text()))
+        model = cls(cfg)
+        state: dict[str, Tensor] = {}
+        files = sorted(path.glob("*.safetensors"))
+        if not files:
+            raise FileNotFoundError(f"no *.safetensors in {path}")
+        for f in files:
+            state.update(load_file(f))
+        if cfg.tie_word_embeddings:
+            state.pop("lm_head.weight", None)
+        missing, unexpected = model.load_state_dict(state, strict=False)
+        missing = [m for m in missing if not (cfg.tie_word_embeddings and m == "lm_head.weight")]
+        if missing or unexpected:
+            raise ValueError(f"checkpoint {path}: missing {missing}, unexpected {unexpected}")
+        return model.to(dtype).eval()
+
+    def allocate_cache(self, num_slots: int, max_len: int) -> KVCache:
+        self.cache = KVCache(self.config, num_slots, max_len, self.lm_head.weight.dtype)
+        return self.cache
+
+    @torch.inference_mode()
+    def forward(
+        self,
+        slots: list[int],
+        tokens: list[list[int]],
+        logit_rows: Tensor | None = None,
+        capture_layers: list[int] | None = None,
+    ) -> ForwardOutput:
+        """Append `tokens[b]` to slot `slots[b]` and run them through the model in one batch.
+
+        `logit_rows` picks packed rows whose logits are needed (all when None); layer `i` in
+        `capture_layers` is the output of decoder layer i, as DFlash drafters consume it.
+        """
+        cache = self.cache
+        assert cache is not None, "allocate_cache() first"
+        counts = [len(t) for t in tokens]
+        starts = [cache.lengths[s] for s in slots]
+        for s, st, c in zip(slots, starts, counts):
+            if st + c > cache.max_len:
+                raise ValueError(f"slot {s}: {st + c} tokens exceed the cache length {cache.max_len}")
+        fb = ForwardBatch.build(slots, starts, counts)
+        ids = torch.tensor([t for seq in tokens for t in seq], dtype=torch.long)
+        x = self.model.embed_tokens(ids)
+        cos, sin = rope_cos_sin(self.inv_freq, fb.positions)
+        cos, sin = cos.to(x.dtype), sin.to(x.dtype)
+        wanted = set(capture_layers or [])
+        captured: dict[int, Tensor] = {}
+        for i, layer in enumerate(self.model.layers):
+            x = layer(x, cos, sin, fb, cache.k[i], cache.v[i])
+            if i in wanted:
+                captured[i] = x
+        for s, st, c in zip(slots, starts, counts):
+            cache.lengths[s] = st + c
+        rows = x if logit_rows is None else x[logit_rows]
+        logits = self.lm_head(self.model.norm(rows))
+        hidden = torch.cat([captured[i] for i in capture_layers], dim=-1) if capture_layers else None
+        return ForwardOutput(logits=logits, hidden=hidden)
