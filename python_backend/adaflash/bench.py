@@ -1,0 +1,142 @@
+"""Offline throughput and acceptance benchmark: every mode on the same prompts, in one process.
+
+Speed is only worth reporting for output that is right: at temperature 0 every mode's
+output is compared token for token with mode `ar` at the same concurrency, and a mode
+that differs gets no speed (the run then exits non-zero).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+
+from tokenizers import Tokenizer
+
+from adaflash.engine import Engine, Request, Sequence
+from adaflash.sampling import SamplingParams
+
+
+@dataclass
+class Prompt:
+    text: str
+    domain: str | None
+    id: str
+
+
+def load_prompts(path: str | Path | None, limit: int | None) -> list[Prompt]:
+    """JSON lines with at least `prompt`; with `limit`, domains take turns so every domain is represented."""
+    if path is None:
+        text = resources.files("adaflash").joinpath("data/sample_prompts.jsonl").read_text()
+    else:
+        text = Path(path).read_text()
+    rows = [json.loads(line) for line in text.splitlines() if line.strip()]
+    prompts = []
+    for i, r in enumerate(rows):
+        if "prompt" not in r:
+            raise ValueError(f"{path}: line {i + 1} has no 'prompt' field")
+        prompts.append(Prompt(text=r["prompt"], domain=r.get("domain"), id=str(r.get("id", i))))
+    if limit is None or limit >= len(prompts):
+        return prompts
+    by_domain: dict[str | None, list[Prompt]] = {}
+    for p in prompts:
+        by_domain.setdefault(p.domain, []).append(p)
+    picked: list[Prompt] = []
+    while len(picked) < limit:
+        for group in by_domain.values():
+            if group and len(picked) < limit:
+                picked.append(group.pop(0))
+    return picked
+
+
+def encode_prompts(tokenizer: Tokenizer, prompts: list[Prompt], max_prompt_tokens: int) -> list[list[int]]:
+    """Token ids per prompt; long prompts keep their last `max_prompt_tokens` tokens (the part nearest the answer)."""
+    return [tokenizer.encode(p.text).ids[-max_prompt_tokens:] for p in prompts]
+
+
+def summarize(seqs: list[Sequence], wall_s: float, reference: list[list[int]] | None) -> dict:
+    """Figures of one run: tau counts tokens committed per decode-step target forward, bonus included."""
+    steps = [st for s in seqs for st in s.steps]
+    tokens = sum(len(s.output) for s in seqs)
+    equal = None if reference is None else all(s.output == r for s, r in zip(seqs, reference))
+    return {
+        "num_requests": len(seqs),
+        "output_tokens": tokens,
+        "wall_s": round(wall_s, 4),
+        "output_tokens_per_s": round(tokens / wall_s, 2) if wall_s > 0 else None,
+        "tau": round(sum(st.committed for st in steps) / len(steps), 4) if steps else None,
+        "mean_draft_len": round(sum(st.draft_len for st in steps) / len(steps), 4) if steps else None,
+        "target_forwards": sum(s.target_forwards for s in seqs),
+        "greedy_equal_to_ar": equal,
+    }
+
+
+def run_bench(
+    engine: Engine,
+    prompt_ids: list[list[int]],
+    domains: list[str | None],
+    modes: list[str],
+    concurrencies: list[int],
+    max_tokens: int,
+    sampling: SamplingParams,
+    progress: bool = True,
+) -> tuple[list[dict], bool]:
+    """Rows per (mode, concurrency); returns (rows, ok) where ok is False if any greedy output differed from ar.
+
+    Mode `ar` always runs (first): it is the reference for equality and speedups.
+    With domains, each domain's prompts run as their own batch, so per-domain speeds are real;
+    the overall figures add the domains' tokens and times.
+    """
+    groups: dict[str | None, list[int]] = {}
+    for i, d in enumerate(domains):
+        groups.setdefault(d, []).append(i)
+    run_modes = ["ar"] + [m for m in modes if m != "ar"]
+    rows, ok = [], True
+    for c in concurrencies:
+        reference: dict[str | None, list[list[int]]] = {}
+        for mode in run_modes:
+            per_domain: dict[str, dict] = {}
+            all_seqs: list[Sequence] = []
+            all_ref: list[list[int]] = []
+            wall = 0.0
+            for dom, idx in groups.items():
+                reqs = [Request(prompt_ids[i], max_tokens, mode=mode, sampling=sampling, tag=str(i)) for i in idx]
+                t0 = time.perf_counter()
+                seqs = engine.generate(reqs, concurrency=c)
+                dt = time.perf_counter() - t0
+                if mode == "ar":
+                    reference[dom] = [s.output for s in seqs]
+                ref = reference[dom] if sampling.greedy else None
+                if dom is not None:
+                    per_domain[dom] = summarize(seqs, dt, ref)
+                all_seqs += seqs
+                all_ref += reference[dom]
+                wall += dt
+            row = {"mode": mode, "concurrency": c, **summarize(all_seqs, wall, all_ref if sampling.greedy else None)}
+            if per_domain:
+                row["per_domain"] = per_domain
+            if row["greedy_equal_to_ar"] is False:
+                ok = False
+                _withhold_speed(row)
+            rows.append(row)
+            if progress:
+                print(f"c={c:<3} {mode:<19} tok/s={row['output_tokens_per_s']}  tau={row['tau']}  "
+                      f"draft={row['mean_draft_len']}  equal={row['greedy_equal_to_ar']}", flush=True)
+    _add_speedups(rows)
+    return rows, ok
+
+
+def _withhold_speed(row: dict) -> None:
+    """A mode whose output is wrong has no speed worth printing."""
+    for figures in [row, *row.get("per_domain", {}).values()]:
+        if figures["greedy_equal_to_ar"] is False:
+            figures["output_tokens_per_s"] = None
+
+
+def _add_speedups(rows: list[dict]) -> None:
+    ar = {r["concurrency"]: r["output_tokens_per_s"] for r in rows if r["mode"] == "ar"}
+    for r in rows:
+        base, mine = ar.get(r["concurrency"]), r["output_tokens_per_s"]
+        r["speedup_vs_ar"] = round(mine / base, 4) if base and mine else None

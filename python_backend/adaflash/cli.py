@@ -1,0 +1,134 @@
+"""`adaflash` command line: generate one completion, or benchmark modes and concurrencies."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import sys
+from pathlib import Path
+
+import torch
+
+from adaflash.bench import encode_prompts, load_prompts, run_bench
+from adaflash.bundle import Bundle, load_bundle, tiny_random_bundle
+from adaflash.engine import MODES, Engine, Request
+from adaflash.sampling import SamplingParams
+
+
+def _add_model_args(p: argparse.ArgumentParser) -> None:
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--model-dir", type=Path, help="folder with target/ and drafter folders (Hugging Face format)")
+    src.add_argument("--tiny-random", action="store_true", help="seeded tiny random target and drafter, in memory")
+    p.add_argument("--drafter", default="drafter", help="drafter folder name inside --model-dir (default: drafter)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--top-k", type=int, default=0)
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--max-tokens", type=int, default=128)
+
+
+def _bundle(args: argparse.Namespace, needs_drafter: bool) -> Bundle:
+    if args.tiny_random:
+        return tiny_random_bundle(seed=args.seed)
+    return load_bundle(args.model_dir, args.drafter if needs_drafter else None)
+
+
+def _csv(kind, allowed: tuple[str, ...] | None = None):
+    def parse(text: str) -> list:
+        items = [kind(x) for x in text.split(",") if x.strip()]
+        if allowed is not None:
+            bad = [x for x in items if x not in allowed]
+            if bad:
+                raise argparse.ArgumentTypeError(f"unknown {bad}; choose from {', '.join(allowed)}")
+        return items
+
+    return parse
+
+
+def cmd_generate(args: argparse.Namespace) -> int:
+    bundle = _bundle(args, needs_drafter=args.mode not in ("ar", "ngram"))
+    ids = bundle.tokenizer.encode(args.prompt).ids
+    engine = Engine(bundle.target, bundle.drafter, num_slots=1, max_len=len(ids) + args.max_tokens + 64)
+    sampling = SamplingParams(args.temperature, args.top_k, args.top_p, args.seed)
+    seq = engine.generate([Request(ids, args.max_tokens, mode=args.mode, sampling=sampling)])[0]
+    text = bundle.tokenizer.decode(seq.output)
+    committed = sum(st.committed for st in seq.steps)
+    stats = {
+        "tokens": len(seq.output),
+        "finish_reason": seq.finish_reason,
+        "target_forwards": seq.target_forwards,
+        "tau": round(committed / len(seq.steps), 4) if seq.steps else None,
+        "accepted_per_step": [st.accepted for st in seq.steps],
+        "draft_len_per_step": [st.draft_len for st in seq.steps],
+    }
+    if args.json:
+        print(json.dumps({"text": text, "token_ids": seq.output, "mode": args.mode, **stats}, ensure_ascii=False))
+    else:
+        print(text)
+        print(f"[{args.mode}] tokens={stats['tokens']} forwards={stats['target_forwards']} tau={stats['tau']} "
+              f"finish={stats['finish_reason']}", file=sys.stderr)
+    return 0
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    needs_drafter = any(m not in ("ar", "ngram") for m in args.modes)
+    bundle = _bundle(args, needs_drafter)
+    prompts = load_prompts(args.prompts, args.num_prompts)
+    ids = encode_prompts(bundle.tokenizer, prompts, args.max_prompt_tokens)
+    block = bundle.drafter.config.block_size if bundle.drafter else 16
+    engine = Engine(bundle.target, bundle.drafter if needs_drafter else None, num_slots=max(args.concurrency),
+                    max_len=max(len(i) for i in ids) + args.max_tokens + block + 1)
+    sampling = SamplingParams(args.temperature, args.top_k, args.top_p, args.seed)
+    rows, ok = run_bench(engine, ids, [p.domain for p in prompts], args.modes, args.concurrency, args.max_tokens, sampling)
+    report = {
+        "model": "tiny-random" if args.tiny_random else str(args.model_dir),
+        "drafter": None if args.tiny_random else args.drafter,
+        "num_prompts": len(prompts),
+        "max_tokens": args.max_tokens,
+        "temperature": args.temperature,
+        "machine": {"cpu_threads": torch.get_num_threads(), "platform": platform.platform(), "torch": torch.__version__},
+        "cost_model_ms": engine.cost.to_json() if engine.cost else None,
+        "rows": rows,
+    }
+    Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.json).write_text(json.dumps(report, indent=1) + "\n")
+    if not ok:
+        bad = sorted({f"{r['mode']}@{r['concurrency']}" for r in rows if r["greedy_equal_to_ar"] is False})
+        print(f"error: greedy output differs from ar for {', '.join(bad)}; no speed reported for them", file=sys.stderr)
+        return 1
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="adaflash", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    gen = sub.add_parser("generate", help="generate one completion and print it")
+    _add_model_args(gen)
+    gen.add_argument("--mode", choices=MODES, default="adaflash")
+    gen.add_argument("--prompt", required=True)
+    gen.add_argument("--json", action="store_true", help="print one JSON object with text and statistics")
+    gen.set_defaults(func=cmd_generate)
+
+    bench = sub.add_parser("bench", help="throughput, tau and greedy equality per mode and concurrency")
+    _add_model_args(bench)
+    bench.add_argument("--modes", type=_csv(str, MODES), default=["ar", "ngram", "dflash", "adaflash"])
+    bench.add_argument("--concurrency", type=_csv(int), default=[1, 8, 32])
+    bench.add_argument("--prompts", type=Path, help="JSON lines with 'prompt' (and optional 'id', 'domain')")
+    bench.add_argument("--num-prompts", type=int)
+    bench.add_argument("--max-prompt-tokens", type=int, default=512)
+    bench.add_argument("--json", required=True, help="where to write the report")
+    bench.set_defaults(func=cmd_bench)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if getattr(args, "concurrency", None) and min(args.concurrency) < 1:
+        build_parser().error("--concurrency values must be >= 1")
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

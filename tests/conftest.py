@@ -1,0 +1,52 @@
+"""Shared fixtures: a tiny random target with a drafter trained briefly on the target's own outputs."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from adaflash.bundle import Bundle, tiny_random_bundle
+from adaflash.engine import Engine, Request
+from adaflash.sampling import SamplingParams
+from adaflash.target import Transformer
+from adaflash.train_dflash import fit_drafter
+
+
+def random_prompts(n: int, seed: int, vocab: int = 256, min_len: int = 4, max_len: int = 30) -> list[list[int]]:
+    """`n` seeded random prompts of ids < `vocab`, lengths in [min_len, max_len]."""
+    g = torch.Generator().manual_seed(seed)
+    prompts = []
+    for _ in range(n):
+        length = int(torch.randint(min_len, max_len + 1, (1,), generator=g))
+        prompts.append(torch.randint(0, vocab, (length,), generator=g).tolist())
+    return prompts
+
+
+def self_generated(target: Transformer, prompts: list[list[int]], max_tokens: int,
+                   sampling: SamplingParams = SamplingParams(), concurrency: int = 16) -> list[tuple[list[int], int]]:
+    """(tokens, response_start) pairs of the target's own `ar` continuations, for drafter training."""
+    engine = Engine(target, None, num_slots=concurrency, max_len=max(len(p) for p in prompts) + max_tokens + 32)
+    reqs = [Request(prompt_ids=p, max_tokens=max_tokens, mode="ar", sampling=sampling) for p in prompts]
+    seqs = engine.generate(reqs, concurrency=concurrency)
+    return [(seq.tokens, len(p)) for seq, p in zip(seqs, prompts)]
+
+
+def clone_target(target: Transformer) -> Transformer:
+    """A separate target with the same weights (its own cache), for independent references."""
+    twin = Transformer(target.config)
+    twin.load_state_dict(target.state_dict())
+    return twin.eval()
+
+
+@pytest.fixture(scope="session")
+def trained_tiny() -> Bundle:
+    """tiny_random_bundle(seed=0) whose drafter was fitted for 300 steps on the target's greedy outputs.
+
+    Training reallocates the target cache: build engines after this fixture, never before.
+    """
+    torch.manual_seed(0)
+    bundle = tiny_random_bundle(seed=0)
+    prompts = random_prompts(64, seed=1234)
+    data = self_generated(bundle.target, prompts, max_tokens=96)
+    fit_drafter(bundle.drafter, bundle.target, data, steps=300)
+    return bundle
