@@ -6,7 +6,7 @@ This script measures both on the same checkpoint and the same inputs (fp32, CPU,
 threads) and checks that they return the same logits, so a speedup cannot come from computing
 something else. Every repetition sees the same cached context: after each timed call the new
 tokens are rolled back (runner: `cache.truncate`, transformers: `DynamicCache.crop`), outside
-the timed region.
+the timed region, and the two take turns run by run so that background load hits both alike.
 
     python clients/bench_runner.py --json bench-out/runner-vs-transformers.json
 """
@@ -86,21 +86,16 @@ def checkpoint_shape(runner: Transformer) -> dict:
     return {key: getattr(cfg, key) for key in DEFAULT_SHAPE}
 
 
-def median_ms(step: Callable[[], Tensor], reset: Callable[[], None], reps: int) -> tuple[float, Tensor]:
-    """Median wall time of `step` over `reps` runs after `WARMUP` runs; `reset` runs untimed after each."""
-    times = []
-    for i in range(WARMUP + reps):
-        start = time.perf_counter()
-        out = step()
-        elapsed = time.perf_counter() - start
-        reset()
-        if i >= WARMUP:
-            times.append(elapsed * 1e3)
-    return statistics.median(times), out
+@dataclass
+class Contender:
+    """One implementation primed with a cached context: `step` is the timed forward, `reset` rolls it back."""
+
+    step: Callable[[], Tensor]  # returns logits [B*n, vocab]
+    reset: Callable[[], None]
 
 
-def time_runner(runner: Transformer, contexts: Tensor, new: Tensor, reps: int) -> tuple[float, Tensor]:
-    """Prefill one slot per sequence, then time `forward` for the new tokens; logits are [B*n, vocab]."""
+def prime_runner(runner: Transformer, contexts: Tensor, new: Tensor) -> Contender:
+    """Prefill one slot per sequence; each step appends the new tokens with `forward`."""
     batch, context = contexts.shape
     cache = runner.allocate_cache(num_slots=batch, max_len=context + new.shape[1])
     slots = list(range(batch))
@@ -114,11 +109,11 @@ def time_runner(runner: Transformer, contexts: Tensor, new: Tensor, reps: int) -
         for slot in slots:
             cache.truncate(slot, context)
 
-    return median_ms(step, reset, reps)
+    return Contender(step, reset)
 
 
-def time_transformers(model: torch.nn.Module, contexts: Tensor, new: Tensor, reps: int) -> tuple[float, Tensor]:
-    """Prefill a DynamicCache once, then time the forward for the new tokens; logits are [B*n, vocab].
+def prime_transformers(model: torch.nn.Module, contexts: Tensor, new: Tensor) -> Contender:
+    """Prefill a DynamicCache once; each step runs the model on the new tokens.
 
     `cache=` is the transformers 5 name of `past_key_values`.
     """
@@ -133,7 +128,26 @@ def time_transformers(model: torch.nn.Module, contexts: Tensor, new: Tensor, rep
         cache.crop(-new.shape[1])  # transformers 5: a negative count of tokens to drop
         assert cache.get_seq_length() == context
 
-    return median_ms(step, reset, reps)
+    return Contender(step, reset)
+
+
+def median_ms(contenders: list[Contender], reps: int) -> list[tuple[float, Tensor]]:
+    """Median wall time of each contender's `step` over `reps` runs after `WARMUP` runs, and its last logits.
+
+    The contenders take turns run by run, so that load from other processes falls on both alike.
+    """
+    times: list[list[float]] = [[] for _ in contenders]
+    last: list[Tensor] = []
+    for i in range(WARMUP + reps):
+        last = []
+        for c, ms in zip(contenders, times):
+            start = time.perf_counter()
+            last.append(c.step())
+            elapsed = time.perf_counter() - start
+            c.reset()
+            if i >= WARMUP:
+                ms.append(elapsed * 1e3)
+    return [(statistics.median(ms), out) for ms, out in zip(times, last)]
 
 
 def run_case(case: Case, runner: Transformer, hf: torch.nn.Module, context: int, reps: int) -> Result:
@@ -141,8 +155,8 @@ def run_case(case: Case, runner: Transformer, hf: torch.nn.Module, context: int,
     vocab = runner.config.vocab_size
     contexts = torch.randint(0, vocab, (case.batch, context), generator=g)
     new = torch.randint(0, vocab, (case.batch, case.new_tokens), generator=g)
-    runner_ms, runner_logits = time_runner(runner, contexts, new, reps)
-    hf_ms, hf_logits = time_transformers(hf, contexts, new, reps)
+    contenders = [prime_runner(runner, contexts, new), prime_transformers(hf, contexts, new)]
+    (runner_ms, runner_logits), (hf_ms, hf_logits) = median_ms(contenders, reps)
     diff = (runner_logits - hf_logits).abs().max().item()
     return Result(case.name, case.batch, case.new_tokens, runner_ms, hf_ms, hf_ms / runner_ms, diff)
 

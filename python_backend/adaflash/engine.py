@@ -244,7 +244,7 @@ class Engine:
             if seq.request.mode == "dflash":
                 drafts[seq.id] = tokens[i][:cap]
             elif seq.request.mode == "adaflash-published":
-                r = float(ratios[i]) if ratios is not None else seq.stats.mean_ratio(default=1.0)
+                r = float(ratios[i]) if ratios is not None else self._estimated_ratio(seq)
                 drafts[seq.id] = tokens[i][: published_length(r, self.block_size, cap)]
             else:
                 seq.skipped_drafts = 0
@@ -264,6 +264,14 @@ class Engine:
     def _estimated_rates(self, seqs: list[Sequence]) -> np.ndarray:
         prior = self.global_stats.rates(np.full(self.block_size - 1, 0.5), 1.0)
         return np.stack([s.stats.rates(prior, self.prior_weight) for s in seqs])
+
+    def _estimated_ratio(self, seq: Sequence) -> float:
+        """Expected (accepted + 1) / B of a full block, from the per-position estimates.
+
+        Averaging observed (a+1)/B instead would be biased low once shorter blocks are verified.
+        """
+        rates = self._estimated_rates([seq])[0]
+        return float(1 + np.cumprod(rates).sum()) / self.block_size
 
     def _worth_drafting(self, ada: list[Sequence], batch: int, other_tokens: int, n_drafting: int) -> bool:
         """Decide before drafting, from running acceptance estimates; probe now and then so estimates stay fresh."""
@@ -295,8 +303,8 @@ class Engine:
             keep_counts.append(accepted + 1)
             ctx_seqs.append(seq)
             if draft:
-                seq.stats.update(len(draft), accepted, self.block_size)
-                self.global_stats.update(len(draft), accepted, self.block_size)
+                seq.stats.update(len(draft), accepted)
+                self.global_stats.update(len(draft), accepted)
             seq.steps.append(StepRecord(len(draft), accepted, seq.commit(committed), expected))
             row += n
         self._append_context(ctx_seqs, out.hidden, keep_counts, keep_rows)

@@ -134,21 +134,14 @@ class AcceptanceStats:
     def __init__(self, size: int) -> None:
         self.tries = np.zeros(size)
         self.hits = np.zeros(size)
-        self.blocks = 0
-        self.ratio_sum = 0.0
 
-    def update(self, draft_len: int, accepted: int, block_size: int) -> None:
+    def update(self, draft_len: int, accepted: int) -> None:
         self.tries[: min(accepted + 1, draft_len)] += 1
         self.hits[:accepted] += 1
-        self.blocks += 1
-        self.ratio_sum += (accepted + 1) / block_size
 
     def rates(self, prior: np.ndarray, weight: float) -> np.ndarray:
         """Conditional acceptance per position, shrunk toward `prior` with `weight` pseudo-tries."""
         return (self.hits + weight * prior) / (self.tries + weight)
-
-    def mean_ratio(self, default: float) -> float:
-        return self.ratio_sum / self.blocks if self.blocks else default
 
 
 def ratio_to_rates(ratio: torch.Tensor, block_size: int, iters: int = 40) -> np.ndarray:
