@@ -7,9 +7,14 @@ import torch
 
 from adaflash.bundle import Bundle, tiny_random_bundle
 from adaflash.engine import Engine, Request
+from adaflash.policy import CostModel
 from adaflash.sampling import SamplingParams
 from adaflash.target import Transformer
 from adaflash.train_dflash import fit_drafter
+
+# The models here are tiny: intra-op threads buy nothing, and on a shared 2-core machine they make
+# every forward wait on busy cores (training then runs ten times slower). One thread keeps runs steady.
+torch.set_num_threads(1)
 
 
 def random_prompts(n: int, seed: int, vocab: int = 256, min_len: int = 4, max_len: int = 30) -> list[list[int]]:
@@ -29,6 +34,15 @@ def self_generated(target: Transformer, prompts: list[list[int]], max_tokens: in
     reqs = [Request(prompt_ids=p, max_tokens=max_tokens, mode="ar", sampling=sampling) for p in prompts]
     seqs = engine.generate(reqs, concurrency=concurrency)
     return [(seq.tokens, len(p)) for seq, p in zip(seqs, prompts)]
+
+
+def fixed_costs(num_slots: int = 16) -> CostModel:
+    """A deterministic cost model shaped like the CPU measurements: a fixed forward overhead plus a small
+    per-token cost, and a drafter forward about half a verify. Keeps the adaflash choices reproducible."""
+    sizes = [b for b in (1, 2, 4, 8, 16) if b <= num_slots]
+    verify = {b: [(b * k, 2.0 + 0.012 * b * k) for k in (1, 2, 4, 8, 16)] for b in sizes}
+    draft = {b: 1.2 + 0.1 * b for b in sizes}
+    return CostModel(verify=verify, draft=draft)
 
 
 def clone_target(target: Transformer) -> Transformer:

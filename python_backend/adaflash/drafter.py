@@ -47,7 +47,7 @@ class DrafterConfig:
     mask_token_id: int
     length_head: bool
     length_head_dim: int
-    hf: dict  # the full config.json, written back unchanged apart from what the fields above set
+    hf: dict  # the full config.json; `to_hf` writes it back with the fields above taking precedence
 
     @classmethod
     def from_hf(cls, cfg: dict) -> "DrafterConfig":
@@ -79,7 +79,14 @@ class DrafterConfig:
         cfg.update(
             architectures=["DFlashDraftModel"], model_type="qwen3", block_size=self.block_size,
             num_target_layers=self.num_target_layers, num_hidden_layers=self.num_hidden_layers,
+            hidden_size=self.hidden_size, intermediate_size=self.intermediate_size,
+            num_attention_heads=self.num_attention_heads, num_key_value_heads=self.num_key_value_heads,
+            head_dim=self.head_dim, rms_norm_eps=self.rms_norm_eps,
         )
+        if "rope_parameters" in cfg:
+            cfg["rope_parameters"]["rope_theta"] = self.rope.theta
+        else:
+            cfg["rope_theta"] = self.rope.theta
         dc = cfg.setdefault("dflash_config", {})
         dc.update(mask_token_id=self.mask_token_id, target_layer_ids=self.target_layer_ids)
         if self.length_head:

@@ -40,7 +40,7 @@ class Request:
 class StepRecord:
     draft_len: int  # draft tokens sent to verification
     accepted: int  # of those, accepted
-    committed: int  # tokens this step added to the output (accepted + bonus, cut at stop/max_tokens)
+    committed: int  # tokens this step produced: accepted + bonus, cut after a stop token (counted) or at max_tokens
     expected_accepted: float = 0.0  # sampling only: sum of p(x) over the draft tokens tried
 
 
@@ -334,7 +334,10 @@ class Engine:
     def generate(self, requests: list[Request], concurrency: int | None = None) -> list[Sequence]:
         """Run requests to completion with at most `concurrency` in flight; results in request order."""
         self.max_active = min(concurrency or self.num_slots, self.num_slots)
-        seqs = [self.submit(r) for r in requests]
-        while self.has_work:
-            self.step()
+        try:
+            seqs = [self.submit(r) for r in requests]
+            while self.has_work:
+                self.step()
+        finally:
+            self.max_active = self.num_slots
         return seqs

@@ -1,0 +1,333 @@
+"""Greedy speculative decoding is lossless in every mode and batch size; requests end, fail and cancel cleanly."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from adaflash.drafter import DFlashDrafter
+from adaflash.engine import DRAFTER_MODES, MODES, Engine, Request
+from adaflash.sampling import SamplingParams
+from adaflash.target import Transformer
+from adaflash.train_dflash import target_features
+
+from conftest import clone_target, fixed_costs, random_prompts
+
+N_PROMPTS = 50
+MAX_TOKENS = 40
+MAX_LEN = 30 + MAX_TOKENS + 16 + 10  # longest prompt + max_tokens + block + slack
+
+
+def greedy_reference(target: Transformer, prompt: list[int], max_tokens: int, stop_ids=()) -> list[int]:
+    """Plain greedy decoding on the target's slot 0, one token per forward, the prompt included
+    (independent of the engine and of multi-token forwards)."""
+    target.allocate_cache(1, len(prompt) + max_tokens + 1)
+    for tok in prompt:
+        logits = target.forward([0], [[tok]]).logits[0]
+    out: list[int] = []
+    while True:
+        tok = int(logits.argmax())
+        if tok in stop_ids:
+            return out
+        out.append(tok)
+        if len(out) == max_tokens:
+            return out
+        logits = target.forward([0], [[tok]]).logits[0]
+
+
+@pytest.fixture(scope="module")
+def prompts() -> list[list[int]]:
+    return random_prompts(N_PROMPTS, seed=7)
+
+
+@pytest.fixture(scope="module")
+def reference(trained_tiny, prompts) -> list[list[int]]:
+    twin = clone_target(trained_tiny.target)
+    return [greedy_reference(twin, p, MAX_TOKENS) for p in prompts]
+
+
+def check_records(seq) -> None:
+    """Per-step bookkeeping is consistent: accepted <= drafted, committed <= accepted + 1."""
+    for st in seq.steps:
+        assert 0 <= st.accepted <= st.draft_len
+        assert 1 <= st.committed <= st.accepted + 1
+
+
+@pytest.mark.parametrize("concurrency", [1, 4, 16])
+@pytest.mark.parametrize("mode", MODES)
+def test_greedy_lossless(trained_tiny, prompts, reference, mode, concurrency):
+    bundle = trained_tiny
+    engine = Engine(bundle.target, bundle.drafter, num_slots=16, max_len=MAX_LEN, cost_model=fixed_costs())
+    block = engine.block_size
+    reqs = [Request(prompt_ids=p, max_tokens=MAX_TOKENS, mode=mode, stop_ids=()) for p in prompts]
+    seqs = engine.generate(reqs, concurrency=concurrency)
+
+    for i, (seq, ref) in enumerate(zip(seqs, reference)):
+        assert seq.output == ref, f"{mode} c={concurrency}: prompt {i} differs from plain greedy decoding"
+        assert seq.finish_reason == "length"
+        assert sum(st.committed for st in seq.steps) == MAX_TOKENS - 1  # all but the prefill token
+        check_records(seq)
+    assert len(engine.free_slots) == engine.num_slots and not engine.running
+
+    steps = [st for seq in seqs for st in seq.steps]
+    drafted = [st for st in steps if st.draft_len > 0]
+    partial = [st for st in drafted if 0 < st.accepted < st.draft_len]
+    full = [st for st in drafted if st.draft_len == block - 1 and st.accepted == block - 1]
+    if mode == "ar":
+        assert not drafted
+    elif mode == "ngram":
+        assert any(st.draft_len == 0 for st in steps)  # no n-gram match
+        assert drafted and partial
+    elif mode == "dflash":
+        assert sum(st.draft_len == block - 1 for st in steps) > len(steps) // 2
+        assert partial, "no step accepted part of a draft"
+        assert full, "no step accepted a whole block of block_size - 1 tokens"
+    elif mode == "adaflash":
+        # The cost-aware policy both skips drafting and drafts.
+        skipped = [st for st in steps if st.draft_len == 0]
+        assert len(skipped) > MAX_TOKENS  # more than the final capped steps alone would give
+        assert drafted and any(st.accepted > 0 for st in drafted)
+    else:  # adaflash-published
+        assert drafted and any(st.accepted > 0 for st in drafted)
+        assert any(0 < st.draft_len < block - 1 for st in drafted)
+
+
+# ---- mixed batches, draft caps, the context limit -----------------------------------------
+
+def test_mixed_modes_in_one_batch(trained_tiny, prompts, reference):
+    bundle = trained_tiny
+    engine = Engine(bundle.target, bundle.drafter, num_slots=16, max_len=MAX_LEN, cost_model=fixed_costs())
+    reqs = [Request(prompt_ids=p, max_tokens=MAX_TOKENS, mode=MODES[i % len(MODES)], stop_ids=())
+            for i, p in enumerate(prompts)]
+    seqs = engine.generate(reqs, concurrency=16)
+    for seq, ref in zip(seqs, reference):
+        assert seq.output == ref, seq.request.mode
+        check_records(seq)
+
+
+def test_small_prefill_budget_admits_over_several_steps(trained_tiny, prompts, reference):
+    bundle = trained_tiny
+    engine = Engine(bundle.target, bundle.drafter, num_slots=16, max_len=MAX_LEN, cost_model=fixed_costs(),
+                    prefill_tokens=24)
+    seqs = [engine.submit(Request(p, MAX_TOKENS, mode=MODES[i % len(MODES)], stop_ids=())) for i, p in enumerate(prompts[:16])]
+    engine.step()
+    assert 0 < len(engine.running) < 16 and engine.waiting  # the budget split the admissions
+    while engine.has_work:
+        engine.step()
+    assert [s.output for s in seqs] == reference[:16]
+
+
+@pytest.mark.parametrize("mode", ["adaflash", "adaflash-published"])
+def test_lossless_with_a_length_head(trained_tiny, prompts, reference, mode):
+    """With the AdaFlash length head the draft lengths come from its predicted ratio; output stays exact."""
+    bundle = trained_tiny
+    cfg = dataclasses.replace(bundle.drafter.config, length_head=True, length_head_dim=32)
+    torch.manual_seed(0)
+    drafter = DFlashDrafter(cfg)
+    missing, unexpected = drafter.load_state_dict(bundle.drafter.state_dict(), strict=False)
+    assert not unexpected and all(k.startswith("thresh_head_two_model.") for k in missing)
+    drafter.eval()
+    engine = Engine(bundle.target, drafter, num_slots=16, max_len=MAX_LEN, cost_model=fixed_costs())
+    seqs = engine.generate([Request(p, MAX_TOKENS, mode=mode, stop_ids=()) for p in prompts[:24]], concurrency=16)
+    assert [s.output for s in seqs] == reference[:24]
+    assert any(st.draft_len > 0 for s in seqs for st in s.steps)
+
+
+@pytest.mark.parametrize("mode", ["ngram", "dflash", "adaflash-published"])
+def test_max_draft_caps_the_verified_length(trained_tiny, prompts, reference, mode):
+    bundle = trained_tiny
+    engine = Engine(bundle.target, bundle.drafter, num_slots=16, max_len=MAX_LEN, cost_model=fixed_costs())
+    reqs = [Request(prompt_ids=p, max_tokens=MAX_TOKENS, mode=mode, stop_ids=(), max_draft=3) for p in prompts[:16]]
+    seqs = engine.generate(reqs, concurrency=16)
+    for seq, ref in zip(seqs, reference):
+        assert seq.output == ref
+        assert all(st.draft_len <= 3 for st in seq.steps)
+    assert any(st.draft_len == 3 for seq in seqs for st in seq.steps)
+
+
+@pytest.mark.parametrize("mode", ["ngram", "dflash", "adaflash"])
+def test_request_at_the_context_limit(trained_tiny, mode):
+    """prompt + max_tokens + block_size == max_len is allowed and completes without overflowing a cache."""
+    bundle = trained_tiny
+    max_len = 64
+    prompt = random_prompts(1, seed=21, min_len=20, max_len=20)[0]
+    max_tokens = max_len - bundle.drafter.config.block_size - len(prompt)
+    ref = greedy_reference(clone_target(bundle.target), prompt, max_tokens)
+    engine = Engine(bundle.target, bundle.drafter, num_slots=2, max_len=max_len, cost_model=fixed_costs(2))
+    seq = engine.generate([Request(prompt_ids=prompt, max_tokens=max_tokens, mode=mode, stop_ids=())])[0]
+    assert seq.output == ref and seq.finish_reason == "length"
+    with pytest.raises(ValueError, match="max_tokens"):
+        engine.submit(Request(prompt_ids=prompt, max_tokens=max_tokens + 1, mode=mode))
+
+
+# ---- stop tokens and max_tokens ----------------------------------------------------------
+
+def stop_inside_a_draft(seq) -> int | None:
+    """Output index of a token that was an accepted draft token (not a bonus) and appears there first."""
+    pos = 1  # output[0] came from the prefill
+    for st in seq.steps:
+        for j in range(pos, pos + st.accepted):
+            if seq.output[j] not in seq.output[:j]:
+                return j
+        pos += st.committed
+    return None
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_stop_token_and_max_tokens(trained_tiny, prompts, reference, mode):
+    bundle = trained_tiny
+    engine = Engine(bundle.target, bundle.drafter, num_slots=16, max_len=MAX_LEN, cost_model=fixed_costs())
+    free = engine.generate([Request(p, MAX_TOKENS, mode=mode, stop_ids=()) for p in prompts], concurrency=16)
+    # Stop tokens: where possible one the run above accepted as a draft token (the stop then falls inside
+    # an accepted draft), else a token well into the output; the first occurrence in the output decides.
+    stops = []
+    for i, seq in enumerate(free):
+        j = stop_inside_a_draft(seq)
+        stops.append(seq.output[j if j is not None else 5 + 3 * (i % 10)])
+    reqs = [Request(prompt_ids=p, max_tokens=MAX_TOKENS, mode=mode, stop_ids=(t,)) for p, t in zip(prompts, stops)]
+    short = [Request(prompt_ids=p, max_tokens=7 + i % 5, mode=mode, stop_ids=()) for i, p in enumerate(prompts)]
+    seqs = engine.generate(reqs + short, concurrency=16)
+    cut_inside_a_block = 0
+    for i, (t, seq) in enumerate(zip(stops, seqs[:N_PROMPTS])):
+        ref = reference[i]
+        assert seq.output == ref[: ref.index(t)], f"prompt {i}: stop token {t}"
+        assert seq.finish_reason == "stop"
+        # Committed counts include the stop token (it was produced), not the prefill token.
+        assert sum(st.committed for st in seq.steps) == len(seq.output) + 1 - 1
+        check_records(seq)
+        if seq.steps and seq.steps[-1].committed < seq.steps[-1].accepted + 1:
+            cut_inside_a_block += 1
+    for i, (req, seq) in enumerate(zip(short, seqs[N_PROMPTS:])):
+        assert seq.finish_reason == "length"
+        assert seq.output == reference[i][: req.max_tokens]
+        assert sum(st.committed for st in seq.steps) == req.max_tokens - 1
+        check_records(seq)
+    if mode in ("dflash", "adaflash-published"):  # (n-gram drafts repeat earlier output: never a first occurrence)
+        assert cut_inside_a_block > 0, "no stop fell inside an accepted draft"
+    assert len(engine.free_slots) == engine.num_slots
+
+
+def test_max_tokens_one_and_stop_on_the_first_token(trained_tiny, prompts, reference):
+    bundle = trained_tiny
+    engine = Engine(bundle.target, bundle.drafter, num_slots=4, max_len=MAX_LEN, cost_model=fixed_costs(4))
+    one, stop_first = engine.generate([
+        Request(prompt_ids=prompts[0], max_tokens=1, mode="dflash", stop_ids=()),
+        Request(prompt_ids=prompts[1], max_tokens=10, mode="dflash", stop_ids=(reference[1][0],)),
+    ])
+    assert one.output == reference[0][:1] and one.finish_reason == "length" and one.steps == []
+    assert stop_first.output == [] and stop_first.finish_reason == "stop" and stop_first.steps == []
+    assert len(engine.free_slots) == 4
+
+
+def test_default_stop_ids_are_the_targets_eos(trained_tiny):
+    bundle = trained_tiny
+    eos = bundle.target.config.eos_token_ids
+    assert eos
+    engine = Engine(bundle.target, None, num_slots=16, max_len=MAX_LEN)
+    prompts = random_prompts(32, seed=77)
+    free = engine.generate([Request(p, MAX_TOKENS, stop_ids=()) for p in prompts], concurrency=16)
+    default = engine.generate([Request(p, MAX_TOKENS) for p in prompts], concurrency=16)
+    for a, b in zip(free, default):
+        hit = [j for j, t in enumerate(a.output) if t in eos]
+        if hit:
+            assert b.output == a.output[: hit[0]] and b.finish_reason == "stop"
+        else:
+            assert b.output == a.output and b.finish_reason == "length"
+
+
+# ---- bad requests, cancellation ------------------------------------------------------------
+
+BAD_REQUESTS = [
+    ("mode", dict(mode="turbo")),
+    ("prompt_ids", dict(prompt_ids=[])),
+    ("prompt_ids", dict(prompt_ids=[1, 2, 100000])),
+    ("max_tokens", dict(max_tokens=0)),
+    ("max_tokens", dict(max_tokens=MAX_LEN)),  # prompt + max_tokens over the context limit
+    ("temperature", dict(sampling=SamplingParams(temperature=-1.0))),
+    ("top_p", dict(sampling=SamplingParams(temperature=1.0, top_p=0.0))),
+    ("top_p", dict(sampling=SamplingParams(temperature=1.0, top_p=1.5))),
+    ("top_k", dict(sampling=SamplingParams(temperature=1.0, top_k=-1))),
+    ("max_draft", dict(mode="dflash", max_draft=-1)),
+]
+
+
+def test_bad_requests_raise_value_error_naming_the_field(trained_tiny, prompts, reference):
+    bundle = trained_tiny
+    engine = Engine(bundle.target, bundle.drafter, num_slots=4, max_len=MAX_LEN, cost_model=fixed_costs(4))
+    for field, change in BAD_REQUESTS:
+        req = Request(**{**dict(prompt_ids=prompts[0], max_tokens=10, mode="ar"), **change})
+        with pytest.raises(ValueError, match=field):
+            engine.submit(req)
+    assert not engine.has_work
+    plain = Engine(bundle.target, None, num_slots=4, max_len=MAX_LEN)
+    for mode in DRAFTER_MODES:
+        with pytest.raises(ValueError, match="mode"):
+            plain.submit(Request(prompt_ids=prompts[0], max_tokens=10, mode=mode))
+    # Neither engine is left in a bad state: valid requests still run and are exact.
+    assert plain.generate([Request(prompts[0], MAX_TOKENS, mode="ngram", stop_ids=())])[0].output == reference[0]
+    engine = Engine(bundle.target, bundle.drafter, num_slots=4, max_len=MAX_LEN, cost_model=fixed_costs(4))
+    for field, change in BAD_REQUESTS:
+        with pytest.raises(ValueError):
+            engine.submit(Request(**{**dict(prompt_ids=prompts[0], max_tokens=10, mode="ar"), **change}))
+    out = engine.generate([Request(prompts[i], MAX_TOKENS, mode="dflash", stop_ids=()) for i in range(3)])
+    assert [s.output for s in out] == reference[:3]
+
+
+def test_cancel_running_and_waiting(trained_tiny, prompts, reference):
+    bundle = trained_tiny
+    # Default construction: the engine measures its own cost model.
+    engine = Engine(bundle.target, bundle.drafter, num_slots=3, max_len=MAX_LEN)
+    modes = ["dflash", "adaflash", "ngram"]
+    seqs = [engine.submit(Request(prompts[i], MAX_TOKENS, mode=modes[i], stop_ids=())) for i in range(3)]
+    waiting = engine.submit(Request(prompts[3], MAX_TOKENS, mode="dflash", stop_ids=()))  # no slot free yet
+    for _ in range(3):
+        engine.step()
+    assert all(s.output and not s.finished for s in seqs) and not waiting.output
+    engine.cancel(seqs[0])
+    engine.cancel(waiting)
+    assert seqs[0].finish_reason == "cancelled" and waiting.finish_reason == "cancelled"
+    cut = list(seqs[0].output)
+    # The freed slot is reused by a new request: its drafter context must start empty.
+    late = engine.submit(Request(prompts[4], MAX_TOKENS, mode="dflash", stop_ids=()))
+    while engine.has_work:
+        engine.step()
+    assert seqs[0].output == cut == reference[0][: len(cut)]
+    assert all(n == 0 for n in bundle.target.cache.lengths) and all(n == 0 for n in bundle.drafter.cache.lengths)
+    assert waiting.output == [] and waiting.steps == []
+    assert seqs[1].output == reference[1] and seqs[2].output == reference[2]
+    assert late.output == reference[4]
+    assert all(s.finish_reason == "length" for s in (seqs[1], seqs[2], late))
+    assert len(engine.free_slots) == engine.num_slots and not engine.running
+    # The reused slot drafted from its own context only: same drafts as the request alone on a fresh engine.
+    fresh = Engine(bundle.target, bundle.drafter, num_slots=1, max_len=MAX_LEN, cost_model=fixed_costs(1))
+    alone = fresh.generate([Request(prompts[4], MAX_TOKENS, mode="dflash", stop_ids=())])[0]
+    assert [(st.draft_len, st.accepted) for st in late.steps] == [(st.draft_len, st.accepted) for st in alone.steps]
+
+
+def test_engine_caches_follow_the_committed_tokens(trained_tiny, prompts):
+    """After every step, a running sequence's target cache and drafter context hold len(tokens) - 1
+    positions, and the drafter's cached context drafts what a recomputation from the text drafts."""
+    bundle = trained_tiny
+    twin = clone_target(bundle.target)
+    drafter = bundle.drafter
+    engine = Engine(bundle.target, drafter, num_slots=6, max_len=MAX_LEN, cost_model=fixed_costs(6))
+    modes = ["dflash", "adaflash", "adaflash-published", "ngram", "ar", "dflash", "adaflash-published", "dflash"]
+    for i, mode in enumerate(modes):
+        engine.submit(Request(prompts[10 + i], 24, mode=mode, stop_ids=()))
+    checked = 0
+    while engine.has_work:
+        engine.step()
+        for slot, seq in engine.running.items():
+            assert engine.target.cache.lengths[slot] == len(seq.tokens) - 1
+            if seq.request.mode not in ("dflash", "adaflash", "adaflash-published"):
+                continue
+            assert drafter.cache.lengths[slot] == len(seq.tokens) - 1
+            feats = target_features(twin, seq.tokens, drafter.config.target_layer_ids)[:-1]
+            ref = drafter.draft_uncached(twin, feats, seq.tokens[-1])
+            got = drafter.draft(bundle.target, [slot], [seq.tokens[-1]])
+            assert (got.hidden - ref.hidden).abs().max().item() <= 1e-4
+            assert torch.equal(got.tokens, ref.tokens)
+            checked += 1
+    assert checked > 50

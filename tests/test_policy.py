@@ -1,0 +1,122 @@
+"""Draft-length policies: the cost-aware choice is optimal; the published rule and ratio conversion behave as stated."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+import torch
+
+from adaflash.policy import CostModel, choose_lengths, published_length, ratio_to_rates
+
+
+def flat_costs(batch: int) -> CostModel:
+    return CostModel(verify={batch: [(batch, 10.0), (batch * 16, 10.0)]}, draft={})
+
+
+def steep_costs(batch: int) -> CostModel:
+    return CostModel(verify={batch: [(batch, 10.0), (batch * 16, 10.0 + 15 * batch * 4.0)]}, draft={})
+
+
+def objective(ks, rates, cost, batch, other_tokens, draft_ms, sunk_ms):
+    """Expected committed tokens per ms of a draft-length vector, as choose_lengths defines it."""
+    n = len(ks)
+    expected = n + sum(float(np.prod(rates[i, : j + 1])) for i, k in enumerate(ks) for j in range(k))
+    ms = cost.verify_ms(batch, other_tokens + n + sum(ks)) + sunk_ms + (draft_ms if any(ks) else 0.0)
+    return expected / ms
+
+
+def test_certain_acceptance_and_flat_cost_takes_the_caps():
+    caps = [15, 7, 3, 0]
+    ks, rate = choose_lengths(np.ones((4, 15)), caps, flat_costs(4), batch=4, other_tokens=0, draft_ms=2.0)
+    assert ks == caps
+    assert rate == pytest.approx((4 + sum(caps)) / 12.0)
+
+
+def test_zero_acceptance_takes_nothing():
+    ks, rate = choose_lengths(np.zeros((3, 15)), [15, 15, 15], flat_costs(3), batch=3, other_tokens=0, draft_ms=0.0)
+    assert ks == [0, 0, 0]
+    assert rate == pytest.approx(3 / 10.0)
+
+
+def test_expensive_draft_is_not_worth_it():
+    rates = np.full((2, 15), 0.9)
+    ks, _ = choose_lengths(rates, [15, 15], flat_costs(2), batch=2, other_tokens=0, draft_ms=1000.0)
+    assert ks == [0, 0]
+    ks, _ = choose_lengths(rates, [15, 15], flat_costs(2), batch=2, other_tokens=0, draft_ms=1.0)
+    assert ks == [15, 15]
+
+
+def test_steep_verify_cost_shortens_drafts():
+    rates = np.full((4, 15), 0.8)
+    caps = [15] * 4
+    flat, _ = choose_lengths(rates, caps, flat_costs(4), batch=4, other_tokens=0, draft_ms=0.5)
+    steep, _ = choose_lengths(rates, caps, steep_costs(4), batch=4, other_tokens=0, draft_ms=0.5)
+    assert flat == caps
+    assert sum(steep) < sum(flat)
+    assert all(s <= f for s, f in zip(steep, flat))
+
+
+def test_better_sequences_get_longer_drafts():
+    rates = np.stack([np.full(15, 0.95), np.full(15, 0.5), np.full(15, 0.1)])
+    cost = CostModel(verify={3: [(3, 10.0), (48, 10.0 + 45 * 0.6)]}, draft={})  # 0.6 ms per verified token
+    ks, _ = choose_lengths(rates, [15, 15, 15], cost, batch=3, other_tokens=0, draft_ms=0.5)
+    assert ks[0] > ks[1] > ks[2] == 0
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_optimal_against_brute_force(seed):
+    rng = np.random.default_rng(seed)
+    for _ in range(60):
+        rates = rng.uniform(0.0, 1.0, size=(3, 3))
+        ms = np.cumsum(rng.uniform(0.0, 4.0, size=4)) + rng.uniform(0.5, 3.0)
+        cost = CostModel(verify={3: [(3 * (i + 1), float(m)) for i, m in enumerate(ms)]}, draft={})
+        draft_ms, sunk_ms = float(rng.uniform(0, 3)), float(rng.uniform(0, 2))
+        ks, rate = choose_lengths(rates, [3, 3, 3], cost, batch=3, other_tokens=0, draft_ms=draft_ms, sunk_ms=sunk_ms)
+        assert all(0 <= k <= 3 for k in ks)
+        best = max(objective(v, rates, cost, 3, 0, draft_ms, sunk_ms) for v in itertools.product(range(4), repeat=3))
+        assert objective(ks, rates, cost, 3, 0, draft_ms, sunk_ms) == pytest.approx(best, rel=1e-9)
+        assert rate == pytest.approx(best, rel=1e-9)
+
+
+def test_optimal_against_brute_force_with_unequal_caps_and_other_tokens():
+    rng = np.random.default_rng(99)
+    for _ in range(60):
+        rates = rng.uniform(0.2, 1.0, size=(3, 4))
+        caps = rng.integers(0, 5, size=3).tolist()
+        cost = CostModel(verify={4: [(4, 3.0), (8, 3.5), (16, 5.0), (32, 9.0)]}, draft={})
+        ks, rate = choose_lengths(rates, caps, cost, batch=4, other_tokens=2, draft_ms=0.7)
+        assert all(0 <= k <= c for k, c in zip(ks, caps))
+        best = max(objective(v, rates, cost, 4, 2, 0.7, 0.0)
+                   for v in itertools.product(*[range(c + 1) for c in caps]))
+        assert rate == pytest.approx(best, rel=1e-9)
+        assert objective(ks, rates, cost, 4, 2, 0.7, 0.0) == pytest.approx(best, rel=1e-9)
+
+
+@pytest.mark.parametrize("block_size", [8, 16])
+def test_ratio_to_rates_solves_the_geometric_sum(block_size):
+    ratios = torch.tensor([1.0 / block_size, 0.15, 0.25, 0.5, 0.75, 0.9])
+    rates = ratio_to_rates(ratios, block_size)
+    assert rates.shape == (len(ratios), block_size - 1)
+    assert np.all(rates == rates[:, :1])  # one constant rate per sequence
+    alpha = rates[:, 0]
+    assert np.all((alpha >= 0) & (alpha <= 1))
+    powers = np.arange(1, block_size)
+    for a, r in zip(alpha, ratios.tolist()):
+        assert (a ** powers).sum() == pytest.approx(r * block_size - 1, abs=1e-3)
+    assert np.all(np.diff(alpha) > 0)  # higher ratio, higher rate
+    # The extremes: nothing accepted -> 0, everything accepted -> 1.
+    ends = ratio_to_rates(torch.tensor([0.0, 1.0]), block_size)[:, 0]
+    assert ends[0] == pytest.approx(0.0, abs=1e-6) and ends[1] == pytest.approx(1.0, abs=1e-3)
+
+
+def test_published_length():
+    assert published_length(0.0, 16, 15) == 1  # at least one token
+    assert published_length(0.01, 16, 15) == 1
+    assert published_length(0.2, 16, 15) == 4  # round(4.16)
+    assert published_length(0.3, 16, 15) == 6  # round(6.24)
+    assert published_length(0.5, 16, 15) == 10  # round(10.4)
+    assert published_length(0.5, 16, 7) == 7  # capped
+    assert published_length(1.0, 16, 15) == 15  # round(20.8) capped at the block
+    assert published_length(0.5, 8, 7) == 5  # round(5.2)

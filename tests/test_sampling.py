@@ -1,0 +1,251 @@
+"""Speculative sampling reproduces the target distribution exactly, in every mode; verification unit tests."""
+
+from __future__ import annotations
+
+
+import numpy as np
+import pytest
+import torch
+from scipy.stats import chisquare
+
+from adaflash.bundle import tiny_random_bundle
+from adaflash.engine import MODES, Engine, Request
+from adaflash.policy import CostModel
+from adaflash.sampling import SamplingParams, target_probs, verify_greedy, verify_sampled
+from adaflash.target import Transformer
+from adaflash.train_dflash import fit_drafter
+
+from conftest import clone_target, fixed_costs, random_prompts, self_generated
+
+V = 8  # vocabulary of the small bundle; id 7 is its mask token
+PROMPT = [1, 2, 3, 1, 2, 3, 4, 1, 2]
+N_SAMPLES = 3000
+DEPTH = 3  # joint distribution of the first DEPTH generated tokens
+# One more token than DEPTH: the first decode step then verifies a 2-token draft (tokens 2 and 3 of the
+# joint come out of accept / reject / resample chains, not only the bonus token).
+MAX_TOKENS = DEPTH + 1
+ALPHA = 0.001
+DRAFT_MODES = [m for m in MODES if m != "ar"]
+
+
+@pytest.fixture(scope="module")
+def small():
+    """A vocabulary-8 target; its drafter fitted briefly on the target's greedy continuations."""
+    bundle = tiny_random_bundle(seed=0, vocab_size=V)
+    data = self_generated(bundle.target, random_prompts(64, seed=5, vocab=V - 1), max_tokens=64)
+    fit_drafter(bundle.drafter, bundle.target, data, steps=200)
+    return bundle
+
+
+def exact_joint(target: Transformer, prompt: list[int], params: SamplingParams, depth: int = DEPTH) -> np.ndarray:
+    """P(first `depth` tokens) over all V**depth continuations, from the target's own logits (full recompute)."""
+    twin = clone_target(target)
+    dist = np.ones(1)
+    prefixes: list[tuple[int, ...]] = [()]
+    for d in range(depth):
+        n = len(prefixes)
+        twin.allocate_cache(n, len(prompt) + depth)
+        seq_len = len(prompt) + d
+        rows = torch.arange(1, n + 1) * seq_len - 1
+        logits = twin.forward(list(range(n)), [prompt + list(p) for p in prefixes], logit_rows=rows).logits
+        probs = target_probs(logits, params).double().numpy()
+        dist = (dist[:, None] * probs).reshape(-1)
+        prefixes = [p + (t,) for p in prefixes for t in range(V)]
+    return dist / dist.sum()
+
+
+def cell_of(output: list[int]) -> int:
+    return sum(t * V ** (DEPTH - 1 - i) for i, t in enumerate(output[:DEPTH]))
+
+
+def chi_square_p(counts: np.ndarray, probs: np.ndarray) -> float:
+    """Pearson chi-square p-value; cells expecting fewer than 5 samples are pooled into one bin."""
+    expected = probs * counts.sum()
+    small = expected < 5
+    obs, exp = counts[~small].astype(float), expected[~small]
+    if expected[small].sum() > 0:
+        obs, exp = np.append(obs, counts[small].sum()), np.append(exp, expected[small].sum())
+    else:
+        assert counts[small].sum() == 0, "samples fell on continuations of probability zero"
+    exp = exp * obs.sum() / exp.sum()  # remove float rounding of the total
+    return float(chisquare(obs, exp).pvalue)
+
+
+_runs: dict = {}
+# Verify cost flat in tokens, drafting almost free: the cost-aware policy drafts these short requests too.
+CHEAP_DRAFTS = CostModel(verify={b: [(b, 2.0), (16 * b, 2.0)] for b in (1, 16)}, draft={1: 0.1, 16: 0.1})
+
+
+def sample_run(bundle, mode: str, params: dict) -> list:
+    """N_SAMPLES requests of PROMPT with distinct seeds, concurrency 16 (memoised per mode and params)."""
+    key = (id(bundle), mode, tuple(sorted(params.items())))
+    if key not in _runs:
+        engine = Engine(bundle.target, bundle.drafter, num_slots=16, max_len=32, cost_model=CHEAP_DRAFTS)
+        first_seed = MODES.index(mode) * N_SAMPLES  # independent samples per mode
+        reqs = [Request(prompt_ids=PROMPT, max_tokens=MAX_TOKENS, mode=mode, stop_ids=(),
+                        sampling=SamplingParams(seed=first_seed + i, **params)) for i in range(N_SAMPLES)]
+        _runs[key] = engine.generate(reqs, concurrency=16)
+    return _runs[key]
+
+
+def draft_tokens_tried(seqs) -> int:
+    return sum(min(st.accepted + 1, st.draft_len) for s in seqs for st in s.steps)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_first_tokens_follow_the_target_distribution(small, mode):
+    seqs = sample_run(small, mode, {"temperature": 1.0})
+    assert all(len(s.output) == MAX_TOKENS and s.finish_reason == "length" for s in seqs)
+    if mode != "ar":  # the samples went through draft verification, not only plain sampling
+        assert draft_tokens_tried(seqs) > N_SAMPLES // 2
+    counts = np.bincount([cell_of(s.output) for s in seqs], minlength=V**DEPTH)
+    p_true = chi_square_p(counts, exact_joint(small.target, PROMPT, SamplingParams(temperature=1.0)))
+    assert p_true > ALPHA, f"{mode}: samples do not follow the target distribution (p={p_true:.2e})"
+    # The same test on the same samples rejects a slightly different distribution: it has power.
+    p_wrong = chi_square_p(counts, exact_joint(small.target, PROMPT, SamplingParams(temperature=0.85)))
+    assert p_wrong < ALPHA
+
+
+@pytest.mark.parametrize("mode", ["dflash", "ngram"])
+def test_first_tokens_follow_the_filtered_distribution(small, mode):
+    params = {"temperature": 1.0, "top_k": 4, "top_p": 0.9}
+    seqs = sample_run(small, mode, params)
+    assert draft_tokens_tried(seqs) > N_SAMPLES // 2
+    counts = np.bincount([cell_of(s.output) for s in seqs], minlength=V**DEPTH)
+    exact = exact_joint(small.target, PROMPT, SamplingParams(**params))
+    assert counts[exact == 0].sum() == 0, "a token outside top-k / top-p was generated"
+    assert chi_square_p(counts, exact) > ALPHA
+    # Unfiltered sampling is a different distribution and is rejected.
+    assert chi_square_p(counts, exact_joint(small.target, PROMPT, SamplingParams(temperature=1.0))) < ALPHA
+
+
+def _check_acceptance(seqs, min_tried: int) -> None:
+    """Accepted drafts count = sum of Bernoulli(p(x)) over the tried draft tokens: its mean is the sum of
+    expected_accepted and its variance sum p(1-p) <= sum over steps of (e - e^2/n), n tokens tried."""
+    steps = [st for s in seqs for st in s.steps if st.draft_len > 0]
+    tried = [min(st.accepted + 1, st.draft_len) for st in steps]
+    assert sum(tried) > min_tried
+    accepted = sum(st.accepted for st in steps)
+    expected = sum(st.expected_accepted for st in steps)
+    assert all(0.0 <= st.expected_accepted <= n + 1e-9 for st, n in zip(steps, tried))
+    var = sum(st.expected_accepted - st.expected_accepted**2 / n for st, n in zip(steps, tried))
+    sd = max(var, 1.0) ** 0.5
+    assert abs(accepted - expected) <= 4 * sd, f"accepted {accepted} vs expected {expected:.1f} (sd {sd:.1f})"
+    assert 0 < accepted < sum(tried)  # both acceptances and rejections happened
+
+
+@pytest.mark.parametrize("mode", DRAFT_MODES)
+def test_acceptance_rate_matches_its_expectation(trained_tiny, small, mode):
+    # Short runs of the vocabulary-8 bundle (from the distribution test) ...
+    _check_acceptance(sample_run(small, mode, {"temperature": 1.0}), min_tried=N_SAMPLES // 2)
+    # ... and long generations of the byte-level bundle, where drafts of every length are verified.
+    bundle = trained_tiny
+    engine = Engine(bundle.target, bundle.drafter, num_slots=16, max_len=30 + 48 + 16 + 10, cost_model=fixed_costs())
+    reqs = [Request(prompt_ids=p, max_tokens=48, mode=mode, stop_ids=(), sampling=SamplingParams(temperature=1.0, seed=i))
+            for i, p in enumerate(random_prompts(64, seed=3))]
+    seqs = engine.generate(reqs, concurrency=16)
+    _check_acceptance(seqs, min_tried=200)
+    if mode in ("ngram", "dflash"):
+        assert any(st.draft_len > 8 for s in seqs for st in s.steps)
+
+
+def test_sampled_requests_are_reproducible_from_their_seed(small):
+    """The same seed gives the same text whatever the batch around it."""
+    engine = Engine(small.target, small.drafter, num_slots=16, max_len=48, cost_model=fixed_costs())
+    params = SamplingParams(temperature=1.0, seed=42)
+    alone = engine.generate([Request(PROMPT, 20, mode="dflash", sampling=params, stop_ids=())])[0].output
+    crowd = [Request(PROMPT, 20, mode="dflash", sampling=SamplingParams(temperature=1.0, seed=i), stop_ids=())
+             for i in range(7)]
+    crowd.insert(3, Request(PROMPT, 20, mode="dflash", sampling=params, stop_ids=()))
+    assert engine.generate(crowd, concurrency=8)[3].output == alone
+
+
+# ---- unit tests ---------------------------------------------------------------------------
+
+def test_target_probs_temperature():
+    logits = torch.tensor([[2.0, -1.0, 0.5, 3.0, 0.0], [0.1, 0.2, 0.3, 0.4, 0.5]])
+    for t in (0.5, 1.0, 2.0):
+        got = target_probs(logits, SamplingParams(temperature=t))
+        assert torch.allclose(got, torch.softmax(logits / t, dim=-1), atol=1e-7)
+
+
+def test_target_probs_top_k_keeps_exactly_k():
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(6, 50, generator=g)
+    for k in (1, 3, 10):
+        probs = target_probs(logits, SamplingParams(temperature=1.0, top_k=k))
+        assert torch.all((probs > 0).sum(-1) == k)
+        top = torch.topk(logits, k, dim=-1).indices
+        assert torch.all(torch.gather(probs, -1, top) > 0)
+        expected = torch.zeros_like(logits).scatter(-1, top, torch.softmax(torch.gather(logits, -1, top), -1))
+        assert torch.allclose(probs, expected, atol=1e-6)
+    # top_k = 0 or >= vocabulary: no filtering.
+    full = torch.softmax(logits, dim=-1)
+    assert torch.allclose(target_probs(logits, SamplingParams(temperature=1.0, top_k=0)), full, atol=1e-7)
+    assert torch.allclose(target_probs(logits, SamplingParams(temperature=1.0, top_k=50)), full, atol=1e-7)
+
+
+def test_target_probs_top_p_keeps_the_minimal_nucleus():
+    p = torch.tensor([0.4, 0.05, 0.25, 0.2, 0.1])
+    logits = p.log()[None]
+    # Sorted: 0.4, 0.25, 0.2, 0.1, 0.05 -> cumulative 0.4, 0.65, 0.85, 0.95, 1.0
+    cases = {0.1: {0}, 0.39: {0}, 0.41: {0, 2}, 0.64: {0, 2}, 0.66: {0, 2, 3}, 0.9: {0, 2, 3, 4}, 0.96: {0, 1, 2, 3, 4}}
+    for top_p, keep in cases.items():
+        probs = target_probs(logits, SamplingParams(temperature=1.0, top_p=top_p))[0]
+        assert set(torch.nonzero(probs).flatten().tolist()) == keep, top_p
+        kept = torch.tensor(sorted(keep))
+        assert torch.allclose(probs[kept], p[kept] / p[kept].sum(), atol=1e-6)
+        assert probs.sum().item() == pytest.approx(1.0, abs=1e-6)
+
+
+def test_target_probs_top_k_then_top_p():
+    p = torch.tensor([0.4, 0.05, 0.25, 0.2, 0.1])
+    # top_k=3 leaves 0.4, 0.25, 0.2 -> renormalised 0.47, 0.29, 0.24; top_p=0.7 keeps the first two.
+    probs = target_probs(p.log()[None], SamplingParams(temperature=1.0, top_k=3, top_p=0.7))[0]
+    assert set(torch.nonzero(probs).flatten().tolist()) == {0, 2}
+    assert probs[0].item() == pytest.approx(0.4 / 0.65, abs=1e-6)
+
+
+def test_verify_greedy():
+    assert verify_greedy([5, 6, 7], [5, 6, 7, 8]) == [5, 6, 7, 8]  # all accepted -> bonus token
+    assert verify_greedy([5, 6, 7], [1, 6, 7, 8]) == [1]  # first rejected -> the target's token
+    assert verify_greedy([5, 6, 7], [5, 9, 7, 8]) == [5, 9]
+    assert verify_greedy([5, 6, 7], [5, 6, 2, 8]) == [5, 6, 2]
+    assert verify_greedy([], [4]) == [4]
+
+
+def test_verify_sampled_certain_and_impossible_drafts():
+    v = 6
+    g = torch.Generator().manual_seed(0)
+    for _ in range(200):
+        # Draft token 2 has probability 1 at every position: always accepted, then a bonus from the last row.
+        probs = torch.zeros(4, v)
+        probs[:3, 2] = 1.0
+        probs[3] = torch.tensor([0.0, 0.5, 0.0, 0.5, 0.0, 0.0])
+        committed, expected = verify_sampled([2, 2, 2], probs, g)
+        assert committed[:3] == [2, 2, 2] and committed[3] in (1, 3) and len(committed) == 4
+        assert expected == pytest.approx(3.0)
+        # Draft token 4 has probability 0: rejected at once, replaced by a token of the target's distribution.
+        probs = torch.full((3, v), 0.2)
+        probs[:, 4] = 0.0
+        probs[:, 5] = 0.0
+        committed, expected = verify_sampled([4, 4], probs, g)
+        assert len(committed) == 1 and committed[0] in (0, 1, 2, 3)
+        assert expected == 0.0
+
+
+def test_verify_sampled_resamples_from_the_residual():
+    """After rejecting draft x, the replacement is drawn from p without x: overall the token follows p."""
+    p = torch.tensor([0.5, 0.3, 0.2])
+    g = torch.Generator().manual_seed(1)
+    n = 20000
+    first = [verify_sampled([0], torch.stack([p, p]), g)[0][0] for _ in range(n)]
+    counts = np.bincount(first, minlength=3)
+    assert chisquare(counts, p.double().numpy() * n).pvalue > ALPHA
+    # A rejected draft token is never its own replacement.
+    for _ in range(500):
+        committed, _ = verify_sampled([0, 1], torch.stack([p, p, p]), g)
+        if len(committed) == 1:
+            assert committed[0] != 0
+        elif len(committed) == 2:
+            assert committed[1] != 1
