@@ -323,6 +323,7 @@ def test_engine_caches_follow_the_committed_tokens(trained_tiny, prompts):
             assert engine.target.cache.lengths[slot] == len(seq.tokens) - 1
             if seq.request.mode not in ("dflash", "adaflash", "adaflash-published"):
                 continue
+            engine.flush_context([seq])  # features reach the drafter lazily, before it drafts
             assert drafter.cache.lengths[slot] == len(seq.tokens) - 1
             feats = target_features(twin, seq.tokens, drafter.config.target_layer_ids)[:-1]
             ref = drafter.draft_uncached(twin, feats, seq.tokens[-1])

@@ -1,9 +1,11 @@
 """Continuous-batching speculative decoding engine: admit, step, retire.
 
 Every step runs at most one drafter forward and one target forward for all active
-sequences, whatever their modes. Invariant per running sequence: the target KV cache and
-the drafter context hold `len(tokens) - 1` positions; the last token (the anchor) is fed
-by the next step, together with the draft tokens that step verifies.
+sequences, whatever their modes. Invariant per running sequence: the target KV cache holds
+`len(tokens) - 1` positions, and so do the drafter context and the features queued for it;
+the last token (the anchor) is fed by the next step, together with the draft tokens that
+step verifies. Features reach the drafter lazily, right before a sequence drafts, so steps
+where the policy decides not to draft cost no drafter work.
 """
 
 from __future__ import annotations
@@ -55,8 +57,10 @@ class Sequence:
     output: list[int] = field(default_factory=list)
     steps: list[StepRecord] = field(default_factory=list)
     finish_reason: str | None = None
-    skipped_drafts: int = 0
+    skipped_drafts: int = 0  # consecutive adaflash steps without drafting
+    probe_interval: int = 8  # skipped steps before drafting anyway, to re-measure acceptance
     stats: AcceptanceStats | None = None
+    pending_context: list[torch.Tensor] = field(default_factory=list)  # target features not yet in the drafter
 
     @property
     def finished(self) -> bool:
@@ -126,7 +130,7 @@ class Engine:
         seq = Sequence(
             id=next(self._ids), request=request, tokens=list(request.prompt_ids),
             generator=torch.Generator().manual_seed(request.sampling.seed), stop_ids=frozenset(stops),
-            stats=AcceptanceStats(self.block_size - 1),
+            stats=AcceptanceStats(self.block_size - 1), probe_interval=self.probe_every,
         )
         self.waiting.append(seq)
         return seq
@@ -183,7 +187,7 @@ class Engine:
         out = self.target.forward([s.slot for s in batch], [s.tokens for s in batch], logit_rows=last_rows,
                                   capture_layers=self.capture)
         firsts = (np.cumsum(counts) - counts).tolist()
-        self._append_context(batch, out.hidden, counts, firsts)
+        self._queue_context(batch, out.hidden, counts, firsts)
         for i, seq in enumerate(batch):
             seq.commit([self._sample_one(seq, out.logits[i])])
 
@@ -227,14 +231,16 @@ class Engine:
         ada_ids = {s.id for s in ada}
         other_tokens = sum(len(drafts[s.id]) + 1 if s.id in drafts else self._cap(s) + 1
                            for s in active if s.id not in ada_ids)
-        if ada and not self._worth_drafting(ada, len(active), other_tokens, len(drafting)):
+        if ada:
+            chosen = {s.id for s in self._choose_drafters(ada, len(active), other_tokens, len(drafting))}
             for s in ada:
-                s.skipped_drafts += 1
-            drafting = [s for s in drafting if s.request.mode != "adaflash"]
+                s.skipped_drafts = 0 if s.id in chosen else s.skipped_drafts + 1
+            drafting = [s for s in drafting if s.request.mode != "adaflash" or s.id in chosen]
         for s in active:
             drafts.setdefault(s.id, [])
         if not drafting:
             return drafts
+        self.flush_context(drafting)
         draft = self.drafter.draft(self.target, [s.slot for s in drafting], [s.tokens[-1] for s in drafting])
         tokens = draft.tokens.tolist()
         ratios = draft.accept_ratio
@@ -247,7 +253,6 @@ class Engine:
                 r = float(ratios[i]) if ratios is not None else self._estimated_ratio(seq)
                 drafts[seq.id] = tokens[i][: published_length(r, self.block_size, cap)]
             else:
-                seq.skipped_drafts = 0
                 ada_rows.append(i)
         if ada_rows:
             seqs = [drafting[i] for i in ada_rows]
@@ -273,13 +278,21 @@ class Engine:
         rates = self._estimated_rates([seq])[0]
         return float(1 + np.cumprod(rates).sum()) / self.block_size
 
-    def _worth_drafting(self, ada: list[Sequence], batch: int, other_tokens: int, n_drafting: int) -> bool:
-        """Decide before drafting, from running acceptance estimates; probe now and then so estimates stay fresh."""
-        if any(s.skipped_drafts >= self.probe_every for s in ada):
-            return True
+    def _choose_drafters(self, ada: list[Sequence], batch: int, other_tokens: int, n_drafting: int) -> list[Sequence]:
+        """Before drafting, from running acceptance estimates: all adaflash sequences draft if drafting
+        beats plain decoding once the draft's own cost is paid; otherwise only those due for a probe."""
         ks, _ = choose_lengths(self._estimated_rates(ada), [self._cap(s) for s in ada], self.cost, batch, other_tokens,
                                draft_ms=self.cost.draft_ms(n_drafting))
-        return any(ks)
+        if any(ks):
+            return ada
+        return [s for s in ada if s.skipped_drafts >= s.probe_interval]
+
+    def _update_probe(self, seq: Sequence, accepted: int) -> None:
+        """Probes that find nothing come ever more rarely (up to every 128 steps); one that finds text resets them."""
+        if accepted:
+            seq.probe_interval = self.probe_every
+        else:
+            seq.probe_interval = min(2 * seq.probe_interval, 128)
 
     def _verify(self, active: list[Sequence], drafts: dict[int, list[int]]) -> None:
         feeds = [[s.tokens[-1]] + drafts[s.id] for s in active]
@@ -305,20 +318,30 @@ class Engine:
             if draft:
                 seq.stats.update(len(draft), accepted)
                 self.global_stats.update(len(draft), accepted)
+                if seq.request.mode == "adaflash":
+                    self._update_probe(seq, accepted)
             seq.steps.append(StepRecord(len(draft), accepted, seq.commit(committed), expected))
             row += n
-        self._append_context(ctx_seqs, out.hidden, keep_counts, keep_rows)
+        self._queue_context(ctx_seqs, out.hidden, keep_counts, keep_rows)
 
-    def _append_context(self, seqs: list[Sequence], hidden: torch.Tensor | None, counts: list[int],
-                        first_rows: list[int]) -> None:
-        """Feed the target features of newly committed positions to the drafter (drafting modes only)."""
+    def _queue_context(self, seqs: list[Sequence], hidden: torch.Tensor | None, counts: list[int],
+                       first_rows: list[int]) -> None:
+        """Keep the target features of newly committed positions for the drafter (drafting modes only)."""
         if self.drafter is None or hidden is None:
             return
-        picked = [(s, r, c) for s, r, c in zip(seqs, first_rows, counts) if s.request.mode in DRAFTER_MODES]
-        if not picked:
+        for seq, r, c in zip(seqs, first_rows, counts):
+            if seq.request.mode in DRAFTER_MODES:
+                seq.pending_context.append(hidden[r : r + c].clone())
+
+    def flush_context(self, seqs: list[Sequence]) -> None:
+        """Project queued features into the drafter's context cache, all sequences in one call."""
+        todo = [s for s in seqs if s.pending_context]
+        if not todo:
             return
-        rows = torch.cat([torch.arange(r, r + c) for _, r, c in picked])
-        self.drafter.append_context([s.slot for s, _, _ in picked], hidden[rows], [c for _, _, c in picked])
+        parts = [torch.cat(s.pending_context) for s in todo]
+        self.drafter.append_context([s.slot for s in todo], torch.cat(parts), [p.shape[0] for p in parts])
+        for s in todo:
+            s.pending_context.clear()
 
     def _retire(self, seqs: list[Sequence]) -> None:
         for seq in seqs:
@@ -329,6 +352,7 @@ class Engine:
                     self.drafter.truncate(seq.slot, 0)
                 self.free_slots.append(seq.slot)
             seq.slot = -1
+            seq.pending_context.clear()
 
     # ---- convenience ------------------------------------------------------------------------
     def generate(self, requests: list[Request], concurrency: int | None = None) -> list[Sequence]:

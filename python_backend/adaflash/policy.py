@@ -32,26 +32,23 @@ class CostModel:
     verify: dict[int, list[tuple[int, float]]] = field(default_factory=dict)
     draft: dict[int, float] = field(default_factory=dict)
 
-    def verify_ms(self, batch: int, total_tokens: int) -> float:
+    def verify_ms(self, batch: int, total_tokens: float | np.ndarray) -> float | np.ndarray:
         """Interpolate linearly in tokens per sequence, then across the measured batch sizes."""
         sizes = sorted(self.verify)
         lo = max([b for b in sizes if b <= batch], default=sizes[0])
         hi = min([b for b in sizes if b >= batch], default=sizes[-1])
-        per_seq = total_tokens / batch
+        per_seq = np.asarray(total_tokens, dtype=float) / batch
         t_lo = self._at(lo, per_seq * lo)
         if hi == lo:
             return t_lo * batch / lo if batch > lo else t_lo
-        t_hi = self._at(hi, per_seq * hi)
         w = (batch - lo) / (hi - lo)
-        return (1 - w) * t_lo + w * t_hi
+        return (1 - w) * t_lo + w * self._at(hi, per_seq * hi)
 
-    def _at(self, batch: int, total: float) -> float:
-        pts = self.verify[batch]
-        xs, ys = [p[0] for p in pts], [p[1] for p in pts]
-        if total > xs[-1]:  # extrapolate with the last slope
-            slope = (ys[-1] - ys[-2]) / (xs[-1] - xs[-2]) if len(xs) > 1 else ys[-1] / xs[-1]
-            return ys[-1] + slope * (total - xs[-1])
-        return float(np.interp(total, xs, ys))
+    def _at(self, batch: int, total: np.ndarray) -> np.ndarray:
+        xs, ys = np.array(self.verify[batch], dtype=float).T
+        slope = (ys[-1] - ys[-2]) / (xs[-1] - xs[-2]) if len(xs) > 1 else ys[-1] / xs[-1]
+        beyond = ys[-1] + slope * (total - xs[-1])  # extrapolate with the last slope
+        return np.where(total > xs[-1], beyond, np.interp(total, xs, ys))
 
     def draft_ms(self, n: int) -> float:
         if n == 0 or not self.draft:
@@ -178,23 +175,17 @@ def choose_lengths(
     """
     n = len(caps)
     gains = np.cumprod(rates, axis=1)
-    owner, value = [], []
-    for i in range(n):
-        owner.extend([i] * caps[i])
-        value.extend(gains[i, : caps[i]].tolist())
-    order = np.argsort(-np.asarray(value), kind="stable")
-    base_tokens = other_tokens + n
-    best_s, best_rate = 0, n / (cost.verify_ms(batch, base_tokens) + sunk_ms)
-    expected = float(n)
-    for s, idx in enumerate(order, start=1):
-        expected += value[idx]
-        rate = expected / (cost.verify_ms(batch, base_tokens + s) + sunk_ms + draft_ms)
-        if rate > best_rate:
-            best_s, best_rate = s, rate
-    ks = [0] * n
-    for idx in order[:best_s]:
-        ks[owner[idx]] += 1
-    return ks, best_rate
+    caps_a = np.asarray(caps, dtype=int)
+    owner = np.repeat(np.arange(n), caps_a)
+    value = gains[np.arange(gains.shape[1])[None, :] < caps_a[:, None]]  # row-major: matches `owner`
+    order = np.argsort(-value, kind="stable")
+    expected = n + np.concatenate([[0.0], np.cumsum(value[order])])
+    s = np.arange(len(order) + 1)
+    times = cost.verify_ms(batch, other_tokens + n + s) + sunk_ms + np.where(s > 0, draft_ms, 0.0)
+    rates_per_ms = expected / times
+    best = int(np.argmax(rates_per_ms))  # the first maximum: fewer tokens on ties
+    ks = np.bincount(owner[order[:best]], minlength=n)
+    return ks.tolist(), float(rates_per_ms[best])
 
 
 def published_length(ratio: float, block_size: int, cap: int) -> int:
