@@ -10,6 +10,7 @@ where the policy decides not to draft cost no drafter work.
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from dataclasses import dataclass, field
 from itertools import count
@@ -61,6 +62,8 @@ class Sequence:
     probe_interval: int = 8  # skipped steps before drafting anyway, to re-measure acceptance
     stats: AcceptanceStats | None = None
     pending_context: list[torch.Tensor] = field(default_factory=list)  # target features not yet in the drafter
+    submitted_at: float = 0.0  # time.perf_counter() stamps
+    finished_at: float | None = None
 
     @property
     def finished(self) -> bool:
@@ -131,6 +134,7 @@ class Engine:
             id=next(self._ids), request=request, tokens=list(request.prompt_ids),
             generator=torch.Generator().manual_seed(request.sampling.seed), stop_ids=frozenset(stops),
             stats=AcceptanceStats(self.block_size - 1), probe_interval=self.probe_every,
+            submitted_at=time.perf_counter(),
         )
         self.waiting.append(seq)
         return seq
@@ -352,6 +356,7 @@ class Engine:
                     self.drafter.truncate(seq.slot, 0)
                 self.free_slots.append(seq.slot)
             seq.slot = -1
+            seq.finished_at = seq.finished_at or time.perf_counter()
             seq.pending_context.clear()
 
     # ---- convenience ------------------------------------------------------------------------
