@@ -191,3 +191,72 @@ def choose_lengths(
 def published_length(ratio: float, block_size: int, cap: int) -> int:
     """AdaFlash paper rule: verify round(ratio * B * 1.3) draft tokens, at least 1."""
     return min(cap, max(1, round(ratio * block_size * 1.3)))
+
+
+@dataclass
+class SequencePolicy:
+    """What the controller remembers of one sequence."""
+
+    stats: AcceptanceStats
+    probe_interval: int
+    skipped: int = 0  # consecutive adaflash steps without drafting
+
+
+class LengthController:
+    """The length decisions of every draft mode, shared by the in-process engine and the Triton models.
+
+    Before drafting (`choose_drafters`): from running per-position acceptance estimates, all
+    adaflash sequences draft if drafting beats plain decoding once the draft's own cost is
+    paid; otherwise only those due for a probe, so estimates follow the text. After drafting
+    (`lengths`): per-sequence k from the length head's prediction or the estimates.
+    """
+
+    def __init__(self, cost: CostModel | None, block_size: int, prior_weight: float = 4.0, probe_every: int = 8) -> None:
+        self.cost, self.block_size = cost, block_size
+        self.prior_weight, self.probe_every = prior_weight, probe_every
+        self.global_stats = AcceptanceStats(block_size - 1)
+
+    def new_sequence(self) -> SequencePolicy:
+        return SequencePolicy(AcceptanceStats(self.block_size - 1), self.probe_every)
+
+    def estimated_rates(self, seqs: list[SequencePolicy]) -> np.ndarray:
+        prior = self.global_stats.rates(np.full(self.block_size - 1, 0.5), 1.0)
+        return np.stack([s.stats.rates(prior, self.prior_weight) for s in seqs])
+
+    def estimated_ratio(self, seq: SequencePolicy) -> float:
+        """Expected (accepted + 1) / B of a full block, from the per-position estimates.
+
+        Averaging observed (a+1)/B instead would be biased low once shorter blocks are verified.
+        """
+        return float(1 + np.cumprod(self.estimated_rates([seq])[0]).sum()) / self.block_size
+
+    def choose_drafters(self, seqs: list[SequencePolicy], caps: list[int], batch: int, other_tokens: int,
+                        n_drafting: int) -> list[bool]:
+        """Which adaflash sequences draft this step; updates their skip counters."""
+        ks, _ = choose_lengths(self.estimated_rates(seqs), caps, self.cost, batch, other_tokens,
+                               draft_ms=self.cost.draft_ms(n_drafting))
+        chosen = [True] * len(seqs) if any(ks) else [s.skipped >= s.probe_interval for s in seqs]
+        for s, c in zip(seqs, chosen):
+            s.skipped = 0 if c else s.skipped + 1
+        return chosen
+
+    def lengths(self, seqs: list[SequencePolicy], ratios: torch.Tensor | None, caps: list[int], batch: int,
+                other_tokens: int, n_drafting: int) -> list[int]:
+        """k per drafted adaflash sequence; the draft is made, so its cost is paid whatever k is."""
+        rates = ratio_to_rates(ratios, self.block_size) if ratios is not None else self.estimated_rates(seqs)
+        ks, _ = choose_lengths(rates, caps, self.cost, batch, other_tokens, draft_ms=0.0,
+                               sunk_ms=self.cost.draft_ms(n_drafting))
+        return ks
+
+    def published(self, seq: SequencePolicy, ratio: float | None, cap: int) -> int:
+        return published_length(self.estimated_ratio(seq) if ratio is None else ratio, self.block_size, cap)
+
+    def observe(self, seq: SequencePolicy, draft_len: int, accepted: int, adaptive: bool) -> None:
+        """Record a verified draft; for adaflash, probes that find nothing come ever more rarely
+        (up to every 128 steps) and one that finds text resets them."""
+        if draft_len == 0:
+            return
+        seq.stats.update(draft_len, accepted)
+        self.global_stats.update(draft_len, accepted)
+        if adaptive:
+            seq.probe_interval = self.probe_every if accepted else min(2 * seq.probe_interval, 128)

@@ -1,0 +1,60 @@
+"""Batched prefill and verify on the target: the math of one target step for many sequences.
+
+Shared by the in-process engine and the Triton target model, which differ only in how they
+schedule sequences and where per-sequence state lives.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from adaflash.sampling import SamplingParams, sample, target_probs, verify_greedy, verify_sampled
+from adaflash.target import Transformer
+
+
+@dataclass
+class StepResult:
+    committed: list[int]  # accepted draft tokens + the target's own next token
+    accepted: int
+    expected_accepted: float  # sampling: sum of p(x) over the draft tokens tried
+    features: torch.Tensor | None  # target features of the positions now committed, for the drafter
+
+
+def prefill_batch(target: Transformer, slots: list[int], prompts: list[list[int]], sampling: list[SamplingParams],
+                  generators: list[torch.Generator], capture: list[int] | None) -> list[StepResult]:
+    """Fill each slot with its prompt and pick the first token; features cover every prompt position."""
+    counts = [len(p) for p in prompts]
+    ends = np.cumsum(counts)
+    out = target.forward(slots, prompts, logit_rows=torch.tensor(ends - 1), capture_layers=capture)
+    results = []
+    for i, (sp, g) in enumerate(zip(sampling, generators)):
+        logits = out.logits[i]
+        token = int(logits.argmax()) if sp.greedy else sample(target_probs(logits[None], sp)[0], g)
+        feats = None if out.hidden is None else out.hidden[ends[i] - counts[i] : ends[i]].clone()
+        results.append(StepResult([token], 0, 0.0, feats))
+    return results
+
+
+def verify_batch(target: Transformer, slots: list[int], feeds: list[list[int]], sampling: list[SamplingParams],
+                 generators: list[torch.Generator], capture: list[int] | None) -> list[StepResult]:
+    """feeds[b] = [anchor] + draft. Verify every draft, then roll each slot back to its accepted length."""
+    starts = [target.cache.lengths[s] for s in slots]
+    out = target.forward(slots, feeds, capture_layers=capture)
+    greedy_ids = out.logits.argmax(-1).tolist()
+    results, row = [], 0
+    for slot, start, feed, sp, g in zip(slots, starts, feeds, sampling, generators):
+        n = len(feed)
+        expected = 0.0
+        if sp.greedy:
+            committed = verify_greedy(feed[1:], greedy_ids[row : row + n])
+        else:
+            committed, expected = verify_sampled(feed[1:], target_probs(out.logits[row : row + n], sp), g)
+        accepted = len(committed) - 1
+        target.cache.truncate(slot, start + accepted + 1)
+        feats = None if out.hidden is None else out.hidden[row : row + accepted + 1].clone()
+        results.append(StepResult(committed, accepted, expected, feats))
+        row += n
+    return results
