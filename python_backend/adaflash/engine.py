@@ -19,7 +19,7 @@ import torch
 
 from adaflash import ngram
 from adaflash.drafter import DFlashDrafter
-from adaflash.policy import CostModel, LengthController, SequencePolicy, measure_costs
+from adaflash.policy import CostModel, LengthController, SequencePolicy, measure_costs, ratio_to_rates
 from adaflash.sampling import SamplingParams
 from adaflash.target import Transformer
 from adaflash.target_ops import StepResult, prefill_batch, verify_batch
@@ -52,7 +52,7 @@ class Sequence:
     id: int
     request: Request
     tokens: list[int]
-    generator: torch.Generator
+    generator: torch.Generator | None  # None when the target keeps it (served sequences)
     stop_ids: frozenset[int]
     slot: int = -1
     output: list[int] = field(default_factory=list)
@@ -214,7 +214,8 @@ class Engine:
             if seq.request.mode == "dflash":
                 drafts[seq.id] = tokens[i][:cap]
             elif seq.request.mode == "adaflash-published":
-                k = self.policy.published(seq.policy, None if ratios is None else float(ratios[i]), cap)
+                rates = self.policy.estimated_rates([seq.policy])[0]
+                k = self.policy.published(rates, None if ratios is None else float(ratios[i]), cap)
                 drafts[seq.id] = tokens[i][:k]
             else:
                 ada_rows.append(i)
@@ -222,8 +223,9 @@ class Engine:
             seqs = [drafting[i] for i in ada_rows]
             chosen_ids = {s.id for s in seqs}
             others = sum(len(drafts[s.id]) + 1 for s in active if s.id not in chosen_ids)
-            ks = self.policy.lengths([s.policy for s in seqs], None if ratios is None else ratios[ada_rows],
-                                     [self._cap(s) for s in seqs], len(active), others, len(drafting))
+            rates = (ratio_to_rates(ratios[ada_rows], self.block_size) if ratios is not None
+                     else self.policy.estimated_rates([s.policy for s in seqs]))
+            ks = self.policy.lengths(rates, [self._cap(s) for s in seqs], len(active), others, len(drafting))
             for seq, i, k in zip(seqs, ada_rows, ks):
                 drafts[seq.id] = tokens[i][:k]
         return drafts

@@ -188,6 +188,14 @@ def choose_lengths(
     return ks.tolist(), float(rates_per_ms[best])
 
 
+def ratio_from_rates(rates: np.ndarray, block_size: int) -> float:
+    """Expected (accepted + 1) / B of a full block given conditional per-position rates.
+
+    Averaging observed (a+1)/B instead would be biased low once shorter blocks are verified.
+    """
+    return float(1 + np.cumprod(rates).sum()) / block_size
+
+
 def published_length(ratio: float, block_size: int, cap: int) -> int:
     """AdaFlash paper rule: verify round(ratio * B * 1.3) draft tokens, at least 1."""
     return min(cap, max(1, round(ratio * block_size * 1.3)))
@@ -223,12 +231,6 @@ class LengthController:
         prior = self.global_stats.rates(np.full(self.block_size - 1, 0.5), 1.0)
         return np.stack([s.stats.rates(prior, self.prior_weight) for s in seqs])
 
-    def estimated_ratio(self, seq: SequencePolicy) -> float:
-        """Expected (accepted + 1) / B of a full block, from the per-position estimates.
-
-        Averaging observed (a+1)/B instead would be biased low once shorter blocks are verified.
-        """
-        return float(1 + np.cumprod(self.estimated_rates([seq])[0]).sum()) / self.block_size
 
     def choose_drafters(self, seqs: list[SequencePolicy], caps: list[int], batch: int, other_tokens: int,
                         n_drafting: int) -> list[bool]:
@@ -240,16 +242,15 @@ class LengthController:
             s.skipped = 0 if c else s.skipped + 1
         return chosen
 
-    def lengths(self, seqs: list[SequencePolicy], ratios: torch.Tensor | None, caps: list[int], batch: int,
-                other_tokens: int, n_drafting: int) -> list[int]:
+    def lengths(self, rates: np.ndarray, caps: list[int], batch: int, other_tokens: int, n_drafting: int) -> list[int]:
         """k per drafted adaflash sequence; the draft is made, so its cost is paid whatever k is."""
-        rates = ratio_to_rates(ratios, self.block_size) if ratios is not None else self.estimated_rates(seqs)
         ks, _ = choose_lengths(rates, caps, self.cost, batch, other_tokens, draft_ms=0.0,
                                sunk_ms=self.cost.draft_ms(n_drafting))
         return ks
 
-    def published(self, seq: SequencePolicy, ratio: float | None, cap: int) -> int:
-        return published_length(self.estimated_ratio(seq) if ratio is None else ratio, self.block_size, cap)
+    def published(self, rates: np.ndarray, ratio: float | None, cap: int) -> int:
+        """The published rule, with the head's ratio or, without a head, the one the estimates imply."""
+        return published_length(ratio_from_rates(rates, self.block_size) if ratio is None else ratio, self.block_size, cap)
 
     def observe(self, seq: SequencePolicy, draft_len: int, accepted: int, adaptive: bool) -> None:
         """Record a verified draft; for adaflash, probes that find nothing come ever more rarely

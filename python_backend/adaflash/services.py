@@ -1,0 +1,168 @@
+"""Target and drafter as services keyed by a sequence id, for servers that route calls per sequence.
+
+A Triton model (or any other server) receives batches of calls from different sequences;
+these classes keep each sequence's state (KV slot, sampling generator, drafter context)
+under its key and run one batched forward per call batch. Slots idle for longer than
+`idle_timeout_s` are reclaimed, so a client that vanishes without releasing cannot leak them.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Hashable
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from adaflash.drafter import DFlashDrafter
+from adaflash.policy import LengthController, ratio_to_rates
+from adaflash.sampling import SamplingParams
+from adaflash.target import Transformer
+from adaflash.target_ops import StepResult, prefill_batch, verify_batch
+
+
+class SlotTable:
+    """Which cache slot each live sequence holds; free slots are handed out lowest first."""
+
+    def __init__(self, num_slots: int, idle_timeout_s: float) -> None:
+        self.free = list(range(num_slots - 1, -1, -1))
+        self.slot_of: dict[Hashable, int] = {}
+        self.last_used: dict[Hashable, float] = {}
+        self.idle_timeout_s = idle_timeout_s
+
+    def acquire(self, key: Hashable) -> int:
+        if key in self.slot_of:
+            raise ValueError(f"sequence {key} is already open")
+        if not self.free:
+            raise RuntimeError("no free sequence slot")
+        self.slot_of[key] = self.free.pop()
+        self.touch(key)
+        return self.slot_of[key]
+
+    def get(self, key: Hashable) -> int:
+        if key not in self.slot_of:
+            raise KeyError(f"sequence {key} is not open")
+        self.touch(key)
+        return self.slot_of[key]
+
+    def touch(self, key: Hashable) -> None:
+        self.last_used[key] = time.monotonic()
+
+    def release(self, key: Hashable) -> int | None:
+        slot = self.slot_of.pop(key, None)
+        self.last_used.pop(key, None)
+        if slot is not None:
+            self.free.append(slot)
+        return slot
+
+    def stale(self) -> list[Hashable]:
+        now = time.monotonic()
+        return [k for k, t in self.last_used.items() if now - t > self.idle_timeout_s]
+
+    def __len__(self) -> int:
+        return len(self.slot_of)
+
+
+class TargetService:
+    def __init__(self, target: Transformer, num_slots: int, max_len: int, capture: list[int] | None,
+                 idle_timeout_s: float = 600.0) -> None:
+        self.target, self.capture, self.max_len = target, capture, max_len
+        target.allocate_cache(num_slots, max_len)
+        self.slots = SlotTable(num_slots, idle_timeout_s)
+        self.sampling: dict[Hashable, tuple[SamplingParams, torch.Generator]] = {}
+
+    def open(self, key: Hashable, prompt: list[int], sampling: SamplingParams) -> None:
+        """Claim a slot for a new sequence (raises if none is free or the prompt cannot fit)."""
+        if len(prompt) >= self.max_len:
+            raise ValueError(f"prompt of {len(prompt)} tokens does not fit the context of {self.max_len}")
+        self.slots.acquire(key)
+        self.sampling[key] = (sampling, torch.Generator().manual_seed(sampling.seed))
+
+    def prefill(self, items: list[tuple[Hashable, list[int]]]) -> list[StepResult]:
+        keys = [k for k, _ in items]
+        return prefill_batch(self.target, [self.slots.get(k) for k in keys], [p for _, p in items],
+                             [self.sampling[k][0] for k in keys], [self.sampling[k][1] for k in keys], self.capture)
+
+    def check_verify(self, key: Hashable, feed: list[int]) -> None:
+        slot = self.slots.get(key)
+        if self.target.cache.lengths[slot] + len(feed) > self.max_len:
+            raise ValueError(f"sequence {key} would exceed the context of {self.max_len} tokens")
+
+    def verify(self, items: list[tuple[Hashable, list[int]]]) -> list[StepResult]:
+        keys = [k for k, _ in items]
+        return verify_batch(self.target, [self.slots.get(k) for k in keys], [f for _, f in items],
+                            [self.sampling[k][0] for k in keys], [self.sampling[k][1] for k in keys], self.capture)
+
+    def release(self, key: Hashable) -> None:
+        slot = self.slots.release(key)
+        self.sampling.pop(key, None)
+        if slot is not None:
+            self.target.cache.truncate(slot, 0)
+
+    def release_stale(self) -> list[Hashable]:
+        stale = self.slots.stale()
+        for key in stale:
+            self.release(key)
+        return stale
+
+
+@dataclass
+class DraftCall:
+    key: Hashable
+    features: torch.Tensor  # target features of positions committed since the last call (may be empty)
+    anchor: int
+    mode: str  # dflash | adaflash | adaflash-published
+    cap: int  # most draft tokens worth verifying
+    rates: np.ndarray  # the caller's per-position acceptance estimates, used when there is no length head
+
+
+class DrafterService:
+    def __init__(self, drafter: DFlashDrafter, target: Transformer, num_slots: int, max_len: int,
+                 controller: LengthController, idle_timeout_s: float = 600.0) -> None:
+        self.drafter, self.target, self.controller = drafter, target, controller
+        drafter.check_target(target)
+        drafter.allocate_cache(num_slots, max_len)
+        self.slots = SlotTable(num_slots, idle_timeout_s)
+
+    def draft(self, calls: list[DraftCall], batch: int) -> tuple[list[list[int]], list[float | None]]:
+        """Draft for every call in one forward and cut each draft to the length its mode chooses.
+
+        `batch` is how many sequences the next verify is expected to carry (for the cost model).
+        Returns the drafts and the length head's predicted accepted fraction (None without a head).
+        """
+        for c in calls:
+            if c.key not in self.slots.slot_of:
+                self.slots.acquire(c.key)
+        slots = [self.slots.get(c.key) for c in calls]
+        fresh = [(s, c.features) for s, c in zip(slots, calls) if c.features.shape[0]]
+        if fresh:
+            self.drafter.append_context([s for s, _ in fresh], torch.cat([f for _, f in fresh]),
+                                        [f.shape[0] for _, f in fresh])
+        draft = self.drafter.draft(self.target, slots, [c.anchor for c in calls])
+        tokens = draft.tokens.tolist()
+        ratios = draft.accept_ratio
+        ks = [c.cap for c in calls]
+        ada = [i for i, c in enumerate(calls) if c.mode == "adaflash"]
+        for i, c in enumerate(calls):
+            if c.mode == "adaflash-published":
+                ks[i] = self.controller.published(c.rates, None if ratios is None else float(ratios[i]), c.cap)
+        if ada:
+            rates = ratio_to_rates(ratios[ada], self.controller.block_size) if ratios is not None \
+                else np.stack([calls[i].rates for i in ada])
+            others = sum(ks[i] + 1 for i in range(len(calls)) if i not in set(ada)) + max(0, batch - len(calls))
+            for i, k in zip(ada, self.controller.lengths(rates, [calls[i].cap for i in ada], batch, others, len(calls))):
+                ks[i] = k
+        head = [None] * len(calls) if ratios is None else [float(r) for r in ratios]
+        return [t[:k] for t, k in zip(tokens, ks)], head
+
+    def release(self, key: Hashable) -> None:
+        slot = self.slots.release(key)
+        if slot is not None:
+            self.drafter.truncate(slot, 0)
+
+    def release_stale(self) -> list[Hashable]:
+        stale = self.slots.stale()
+        for key in stale:
+            self.release(key)
+        return stale
