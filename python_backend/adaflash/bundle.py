@@ -37,6 +37,17 @@ def load_bundle(model_dir: str | Path, drafter: str | None = "drafter") -> Bundl
     return Bundle(target, draft, load_tokenizer(model_dir / "target"))
 
 
+def save_bundle(bundle: Bundle, model_dir: str | Path, drafter: str = "drafter") -> Path:
+    """Write a bundle as a model folder (`target/` with tokenizer.json, and the drafter) that load_bundle reads."""
+    model_dir = Path(model_dir)
+    bundle.target.save_pretrained(model_dir / "target")
+    if bundle.tokenizer is not None:
+        bundle.tokenizer.save(str(model_dir / "target" / "tokenizer.json"))
+    if bundle.drafter is not None:
+        bundle.drafter.save_pretrained(model_dir / drafter, dtype=torch.float32)
+    return model_dir
+
+
 def tiny_random_bundle(seed: int = 0, block_size: int = 16, length_head: bool = False,
                        vocab_size: int | None = None) -> Bundle:
     """Seeded tiny Qwen3 target and DFlash drafter over a byte tokenizer (or a bare small vocabulary).

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file
+from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 
 from adaflash.layers import MLP, Ragged, RMSNorm, RopeConfig, apply_rope, attend, gather_slots, rope_cos_sin
@@ -58,6 +58,22 @@ class TargetConfig:
             max_position_embeddings=cfg.get("max_position_embeddings", 4096),
             eos_token_ids=[] if eos is None else ([eos] if isinstance(eos, int) else list(eos)),
         )
+
+
+def target_config_to_hf(cfg: TargetConfig) -> dict:
+    """A Hugging Face config.json for the runner's config (transformers loads it as Qwen3 or Llama)."""
+    d = {
+        "architectures": ["Qwen3ForCausalLM" if cfg.qk_norm else "LlamaForCausalLM"],
+        "model_type": "qwen3" if cfg.qk_norm else "llama",
+        "vocab_size": cfg.vocab_size, "hidden_size": cfg.hidden_size, "intermediate_size": cfg.intermediate_size,
+        "num_hidden_layers": cfg.num_hidden_layers, "num_attention_heads": cfg.num_attention_heads,
+        "num_key_value_heads": cfg.num_key_value_heads, "head_dim": cfg.head_dim, "hidden_act": "silu",
+        "rms_norm_eps": cfg.rms_norm_eps, "attention_bias": cfg.attention_bias,
+        "tie_word_embeddings": cfg.tie_word_embeddings, "max_position_embeddings": cfg.max_position_embeddings,
+        "rope_parameters": {"rope_type": "default", "rope_theta": cfg.rope.theta, **(cfg.rope.scaling or {})},
+        "eos_token_id": cfg.eos_token_ids[0] if len(cfg.eos_token_ids) == 1 else (cfg.eos_token_ids or None),
+    }
+    return d
 
 
 class KVCache:
@@ -191,6 +207,15 @@ class Transformer(nn.Module):
         if missing or unexpected:
             raise ValueError(f"checkpoint {path}: missing {missing}, unexpected {unexpected}")
         return model.to(dtype).eval()
+
+    def save_pretrained(self, path: str | Path, dtype: torch.dtype = torch.float32) -> None:
+        path = Path(path)
+        path.mkdir(parents=True, exist_ok=True)
+        (path / "config.json").write_text(json.dumps(target_config_to_hf(self.config), indent=2) + "\n")
+        state = {k: v.detach().to(dtype).contiguous() for k, v in self.state_dict().items()}
+        if self.config.tie_word_embeddings:
+            state.pop("lm_head.weight")
+        save_file(state, path / "model.safetensors", metadata={"format": "pt"})
 
     def allocate_cache(self, num_slots: int, max_len: int) -> KVCache:
         self.cache = KVCache(self.config, num_slots, max_len, self.lm_head.weight.dtype)

@@ -1,0 +1,291 @@
+"""Start and stop the `tritonserver` binary bundled in the nvidia-pytriton wheel, as a child process.
+
+The wheel ships a full Triton (CPU-capable) with the Python backend, so a plain `pip install` is
+enough to serve: no container, no /opt/tritonserver. Its files are laid out for PyTriton's own
+launcher, so a few things have to be put in place before the binary can load Python models:
+
+* Triton looks for `<backend-directory>/python/triton_python_backend_stub` next to the backend
+  library, but the wheel keeps one stub per Python version elsewhere. We stage a backend directory
+  that holds the backend plus the stub for the running interpreter.
+* Copied binaries lose their `$ORIGIN`-relative rpath into `nvidia_pytriton.libs` (the stub needs
+  the bundled libcudart even on CPU), so that folder goes on LD_LIBRARY_PATH.
+* The stub runs models with the first `python` on PATH, so this interpreter's bin folder comes
+  first: models then see the same packages (torch, numpy<2) as the caller.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections import deque
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import IO
+
+LOG_TAIL_LINES = 60
+_POLL_INTERVAL_S = 0.1
+_READY_PROBE_TIMEOUT_S = 2.0
+
+
+class TritonServerError(RuntimeError):
+    """The bundled server is missing, failed to start, or was used in the wrong state."""
+
+
+@dataclass
+class ServerConfig:
+    """What to serve and where. Ports left as None are replaced by free ports on `host`."""
+
+    model_repository: Path
+    grpc_port: int | None = None
+    http_port: int | None = None
+    metrics_port: int | None = None
+    host: str = "127.0.0.1"
+    model_control_mode: str = "none"  # "explicit" lets us load/unload drafter versions at runtime
+    load_models: list[str] = field(default_factory=list)  # explicit mode only; ["*"] loads all
+    log_file: Path | None = None  # default: <state_dir>/tritonserver.log
+    state_dir: Path | None = None  # staged backends (and default log); default: a new temp dir
+    extra_args: list[str] = field(default_factory=list)
+    ready_timeout_s: float = 180.0
+    exit_timeout_s: int = 10  # in-flight grace on shutdown; stop() kills after this plus a margin
+
+
+def find_bundled_server() -> Path:
+    """The `tritonserver/` folder inside the installed nvidia-pytriton package.
+
+    Located without importing pytriton, so nothing of PyTriton runs in our process.
+    """
+    spec = importlib.util.find_spec("pytriton")
+    if spec is None or not spec.submodule_search_locations:
+        raise TritonServerError(
+            "tritonserver not found: the 'nvidia-pytriton' package is not installed "
+            "(pip install 'nvidia-pytriton==0.7.0', or pip install -e '.[serve]')"
+        )
+    root = Path(spec.submodule_search_locations[0]) / "tritonserver"
+    if not (root / "bin" / "tritonserver").is_file():
+        raise TritonServerError(f"nvidia-pytriton is installed but has no server binary at {root}/bin/tritonserver")
+    return root
+
+
+def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
+    """`count` distinct ports free on `host` right now (all held open together so they differ)."""
+    sockets = [socket.socket(socket.AF_INET, socket.SOCK_STREAM) for _ in range(count)]
+    try:
+        for s in sockets:
+            s.bind((host, 0))
+        return [s.getsockname()[1] for s in sockets]
+    finally:
+        for s in sockets:
+            s.close()
+
+
+def _with_ports(config: ServerConfig) -> ServerConfig:
+    ports = iter(free_ports(3, config.host))
+    return replace(
+        config,
+        grpc_port=config.grpc_port or next(ports),
+        http_port=config.http_port or next(ports),
+        metrics_port=config.metrics_port or next(ports),
+    )
+
+
+def stage_backends(server_root: Path, state_dir: Path) -> Path:
+    """A backend directory Triton can use: the Python backend plus the stub for this interpreter."""
+    version = f"{sys.version_info.major}.{sys.version_info.minor}"
+    stub = server_root / "python_backend_stubs" / version / "triton_python_backend_stub"
+    if not stub.is_file():
+        raise TritonServerError(f"nvidia-pytriton has no Python backend stub for Python {version} ({stub})")
+    backends = state_dir / "backends"
+    target = backends / "python"
+    shutil.copytree(server_root / "backends" / "python", target, dirs_exist_ok=True,
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy2(stub, target / stub.name)
+    (target / stub.name).chmod(0o755)  # the wheel ships it execute-only for the owner
+    return backends
+
+
+def server_command(server_root: Path, backends: Path, config: ServerConfig) -> list[str]:
+    """The tritonserver argv for `config` (ports already resolved)."""
+    cmd = [
+        str(server_root / "bin" / "tritonserver"),
+        f"--model-repository={config.model_repository}",
+        f"--backend-directory={backends}",
+        f"--cache-directory={server_root / 'caches'}",
+        f"--model-control-mode={config.model_control_mode}",
+        *(f"--load-model={name}" for name in config.load_models),
+        f"--grpc-address={config.host}",
+        f"--grpc-port={config.grpc_port}",
+        f"--http-address={config.host}",
+        f"--http-port={config.http_port}",
+        "--allow-metrics=true",
+        f"--metrics-address={config.host}",
+        f"--metrics-port={config.metrics_port}",
+        "--log-verbose=0",
+        f"--exit-timeout-secs={config.exit_timeout_s}",
+    ]
+    return cmd + list(config.extra_args)
+
+
+def server_env(server_root: Path) -> dict[str, str]:
+    """Our environment, with this interpreter's bin first on PATH and the wheel's libraries findable."""
+    env = dict(os.environ)
+    env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
+    libs = server_root.parent.parent / "nvidia_pytriton.libs"
+    if libs.is_dir():
+        env["LD_LIBRARY_PATH"] = os.pathsep.join(p for p in (env.get("LD_LIBRARY_PATH"), str(libs)) if p)
+    return env
+
+
+def log_tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
+    """The last `lines` lines of a log file ('' if it does not exist)."""
+    if not path.is_file():
+        return ""
+    with path.open(encoding="utf-8", errors="replace") as f:
+        return "".join(deque(f, maxlen=lines))
+
+
+def _server_ready(grpc_url: str) -> bool:
+    import tritonclient.grpc as grpcclient  # late: `import adaflash_server` works without the serve extra
+    from tritonclient.utils import InferenceServerException
+
+    client = grpcclient.InferenceServerClient(grpc_url)
+    try:
+        return client.is_server_ready(client_timeout=_READY_PROBE_TIMEOUT_S)
+    except InferenceServerException:
+        return False  # not listening yet, or too busy loading to answer
+    finally:
+        client.close()
+
+
+def _kill_group(pgid: int) -> None:
+    """SIGKILL what is left of the server's process group. A server stopped while a model is still
+    loading exits at once but leaves that model's stub orphaned for seconds."""
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass  # the usual case: everything already exited
+
+
+class TritonServer:
+    """One tritonserver child process; usable as a context manager.
+
+    >>> with TritonServer(ServerConfig(Path("model_repository"))) as server:
+    ...     client = tritonclient.grpc.InferenceServerClient(server.grpc_url)
+    """
+
+    def __init__(self, config: ServerConfig) -> None:
+        self._owns_state_dir = config.state_dir is None
+        state_dir = config.state_dir or Path(tempfile.mkdtemp(prefix="adaflash-triton-"))
+        self.config = _with_ports(replace(config, state_dir=Path(state_dir)))
+        self._process: subprocess.Popen | None = None  # set while started and not yet cleaned up
+        self._log: IO[bytes] | None = None
+
+    @property
+    def grpc_url(self) -> str:
+        """host:port, the form tritonclient.grpc expects (no scheme)."""
+        return f"{self.config.host}:{self.config.grpc_port}"
+
+    @property
+    def http_url(self) -> str:
+        return f"http://{self.config.host}:{self.config.http_port}"
+
+    @property
+    def metrics_url(self) -> str:
+        return f"http://{self.config.host}:{self.config.metrics_port}/metrics"
+
+    @property
+    def pid(self) -> int | None:
+        return self._process.pid if self._process else None
+
+    @property
+    def log_path(self) -> Path:
+        return self.config.log_file or self.config.state_dir / "tritonserver.log"
+
+    def start(self) -> TritonServer:
+        """Spawn the server and return once it reports ready (all models loaded in mode "none").
+
+        Raises TritonServerError with the log tail if the server exits or is not ready in time,
+        so a broken model repository fails fast instead of hanging the caller.
+        """
+        if self._process is not None:
+            raise TritonServerError(f"tritonserver already started (pid {self.pid}); stop() it first")
+        root = find_bundled_server()
+        cmd = server_command(root, stage_backends(root, self.config.state_dir), self.config)
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        self._log = self.log_path.open("wb")
+        # Own session: a terminal Ctrl-C reaches only us (we then stop the server in order), and
+        # the Python stub processes share a group we can clean up as one.
+        self._process = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT,
+                                         env=server_env(root), start_new_session=True)
+        try:
+            self._wait_ready()
+        except BaseException:  # also Ctrl-C during a long model load: never leave a server behind
+            self.stop()
+            raise
+        return self
+
+    def _wait_ready(self) -> None:
+        deadline = time.monotonic() + self.config.ready_timeout_s
+        while not _server_ready(self.grpc_url):
+            code = self._process.poll()
+            if code is not None:
+                raise self._startup_error(f"tritonserver exited with code {code} during startup")
+            if time.monotonic() > deadline:
+                raise self._startup_error(f"tritonserver not ready after {self.config.ready_timeout_s:g} s")
+            time.sleep(_POLL_INTERVAL_S)
+
+    def _startup_error(self, what: str) -> TritonServerError:
+        return TritonServerError(f"{what}; last {LOG_TAIL_LINES} lines of {self.log_path}:\n{log_tail(self.log_path)}")
+
+    def stop(self) -> int | None:
+        """SIGTERM (Triton drains in-flight requests and unloads models), SIGKILL if that takes too
+        long. Safe to call any number of times: returns the exit code, or None if nothing was running."""
+        process = self._process
+        if process is None:
+            return None
+        if process.poll() is None:
+            process.send_signal(signal.SIGTERM)
+            try:
+                process.wait(timeout=self.config.exit_timeout_s + 10)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+        self._cleanup()
+        return process.returncode
+
+    def _cleanup(self) -> None:
+        """Once, after the server has exited: end leftover Python stubs, close the log, drop staged files."""
+        _kill_group(self._process.pid)  # before forgetting the process, so the group id cannot be reused yet
+        self._process = None
+        self._log.close()
+        if self._owns_state_dir:
+            shutil.rmtree(self.config.state_dir / "backends", ignore_errors=True)  # keep the log
+
+    def wait(self) -> int:
+        """Block until the server exits, for a foreground `serve` command.
+
+        Ctrl-C (and SIGTERM, e.g. from a process supervisor) stop the server cleanly instead of
+        leaving it running in its own session. Call from the main thread.
+        """
+        if self._process is None:
+            raise TritonServerError("tritonserver is not running")
+        previous = signal.signal(signal.SIGTERM, signal.default_int_handler)
+        try:
+            self._process.wait()
+        except KeyboardInterrupt:
+            pass  # stop() below shuts it down in order
+        finally:
+            signal.signal(signal.SIGTERM, previous)
+        return self.stop()
+
+    def __enter__(self) -> TritonServer:
+        return self.start()
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()

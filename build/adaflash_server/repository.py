@@ -1,0 +1,106 @@
+"""Build a Triton model repository from the templates in `model_repository/`.
+
+The templates carry `${...}` fields (model folders, instance counts, sequence slots, queue
+delays, limits); this fills them, copies the model code, and measures the verify/draft cost
+table of this machine for the length policy, so the server starts with it ready.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import string
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from adaflash.bundle import load_bundle, save_bundle, tiny_random_bundle
+from adaflash.engine import DRAFTER_MODES, MODES
+from adaflash.policy import measure_costs
+
+TEMPLATES = Path(__file__).resolve().parents[2] / "model_repository"
+MODELS = ("preprocessing", "postprocessing", "orchestrator", "target", "drafter", "adaflash")
+
+
+@dataclass
+class RepositoryConfig:
+    max_active: int = 64  # sequences generated at once; also the target's and drafter's batch size
+    max_batch_size: int = 64  # requests per execute of the ensemble-facing models
+    max_len: int = 2048  # tokens per sequence (prompt + output + one draft block)
+    max_prompt_tokens: int = 1024
+    max_output_tokens: int = 1024
+    queue_delay_us: int = 200  # how long the sequence batcher waits to fill a batch
+    idle_timeout_s: int = 600  # a sequence silent this long is reclaimed
+    drafter_timeout_s: float = 10.0  # a slower draft is dropped and the request decodes plainly
+    preprocessing_instances: int = 2
+    default_spec_mode: str = "adaflash"
+
+
+def build_repository(out_dir: str | Path, model_dir: str | Path, drafter: str | None = "drafter",
+                     config: RepositoryConfig | None = None, cost_table: str | Path | None = None) -> Path:
+    """Write the repository to `out_dir` (replaced); returns it. Without a drafter only ar/ngram are served."""
+    cfg = config or RepositoryConfig()
+    out_dir, model_dir = Path(out_dir).resolve(), Path(model_dir).resolve()
+    if cfg.max_prompt_tokens + cfg.max_output_tokens + 16 > cfg.max_len:
+        raise ValueError("max_len must hold max_prompt_tokens + max_output_tokens + a draft block")
+    drafter_dir = model_dir / drafter if drafter else None
+    modes = MODES if drafter_dir else tuple(m for m in MODES if m not in DRAFTER_MODES)
+    default_mode = cfg.default_spec_mode if cfg.default_spec_mode in modes else "ar"
+    if out_dir.exists():
+        shutil.rmtree(out_dir)
+    out_dir.mkdir(parents=True)
+    cost_path = out_dir.parent / f"{out_dir.name}.cost.json"
+    if drafter_dir:
+        _cost_table(model_dir, drafter, cfg, cost_table, cost_path)
+    fields = {**{k: str(v) for k, v in asdict(cfg).items()}, "target_dir": str(model_dir / "target"),
+              "drafter_dir": str(drafter_dir or ""), "cost_table": str(cost_path if drafter_dir else ""),
+              "idle_us": str(cfg.idle_timeout_s * 1_000_000), "default_spec_mode": default_mode,
+              "spec_modes": ",".join(modes)}
+    for name in MODELS:
+        if name == "drafter" and not drafter_dir:
+            continue
+        shutil.copytree(TEMPLATES / name, out_dir / name, ignore=shutil.ignore_patterns("__pycache__", ".gitkeep"))
+        config_path = out_dir / name / "config.pbtxt"
+        config_path.write_text(string.Template(config_path.read_text()).substitute(fields))
+    return out_dir
+
+
+def _cost_table(model_dir: Path, drafter: str, cfg: RepositoryConfig, given: str | Path | None, out: Path) -> None:
+    """Reuse a measured table when given, else time verify and draft forwards on this machine."""
+    if given:
+        shutil.copyfile(given, out)
+        return
+    bundle = load_bundle(model_dir, drafter)
+    context = 128
+    bundle.target.allocate_cache(cfg.max_active, context + 32)
+    bundle.drafter.allocate_cache(cfg.max_active, context + 32)
+    measure_costs(bundle.target, bundle.drafter, cfg.max_active, context=context).save(out)
+
+
+def tiny_model_dir(state_dir: str | Path) -> Path:
+    """The seeded tiny random target and drafter written as a model folder (for tests and a first run)."""
+    path = Path(state_dir) / "models" / "tiny-random"
+    if not (path / "drafter" / "config.json").exists():
+        save_bundle(tiny_random_bundle(seed=0), path)
+    return path
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("out_dir", type=Path)
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--model-dir", type=Path)
+    src.add_argument("--tiny-random", action="store_true")
+    p.add_argument("--drafter", default="drafter", help="drafter folder name in --model-dir ('' for none)")
+    p.add_argument("--cost-table", type=Path, help="reuse a measured cost table (JSON)")
+    for name, value in asdict(RepositoryConfig()).items():
+        p.add_argument(f"--{name.replace('_', '-')}", type=type(value), default=value)
+    args = p.parse_args(argv)
+    cfg = RepositoryConfig(**{k: getattr(args, k) for k in asdict(RepositoryConfig())})
+    model_dir = tiny_model_dir(args.out_dir.parent) if args.tiny_random else args.model_dir
+    out = build_repository(args.out_dir, model_dir, args.drafter or None, cfg, args.cost_table)
+    print(json.dumps({"model_repository": str(out), "model_dir": str(model_dir)}))
+
+
+if __name__ == "__main__":
+    main()

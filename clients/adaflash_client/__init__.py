@@ -1,0 +1,25 @@
+"""Python client and CLI for the `adaflash` Triton ensemble model (gRPC, streamed tokens)."""
+
+from adaflash_client.client import (
+    SPEC_MODES,
+    AdaFlashClient,
+    Chunk,
+    Completion,
+    GenerationError,
+    GenerationParams,
+    build_inputs,
+    is_final,
+    parse_chunk,
+)
+
+__all__ = [
+    "SPEC_MODES",
+    "AdaFlashClient",
+    "Chunk",
+    "Completion",
+    "GenerationError",
+    "GenerationParams",
+    "build_inputs",
+    "is_final",
+    "parse_chunk",
+]

@@ -1,0 +1,407 @@
+"""gRPC client for the `adaflash` Triton ensemble: streamed tokens plus speculative-decoding statistics.
+
+Why a wrapper around tritonclient: the model is decoupled (one response per decode step, then a
+final flag that may come in an empty response), reports cumulative counters and per-step lists
+that have to be aggregated, and a caller that stops reading must cancel the request on the
+server rather than let it run to `max_tokens`. tritonclient allows one bidirectional stream per
+`InferenceServerClient`, so every request gets a client of its own, taken from a small pool so
+that consecutive requests reuse the gRPC connection.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import queue
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import numpy as np
+import tritonclient.grpc as grpcclient
+from tritonclient.utils import InferenceServerException, triton_to_np_dtype
+
+SPEC_MODES = ("ar", "ngram", "dflash", "adaflash", "adaflash-published")
+
+# (GenerationParams field, input tensor, Triton datatype) of the optional scalar inputs.
+_OPTIONAL_SCALARS = (
+    ("temperature", "temperature", "FP32"),
+    ("top_k", "top_k", "INT32"),
+    ("top_p", "top_p", "FP32"),
+    ("seed", "random_seed", "UINT64"),
+    ("end_id", "end_id", "INT32"),
+    ("max_draft", "max_draft", "INT32"),
+)
+
+
+class GenerationError(Exception):
+    """A request failed on the server or on the way to it.
+
+    `status` is the gRPC status as tritonclient spells it ("StatusCode.UNAVAILABLE"); it is None
+    for errors the server reports inside the stream (a model or backend error), where only a
+    message exists.
+    """
+
+    def __init__(self, status: str | None, message: str) -> None:
+        super().__init__(f"[{status}] {message}" if status else message)
+        self.status = status
+        self.message = message
+
+    @classmethod
+    def from_triton(cls, error: InferenceServerException) -> GenerationError:
+        return cls(error.status(), error.message())
+
+
+@dataclass
+class GenerationParams:
+    """Sampling and speculation settings of one request.
+
+    A field left at None is not sent, so the server's default applies. The sampling fields
+    default to greedy decoding, sent explicitly so that results do not depend on the server's
+    defaults; set them to None for a request made of `text_input` and `max_tokens` only.
+    An empty `stop_words` list is not sent either.
+    """
+
+    max_tokens: int = 128
+    temperature: float | None = 0.0
+    top_k: int | None = 0
+    top_p: float | None = 1.0
+    seed: int | None = None
+    end_id: int | None = None
+    stop_words: list[str] | None = None
+    spec_mode: str | None = None
+    max_draft: int | None = None
+
+
+@dataclass
+class Chunk:
+    """One response: the new text and the counters the server reported with it.
+
+    `finish_reason` is None while the request runs. A chunk with finish_reason "cancelled" and
+    no text is made locally when `AdaFlashClient.cancel()` interrupts a request.
+    """
+
+    text: str
+    num_output_tokens: int
+    target_forwards: int
+    accepted_per_step: list[int]
+    draft_len_per_step: list[int]
+    finish_reason: str | None
+
+
+@dataclass
+class Completion:
+    """A finished request: the whole text, the per-step lists of all its responses and timings.
+
+    Times run from sending the request: `time_to_first_token_s` until the first response reporting
+    a generated token (None when none came; for a non-streaming request it equals the latency),
+    `latency_s` until the last response carrying outputs (the closing of the gRPC stream is not
+    counted).
+    """
+
+    text: str
+    num_output_tokens: int
+    target_forwards: int
+    accepted_per_step: list[int]
+    draft_len_per_step: list[int]
+    finish_reason: str | None
+    time_to_first_token_s: float | None
+    latency_s: float
+
+    @property
+    def tau(self) -> float | None:
+        """Mean tokens committed per verify step, bonus token included (None without steps).
+
+        The first token comes from the prefill forward, every later one from a verify step, so
+        tau = (num_output_tokens - 1) / steps: 1.0 for plain decoding, 1 + mean accepted drafts
+        for speculation (less when a stop word or max_tokens cuts the last step).
+        """
+        if not self.accepted_per_step:
+            return None
+        return (self.num_output_tokens - 1) / len(self.accepted_per_step)
+
+    @property
+    def mean_accepted_per_step(self) -> float | None:
+        """Mean accepted draft tokens per verify step (None without steps)."""
+        if not self.accepted_per_step:
+            return None
+        return sum(self.accepted_per_step) / len(self.accepted_per_step)
+
+    @property
+    def tokens_per_s(self) -> float | None:
+        """Generated tokens over the whole request latency, prefill included."""
+        return self.num_output_tokens / self.latency_s if self.latency_s > 0 else None
+
+
+def build_inputs(prompt: str, params: GenerationParams, stream: bool | None = None) -> list[grpcclient.InferInput]:
+    """The request tensors, each with the leading batch dimension 1 (the model has max_batch_size > 0).
+
+    Optional tensors are included only when set (not None), `stream` included.
+    """
+    inputs = [_bytes_tensor("text_input", [prompt]), _scalar_tensor("max_tokens", "INT32", params.max_tokens)]
+    if stream is not None:
+        inputs.append(_scalar_tensor("stream", "BOOL", stream))
+    for field, name, datatype in _OPTIONAL_SCALARS:
+        value = getattr(params, field)
+        if value is not None:
+            inputs.append(_scalar_tensor(name, datatype, value))
+    if params.spec_mode is not None:
+        inputs.append(_bytes_tensor("spec_mode", [params.spec_mode]))
+    if params.stop_words:
+        inputs.append(_bytes_tensor("stop_words", params.stop_words))
+    return inputs
+
+
+def _scalar_tensor(name: str, datatype: str, value: bool | int | float) -> grpcclient.InferInput:
+    """A [1, 1] tensor; integers out of the datatype's range are refused because numpy would wrap them."""
+    dtype = triton_to_np_dtype(datatype)
+    if np.issubdtype(dtype, np.integer):
+        info = np.iinfo(dtype)
+        if not info.min <= value <= info.max:
+            raise ValueError(f"{name}={value} does not fit {datatype}")
+    return _tensor(name, datatype, np.array([[value]], dtype=dtype))
+
+
+def _bytes_tensor(name: str, texts: list[str]) -> grpcclient.InferInput:
+    """A [1, n] BYTES tensor of UTF-8 strings."""
+    return _tensor(name, "BYTES", np.array([[t.encode("utf-8") for t in texts]], dtype=np.object_))
+
+
+def _tensor(name: str, datatype: str, value: np.ndarray) -> grpcclient.InferInput:
+    tensor = grpcclient.InferInput(name, list(value.shape), datatype)
+    tensor.set_data_from_numpy(value)
+    return tensor
+
+
+def parse_chunk(result: grpcclient.InferResult) -> Chunk | None:
+    """The chunk a response carries, or None for an empty (flags-only) final response."""
+    if not result.get_response().outputs:
+        return None
+    finish_reason = _text(_output(result, "finish_reason").flat[0])
+    return Chunk(
+        text=_text(_output(result, "text_output").flat[0]),
+        num_output_tokens=int(_output(result, "num_output_tokens").flat[0]),
+        target_forwards=int(_output(result, "target_forwards").flat[0]),
+        accepted_per_step=_output(result, "accepted_per_step").reshape(-1).tolist(),
+        draft_len_per_step=_output(result, "draft_len_per_step").reshape(-1).tolist(),
+        finish_reason=finish_reason or None,
+    )
+
+
+def is_final(result: grpcclient.InferResult) -> bool:
+    """Whether the server marked this response as the request's last one."""
+    parameters = result.get_response().parameters
+    return "triton_final_response" in parameters and parameters["triton_final_response"].bool_param
+
+
+def _output(result: grpcclient.InferResult, name: str) -> np.ndarray:
+    """An output the model promises in every non-empty response; its absence is a server bug worth surfacing."""
+    value = result.as_numpy(name)
+    if value is None:
+        raise GenerationError(None, f"response lacks output {name!r}")
+    return value
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode("utf-8", errors="replace") if isinstance(value, bytes) else str(value)
+
+
+_CANCEL = object()  # queued by cancel(): wakes the iterating thread without touching tritonclient
+
+
+class _Call:
+    """The queue between tritonclient's response thread and the thread iterating one request."""
+
+    def __init__(self) -> None:
+        self.queue: queue.Queue = queue.Queue()
+
+    def on_response(self, result: grpcclient.InferResult | None = None,
+                    error: InferenceServerException | None = None) -> None:
+        """tritonclient's stream callback: runs on its response thread, so it only enqueues."""
+        self.queue.put((result, error))
+
+    def cancel(self) -> None:
+        self.queue.put(_CANCEL)
+
+
+class AdaFlashClient:
+    """Client of the `adaflash` model on one Triton server; thread-safe, usable as a context manager.
+
+    `timeout_s` bounds each request's gRPC stream (None: no limit); an expired one raises
+    GenerationError with status "StatusCode.DEADLINE_EXCEEDED".
+    """
+
+    def __init__(self, url: str = "127.0.0.1:8001", model_name: str = "adaflash",
+                 timeout_s: float | None = None) -> None:
+        self.url = url
+        self.model_name = model_name
+        self.timeout_s = timeout_s
+        self._lock = threading.Lock()
+        self._idle: list[grpcclient.InferenceServerClient] = []
+        self._active: set[_Call] = set()
+        self._closed = False
+        self._control = grpcclient.InferenceServerClient(url)
+
+    def __enter__(self) -> AdaFlashClient:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def server_ready(self) -> bool:
+        """Whether the server answers and is ready; an unreachable server is simply not ready."""
+        try:
+            return self._control.is_server_ready()
+        except InferenceServerException:
+            return False
+
+    def model_ready(self) -> bool:
+        """Whether the model is loaded and ready; an unreachable server counts as not ready."""
+        try:
+            return self._control.is_model_ready(self.model_name)
+        except InferenceServerException:
+            return False
+
+    def stream(self, prompt: str, params: GenerationParams | None = None,
+               request_id: str | None = None) -> Iterator[Chunk]:
+        """Chunks of a streaming request as they arrive; the iteration ends after the final response.
+
+        Invalid parameters (an integer out of its tensor's range) raise ValueError here; the request
+        itself is sent on the first `next()`. Leaving early (break, exception, `.close()` on
+        the generator) cancels it on the server; a caller keeping its own reference to the
+        generator should close it (e.g. `contextlib.closing`) instead of just dropping the loop.
+        Raises GenerationError in the iterating thread when the server reports an error.
+        """
+        return self._run(prompt, params or GenerationParams(), request_id, stream=True)
+
+    def generate(self, prompt: str, params: GenerationParams | None = None,
+                 request_id: str | None = None) -> Completion:
+        """One non-streaming request (`stream` False): the server sends the whole text at once."""
+        return _collect(self._run(prompt, params or GenerationParams(), request_id, stream=False))
+
+    def generate_streaming(self, prompt: str, params: GenerationParams | None = None,
+                           on_chunk: Callable[[Chunk], None] | None = None,
+                           request_id: str | None = None) -> Completion:
+        """A streaming request aggregated into a Completion; `on_chunk` sees every chunk as it arrives."""
+        return _collect(self._run(prompt, params or GenerationParams(), request_id, stream=True), on_chunk)
+
+    def cancel(self) -> None:
+        """Cancel every request of this client in progress, from any thread.
+
+        Each one ends with a local Chunk whose finish_reason is "cancelled" (a Completion with that
+        finish_reason), and its gRPC stream is cancelled so the server stops generating.
+        """
+        with self._lock:
+            calls = list(self._active)
+        for call in calls:
+            call.cancel()
+
+    def close(self) -> None:
+        """Cancel requests in progress and close the connections; later requests raise RuntimeError."""
+        with self._lock:
+            self._closed = True
+            idle, self._idle = self._idle, []
+        self.cancel()
+        for client in idle:
+            client.close()
+        self._control.close()
+
+    def _run(self, prompt: str, params: GenerationParams, request_id: str | None, stream: bool) -> Iterator[Chunk]:
+        """Build the tensors now, so that an invalid parameter raises ValueError at the call, not on first next()."""
+        return self._responses(build_inputs(prompt, params, stream=stream), request_id)
+
+    def _responses(self, inputs: list[grpcclient.InferInput], request_id: str | None) -> Iterator[Chunk]:
+        """Send one request on a stream of its own and yield its chunks until the final response."""
+        call = _Call()
+        client = self._acquire(call)
+        finished = False
+        try:
+            self._send(client, call, inputs, request_id)
+            last: Chunk | None = None
+            while True:
+                item = call.queue.get()
+                if item is _CANCEL:
+                    yield _cancelled_chunk(last)
+                    return
+                result, error = item
+                if error is not None:
+                    raise GenerationError.from_triton(error)
+                finished = is_final(result)
+                chunk = parse_chunk(result)
+                if chunk is not None:
+                    last = chunk
+                    yield chunk
+                if finished:
+                    return
+        finally:
+            client.stop_stream(cancel_requests=not finished)
+            self._release(client, call)
+
+    def _send(self, client: grpcclient.InferenceServerClient, call: _Call,
+              inputs: list[grpcclient.InferInput], request_id: str | None) -> None:
+        try:
+            client.start_stream(call.on_response, stream_timeout=self.timeout_s)
+            client.async_stream_infer(self.model_name, inputs, request_id=request_id or "",
+                                      enable_empty_final_response=True)
+        except InferenceServerException as error:
+            raise GenerationError.from_triton(error) from error
+
+    def _acquire(self, call: _Call) -> grpcclient.InferenceServerClient:
+        """An idle connection (or a new one), with `call` registered for cancel()."""
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("AdaFlashClient is closed")
+            self._active.add(call)
+            if self._idle:
+                return self._idle.pop()
+        return grpcclient.InferenceServerClient(self.url)
+
+    def _release(self, client: grpcclient.InferenceServerClient, call: _Call) -> None:
+        with self._lock:
+            self._active.discard(call)
+            if not self._closed:
+                self._idle.append(client)
+                return
+        client.close()
+
+
+def _cancelled_chunk(last: Chunk | None) -> Chunk:
+    """The local end of a cancelled request, carrying the counters reached so far."""
+    return Chunk(text="", num_output_tokens=last.num_output_tokens if last else 0,
+                 target_forwards=last.target_forwards if last else 0, accepted_per_step=[],
+                 draft_len_per_step=[], finish_reason="cancelled")
+
+
+def _collect(chunks: Iterator[Chunk], on_chunk: Callable[[Chunk], None] | None = None) -> Completion:
+    """Aggregate chunks: text and per-step lists concatenate, counters are cumulative so the last wins.
+
+    `closing` makes an exception in `on_chunk` (or a KeyboardInterrupt) cancel the request at once.
+    """
+    start = time.perf_counter()
+    first_token_s: float | None = None
+    last_chunk_s: float | None = None  # latency ends here, not after the stream's teardown
+    texts: list[str] = []
+    accepted: list[int] = []
+    drafted: list[int] = []
+    last: Chunk | None = None
+    with contextlib.closing(chunks):
+        for chunk in chunks:
+            last_chunk_s = time.perf_counter() - start
+            if first_token_s is None and chunk.num_output_tokens > 0:
+                first_token_s = last_chunk_s
+            texts.append(chunk.text)
+            accepted += chunk.accepted_per_step
+            drafted += chunk.draft_len_per_step
+            last = chunk
+            if on_chunk is not None:
+                on_chunk(chunk)
+    return Completion(
+        text="".join(texts),
+        num_output_tokens=last.num_output_tokens if last else 0,
+        target_forwards=last.target_forwards if last else 0,
+        accepted_per_step=accepted,
+        draft_len_per_step=drafted,
+        finish_reason=last.finish_reason if last else None,
+        time_to_first_token_s=first_token_s,
+        latency_s=last_chunk_s if last_chunk_s is not None else time.perf_counter() - start,
+    )

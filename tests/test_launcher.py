@@ -1,0 +1,110 @@
+"""The launcher runs the real bundled tritonserver: serve a one-model repository, fail fast on a broken one."""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+import urllib.request
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+
+from adaflash_server import ServerConfig, TritonServer, TritonServerError, find_bundled_server
+
+CONFIG = """\
+name: "echo"
+backend: "python"
+max_batch_size: 0
+input [ { name: "IN", data_type: TYPE_INT32, dims: [ -1 ] } ]
+output [ { name: "OUT", data_type: TYPE_INT32, dims: [ -1 ] } ]
+instance_group [ { kind: KIND_CPU, count: 1 } ]
+"""
+
+MODEL = """\
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        return [
+            pb_utils.InferenceResponse([pb_utils.Tensor("OUT", pb_utils.get_input_tensor_by_name(r, "IN").as_numpy())])
+            for r in requests
+        ]
+"""
+
+
+def echo_repository(root: Path, config: str = CONFIG, model: str = MODEL) -> Path:
+    """A model repository with one Python-backend model, `echo`, version 1."""
+    (root / "echo" / "1").mkdir(parents=True)
+    (root / "echo" / "config.pbtxt").write_text(config)
+    (root / "echo" / "1" / "model.py").write_text(model)
+    return root
+
+
+def port_is_free(port: int) -> bool:
+    """Nothing listens there and a server could bind it (TIME_WAIT leftovers allowed, as servers do)."""
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=1).close()
+        return False
+    except ConnectionRefusedError:
+        pass
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        s.bind(("127.0.0.1", port))
+        s.listen()
+    return True
+
+
+def test_serves_infers_exports_metrics_and_stops(tmp_path: Path) -> None:
+    server = TritonServer(ServerConfig(echo_repository(tmp_path / "repo"), state_dir=tmp_path / "state"))
+    with server:
+        pid = server.pid
+        client = grpcclient.InferenceServerClient(server.grpc_url)
+        x = np.array([3, -1, 0, 2**31 - 1], dtype=np.int32)
+        inp = grpcclient.InferInput("IN", list(x.shape), "INT32")
+        inp.set_data_from_numpy(x)
+        out = client.infer("echo", [inp]).as_numpy("OUT")
+        client.close()
+        np.testing.assert_array_equal(out, x)
+        assert out.dtype == np.int32
+
+        with urllib.request.urlopen(server.metrics_url, timeout=5) as response:
+            assert response.status == 200
+            metrics = response.read().decode()
+        assert "# TYPE nv_inference_request_success counter" in metrics
+        assert 'nv_inference_request_success{model="echo",version="1"} 1' in metrics
+
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)
+    ports = (server.config.grpc_port, server.config.http_port, server.config.metrics_port)
+    assert all(port_is_free(p) for p in ports)
+    assert server.stop() is None  # idempotent
+    assert "successfully loaded 'echo'" in server.log_path.read_text()
+
+
+@pytest.mark.parametrize(
+    "config, model, expected",
+    [
+        (CONFIG, "def execute(:\n", "SyntaxError"),
+        (CONFIG.replace("TYPE_INT32", "TYPE_NOPE", 1), MODEL, "failed to read text proto"),
+    ],
+    ids=["model-syntax-error", "config-parse-error"],
+)
+def test_broken_repository_fails_fast_with_log_tail(tmp_path: Path, config: str, model: str, expected: str) -> None:
+    server = TritonServer(ServerConfig(echo_repository(tmp_path / "repo", config, model), state_dir=tmp_path / "state"))
+    started = time.monotonic()
+    with pytest.raises(TritonServerError, match="exited with code 1 during startup") as error:
+        server.start()
+    assert time.monotonic() - started < 20
+    assert expected in str(error.value)
+    assert str(server.log_path) in str(error.value)
+    assert server.pid is None
+
+
+def test_missing_pytriton_names_the_package(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("importlib.util.find_spec", lambda name: None)
+    with pytest.raises(TritonServerError, match="nvidia-pytriton"):
+        find_bundled_server()

@@ -1,0 +1,189 @@
+"""A real tritonserver serving the adaflash ensemble over real gRPC: equality, streaming, cancellation, bad input."""
+
+from __future__ import annotations
+
+import re
+import time
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+from tritonclient.utils import InferenceServerException
+
+from adaflash.bench import load_prompts
+from adaflash.bundle import load_bundle, save_bundle
+from adaflash.engine import MODES, Engine, Request
+from adaflash_client import AdaFlashClient, GenerationError, GenerationParams
+from adaflash_server.launcher import ServerConfig, TritonServer
+from adaflash_server.repository import RepositoryConfig, build_repository
+
+MAX_TOKENS = 24
+MAX_PROMPT = 160
+
+
+@pytest.fixture(scope="module")
+def served(trained_tiny, tmp_path_factory):
+    """The trained tiny models written as a model folder, a repository built from it, a server on free ports."""
+    root = tmp_path_factory.mktemp("serve")
+    model_dir = save_bundle(trained_tiny, root / "models")
+    cfg = RepositoryConfig(max_active=64, max_batch_size=64, max_len=1024, max_prompt_tokens=400,
+                           max_output_tokens=600)
+    repo = build_repository(root / "model_repository", model_dir, "drafter", cfg)
+    with TritonServer(ServerConfig(model_repository=repo, state_dir=root / "state")) as server:
+        yield server, model_dir
+
+
+@pytest.fixture(scope="module")
+def prompts() -> list[str]:
+    return [p.text[-MAX_PROMPT:] for p in load_prompts(None, 20)]
+
+
+@pytest.fixture(scope="module")
+def reference(served, prompts) -> list[str]:
+    """In-process plain greedy decoding with the same saved checkpoint, decoded to text."""
+    _, model_dir = served
+    bundle = load_bundle(model_dir, drafter=None)
+    ids = [bundle.tokenizer.encode(p).ids for p in prompts]
+    engine = Engine(bundle.target, None, num_slots=4, max_len=1024)
+    seqs = engine.generate([Request(i, MAX_TOKENS) for i in ids])
+    return [bundle.tokenizer.decode(s.output) for s in seqs]
+
+
+def _client(served) -> AdaFlashClient:
+    return AdaFlashClient(served[0].grpc_url, timeout_s=120)
+
+
+def _active_sequences(server) -> float:
+    text = urllib.request.urlopen(server.metrics_url + "/metrics" if not server.metrics_url.endswith("/metrics")
+                                  else server.metrics_url).read().decode()
+    return sum(float(v) for v in re.findall(r"^adaflash_active_sequences\{[^}]*\} (\S+)$", text, re.M))
+
+
+@pytest.mark.parametrize("concurrency", [1, 16])
+@pytest.mark.parametrize("mode", MODES)
+def test_greedy_text_equals_in_process_decoding(served, prompts, reference, mode, concurrency):
+    params = GenerationParams(max_tokens=MAX_TOKENS, spec_mode=mode)
+    with _client(served) as client, ThreadPoolExecutor(concurrency) as pool:
+        done = list(pool.map(lambda p: client.generate_streaming(p, params), prompts))
+    for i, (completion, ref) in enumerate(zip(done, reference)):
+        assert completion.text == ref, f"{mode} c={concurrency} prompt {i}"
+        assert completion.finish_reason in ("length", "stop")
+        assert completion.target_forwards == 1 + len(completion.accepted_per_step)
+    if mode in ("dflash", "adaflash-published"):
+        assert any(a > 0 for c in done for a in c.accepted_per_step), "the trained drafter was never accepted"
+
+
+def test_streaming_is_incremental_and_matches_non_streaming(served, prompts, reference):
+    params = GenerationParams(max_tokens=MAX_TOKENS, spec_mode="dflash")
+    with _client(served) as client:
+        chunks = list(client.stream(prompts[0], params))
+        whole = client.generate(prompts[0], params)
+    counts = [c.num_output_tokens for c in chunks]
+    assert len(chunks) > 2 and counts == sorted(counts) and counts[0] >= 1
+    assert counts[-1] == MAX_TOKENS and chunks[-1].finish_reason == "length"
+    assert all(c.finish_reason in (None, "") for c in chunks[:-1])
+    assert "".join(c.text for c in chunks) == reference[0] == whole.text
+    assert whole.num_output_tokens == MAX_TOKENS
+
+
+def test_request_with_only_text_input_and_max_tokens(served):
+    """What generic Triton LLM clients send: no sampling fields, no spec_mode, over the gRPC stream."""
+    client = grpcclient.InferenceServerClient(served[0].grpc_url)
+    results = []
+    client.start_stream(callback=lambda result, error: results.append((result, error)))
+    text = grpcclient.InferInput("text_input", [1, 1], "BYTES")
+    text.set_data_from_numpy(np.array([["Once upon a time".encode()]], dtype=object))
+    max_tokens = grpcclient.InferInput("max_tokens", [1, 1], "INT32")
+    max_tokens.set_data_from_numpy(np.array([[8]], dtype=np.int32))
+    client.async_stream_infer("adaflash", [text, max_tokens])
+    deadline = time.time() + 60
+    while not results and time.time() < deadline:
+        time.sleep(0.05)
+    client.stop_stream()
+    result, error = results[0]
+    assert error is None
+    assert int(result.as_numpy("num_output_tokens").reshape(-1)[0]) == 8
+
+
+def test_cancelled_streams_free_their_sequences(served, prompts):
+    server = served[0]
+    params = GenerationParams(max_tokens=500, spec_mode="adaflash")
+
+    def start_and_cancel(i: int) -> int:
+        with _client(served) as client:
+            stream = client.stream(prompts[i % len(prompts)], params)
+            seen = 0
+            for chunk in stream:
+                seen = chunk.num_output_tokens
+                if seen >= 3:
+                    break
+            stream.close()
+            return seen
+
+    with ThreadPoolExecutor(50) as pool:
+        seen = list(pool.map(start_and_cancel, range(50)))
+    assert all(0 < s < 500 for s in seen)
+    deadline = time.time() + 60
+    while _active_sequences(server) > 0 and time.time() < deadline:
+        time.sleep(0.2)
+    assert _active_sequences(server) == 0
+    with _client(served) as client:
+        assert client.generate("still serving?", GenerationParams(max_tokens=4)).num_output_tokens == 4
+
+
+def _raw_request(server, **tensors) -> InferenceServerException | None:
+    """Send raw tensors ({name: (datatype, array)}) over the stream; return the error, if any."""
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    results = []
+    client.start_stream(callback=lambda result, error: results.append(error))
+    inputs = []
+    for name, (dtype, value) in tensors.items():
+        t = grpcclient.InferInput(name, list(value.shape), dtype)
+        t.set_data_from_numpy(value)
+        inputs.append(t)
+    client.async_stream_infer("adaflash", inputs, enable_empty_final_response=True)
+    deadline = time.time() + 60
+    while not results and time.time() < deadline:
+        time.sleep(0.05)
+    client.stop_stream()
+    return results[0]
+
+
+def _text(s: bytes) -> tuple[str, np.ndarray]:
+    return "BYTES", np.array([[s]], dtype=object)
+
+
+def _i32(v: int) -> tuple[str, np.ndarray]:
+    return "INT32", np.array([[v]], dtype=np.int32)
+
+
+def _f32(v: float) -> tuple[str, np.ndarray]:
+    return "FP32", np.array([[v]], dtype=np.float32)
+
+
+BAD = {
+    "empty prompt": ("text_input", dict(text_input=_text(b""), max_tokens=_i32(8))),
+    "prompt over the limit": ("text_input", dict(text_input=_text(b"x" * 2000), max_tokens=_i32(8))),
+    "max_tokens 0": ("max_tokens", dict(text_input=_text(b"hi"), max_tokens=_i32(0))),
+    "max_tokens negative": ("max_tokens", dict(text_input=_text(b"hi"), max_tokens=_i32(-5))),
+    "max_tokens huge": ("max_tokens", dict(text_input=_text(b"hi"), max_tokens=_i32(10**9))),
+    "temperature negative": ("temperature", dict(text_input=_text(b"hi"), max_tokens=_i32(8), temperature=_f32(-0.5))),
+    "top_p zero": ("top_p", dict(text_input=_text(b"hi"), max_tokens=_i32(8), top_p=_f32(0.0))),
+    "top_p above one": ("top_p", dict(text_input=_text(b"hi"), max_tokens=_i32(8), top_p=_f32(1.5))),
+    "unknown spec_mode": ("spec_mode", dict(text_input=_text(b"hi"), max_tokens=_i32(8), spec_mode=_text(b"eagle"))),
+    "wrong tensor type": ("max_tokens", dict(text_input=_text(b"hi"), max_tokens=_f32(8.0))),
+    "invalid UTF-8": ("text_input", dict(text_input=_text(b"ab\xff\xfe"), max_tokens=_i32(8))),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD))
+def test_bad_input_is_invalid_argument_naming_the_field(served, case):
+    field, tensors = BAD[case]
+    error = _raw_request(served[0], **tensors)
+    assert error is not None, f"{case}: accepted"
+    assert error.status() == "StatusCode.INVALID_ARGUMENT", (case, error.status(), error.message())
+    assert field in error.message(), (case, error.message())
+    with _client(served) as client:
+        assert client.generate("after a bad request", GenerationParams(max_tokens=4)).num_output_tokens == 4
