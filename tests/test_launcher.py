@@ -58,6 +58,20 @@ def port_is_free(port: int) -> bool:
     return True
 
 
+def scrape_until(url: str, line: str, timeout_s: float = 10.0) -> str:
+    """The Prometheus text at `url` once it holds `line`. Triton can record a request's statistics
+    just after the client has its response, so a scrape right after an infer may still show 0."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        with urllib.request.urlopen(url, timeout=5) as response:
+            assert response.status == 200
+            text = response.read().decode()
+        if line in text.splitlines() or time.monotonic() > deadline:
+            assert line in text.splitlines()
+            return text
+        time.sleep(0.1)
+
+
 def test_serves_infers_exports_metrics_and_stops(tmp_path: Path) -> None:
     server = TritonServer(ServerConfig(echo_repository(tmp_path / "repo"), state_dir=tmp_path / "state"))
     with server:
@@ -71,11 +85,8 @@ def test_serves_infers_exports_metrics_and_stops(tmp_path: Path) -> None:
         np.testing.assert_array_equal(out, x)
         assert out.dtype == np.int32
 
-        with urllib.request.urlopen(server.metrics_url, timeout=5) as response:
-            assert response.status == 200
-            metrics = response.read().decode()
+        metrics = scrape_until(server.metrics_url, 'nv_inference_request_success{model="echo",version="1"} 1')
         assert "# TYPE nv_inference_request_success counter" in metrics
-        assert 'nv_inference_request_success{model="echo",version="1"} 1' in metrics
 
     with pytest.raises(ProcessLookupError):
         os.kill(pid, 0)

@@ -180,10 +180,15 @@ BAD = {
 
 @pytest.mark.parametrize("case", list(BAD))
 def test_bad_input_is_invalid_argument_naming_the_field(served, case):
+    """On a gRPC stream Triton reports a request's error as a message without a status code, so the
+    code leads our messages; a wrong data type is refused by Triton itself, before any model runs."""
     field, tensors = BAD[case]
     error = _raw_request(served[0], **tensors)
     assert error is not None, f"{case}: accepted"
-    assert error.status() == "StatusCode.INVALID_ARGUMENT", (case, error.status(), error.message())
-    assert field in error.message(), (case, error.message())
+    message = error.message()
+    if case == "wrong tensor type":
+        assert f"input '{field}' data-type is 'FP32'" in message, message
+    else:
+        assert f"INVALID_ARGUMENT: {field}:" in message, (case, message)
     with _client(served) as client:
         assert client.generate("after a bad request", GenerationParams(max_tokens=4)).num_output_tokens == 4

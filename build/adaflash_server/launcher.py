@@ -7,8 +7,9 @@ launcher, so a few things have to be put in place before the binary can load Pyt
 * Triton looks for `<backend-directory>/python/triton_python_backend_stub` next to the backend
   library, but the wheel keeps one stub per Python version elsewhere. We stage a backend directory
   that holds the backend plus the stub for the running interpreter.
-* Copied binaries lose their `$ORIGIN`-relative rpath into `nvidia_pytriton.libs` (the stub needs
-  the bundled libcudart even on CPU), so that folder goes on LD_LIBRARY_PATH.
+* Copied there, the backend library and the stub lose their `$ORIGIN`-relative rpath into
+  `nvidia_pytriton.libs` (they need its libtritonserver and libcudart, even on CPU), so that
+  folder goes on LD_LIBRARY_PATH. Without it the stub fails to start and the model load hangs.
 * The stub runs models with the first `python` on PATH, so this interpreter's bin folder comes
   first: models then see the same packages (torch, numpy<2) as the caller.
 """
@@ -261,7 +262,7 @@ class TritonServer:
 
     def _cleanup(self) -> None:
         """Once, after the server has exited: end leftover Python stubs, close the log, drop staged files."""
-        _kill_group(self._process.pid)  # before forgetting the process, so the group id cannot be reused yet
+        _kill_group(self._process.pid)  # once, right after the exit: the group id is still ours
         self._process = None
         self._log.close()
         if self._owns_state_dir:

@@ -26,6 +26,8 @@ PREFILL, VERIFY, RELEASE, DRAFT = 0, 1, 2, 1
 START, END = pb_utils.TRITONSERVER_REQUEST_FLAG_SEQUENCE_START, pb_utils.TRITONSERVER_REQUEST_FLAG_SEQUENCE_END
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 STEP_BUCKETS = [float(b) for b in range(17)]
+INPUTS = ("input_ids", "stop_ids", "max_tokens", "stream", "temperature", "top_k", "top_p", "random_seed",
+          "spec_mode", "max_draft")
 
 
 def _scalar(request, name):
@@ -98,6 +100,7 @@ class TritonPythonModel:
         self.max_active = int(params["max_active"])
         self.drafter_timeout = float(params["drafter_timeout_s"])
         self.active = 0
+        self.cancelled = set()  # sequence ids whose client went away (told by postprocessing)
         self.ids = itertools.count(int.from_bytes(os.urandom(4), "little") << 20)
         self.metrics = Metrics()
 
@@ -106,6 +109,9 @@ class TritonPythonModel:
         return None
 
     def _parse(self, request):
+        missing = [n for n in INPUTS if pb_utils.get_input_tensor_by_name(request, n) is None]
+        if missing:
+            raise ValueError(f"{missing[0]}: required")
         stream = bool(_scalar(request, "stream"))
         mode = _scalar(request, "spec_mode").decode()
         max_draft = int(_scalar(request, "max_draft"))
@@ -124,14 +130,19 @@ class TritonPythonModel:
 
     async def _serve(self, request):
         sender = request.get_response_sender()
+        cancel = pb_utils.get_input_tensor_by_name(request, "cancel_sequence")
+        if cancel is not None:
+            self.cancelled.add(int(cancel.as_numpy().reshape(-1)[0]))
+            sender.send(flags=FINAL)
+            return
         try:
             req, stops, stream = self._parse(request)
         except ValueError as exc:
-            sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(str(exc), pb_utils.TritonError.INVALID_ARG)),
-                        flags=FINAL)
+            error = pb_utils.TritonError(f"INVALID_ARGUMENT: {exc}", pb_utils.TritonError.INVALID_ARG)
+            sender.send(pb_utils.InferenceResponse(error=error), flags=FINAL)
             return
         if self.active >= self.max_active:
-            message = f"server at capacity: {self.active} active sequences (max_active {self.max_active})"
+            message = f"UNAVAILABLE: server at capacity: {self.active} active sequences (max_active {self.max_active})"
             sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(message, pb_utils.TritonError.UNAVAILABLE)),
                         flags=FINAL)
             return
@@ -148,7 +159,7 @@ class TritonPythonModel:
                 verify=lambda feed: self._verify(key, feed),
                 draft=(lambda call: self._draft(call, opened)) if self.has_drafter else None,
                 emit=lambda s, out_from, steps_from: self._emit(sender, s, stream, sent, steps_from),
-                cancelled=sender.is_cancelled,
+                cancelled=lambda: key in self.cancelled or sender.is_cancelled(),
                 active=lambda: self.active,
             )
             if seq.finish_reason == "cancelled":
@@ -160,6 +171,7 @@ class TritonPythonModel:
             error = pb_utils.TritonError(f"generation failed: {exc}", pb_utils.TritonError.INTERNAL)
             sender.send(pb_utils.InferenceResponse(error=error), flags=FINAL)
         finally:
+            self.cancelled.discard(key)
             self.active -= 1
             gauge.increment(-1)
             await self._release(key, opened)
@@ -218,6 +230,7 @@ class TritonPythonModel:
             _tensor("accepted_per_step", [s.accepted for s in steps], np.int32),
             _tensor("draft_len_per_step", [s.draft_len for s in steps], np.int32),
             _tensor("finish_reason", [(seq.finish_reason or "").encode()], object),
+            _tensor("sequence_id", [seq.id], np.uint64),
         ]
         sender.send(pb_utils.InferenceResponse(output_tensors=out), flags=FINAL if final else 0)
 

@@ -37,7 +37,9 @@ class TritonPythonModel:
             ids, stops = encode(self.tokenizer, inputs, self.max_prompt_tokens, self.target_config.vocab_size,
                                 self.target_config.eos_token_ids)
         except ValueError as exc:
-            return pb_utils.InferenceResponse(error=pb_utils.TritonError(str(exc), pb_utils.TritonError.INVALID_ARG))
+            # A gRPC stream carries per-request errors as text only, so the code leads the message.
+            message = f"INVALID_ARGUMENT: {exc}"
+            return pb_utils.InferenceResponse(error=pb_utils.TritonError(message, pb_utils.TritonError.INVALID_ARG))
         out = [
             ("input_ids", np.array([ids], dtype=np.int32)),
             ("stop_ids", np.array([stops], dtype=np.int32)),
