@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: venv test bench clean
+.PHONY: venv test bench serve clean
 
 venv: $(STAMP)
 
@@ -14,6 +14,10 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -q torch==2.13.0
 	$(BIN)/pip install -q -e '.[dev,serve]'
 	touch $(STAMP)
+
+# Serves models/default (or, until it exists, the tiny random models) on 127.0.0.1:8001.
+serve: venv
+	$(BIN)/adaflash serve
 
 test: venv
 	$(BIN)/python -m pytest tests
@@ -25,4 +29,4 @@ bench: venv
 	$(BIN)/python clients/bench_runner.py --json bench-out/runner-vs-transformers.json
 
 clean:
-	rm -rf $(VENV) bench-out
+	rm -rf $(VENV) bench-out .serve

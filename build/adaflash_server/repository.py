@@ -28,7 +28,7 @@ class RepositoryConfig:
     max_batch_size: int = 64  # requests per execute of the ensemble-facing models
     max_len: int = 2048  # tokens per sequence (prompt + output + one draft block)
     max_prompt_tokens: int = 1024
-    max_output_tokens: int = 1024
+    max_output_tokens: int = 1000
     queue_delay_us: int = 200  # how long the sequence batcher waits to fill a batch
     idle_timeout_s: int = 600  # a sequence silent this long is reclaimed
     drafter_timeout_s: float = 10.0  # a slower draft is dropped and the request decodes plainly

@@ -100,6 +100,23 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_serve(args: argparse.Namespace) -> int:
+    """Serving lives outside the core (it needs Triton); imported only when asked for."""
+    from adaflash_server.serve import run
+
+    return run(args)
+
+
+def _add_serve(sub) -> None:
+    try:
+        from adaflash_server.serve import add_arguments
+    except ImportError:
+        return  # installed without the serving extra
+    serve = sub.add_parser("serve", help="serve the models with Triton over gRPC (builds the model repository)")
+    add_arguments(serve)
+    serve.set_defaults(func=cmd_serve)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="adaflash", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -120,6 +137,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--max-prompt-tokens", type=int, default=512)
     bench.add_argument("--json", required=True, help="where to write the report")
     bench.set_defaults(func=cmd_bench)
+    _add_serve(sub)
     return parser
 
 
