@@ -15,6 +15,7 @@ from tritonclient.utils import InferenceServerException
 from adaflash.bench import load_prompts
 from adaflash.bundle import load_bundle, save_bundle
 from adaflash.engine import MODES, Engine, Request
+from adaflash.sampling import SamplingParams
 from adaflash_client import AdaFlashClient, GenerationError, GenerationParams
 from adaflash_server.launcher import ServerConfig, TritonServer
 from adaflash_server.repository import RepositoryConfig, build_repository
@@ -56,8 +57,7 @@ def _client(served) -> AdaFlashClient:
 
 
 def _active_sequences(server) -> float:
-    text = urllib.request.urlopen(server.metrics_url + "/metrics" if not server.metrics_url.endswith("/metrics")
-                                  else server.metrics_url).read().decode()
+    text = urllib.request.urlopen(server.metrics_url).read().decode()
     return sum(float(v) for v in re.findall(r"^adaflash_active_sequences\{[^}]*\} (\S+)$", text, re.M))
 
 
@@ -192,3 +192,36 @@ def test_bad_input_is_invalid_argument_naming_the_field(served, case):
         assert f"INVALID_ARGUMENT: {field}:" in message, (case, message)
     with _client(served) as client:
         assert client.generate("after a bad request", GenerationParams(max_tokens=4)).num_output_tokens == 4
+
+
+@pytest.mark.parametrize("mode", ["ar", "dflash"])
+def test_seeded_sampling_equals_the_engine(served, prompts, mode):
+    """The target draws from the same seeded generator in the same order as the in-process engine."""
+    _, model_dir = served
+    bundle = load_bundle(model_dir)
+    engine = Engine(bundle.target, bundle.drafter, num_slots=4, max_len=1024)
+    sampling = SamplingParams(temperature=1.0, top_k=50, top_p=0.95, seed=123)
+    ids = [bundle.tokenizer.encode(p).ids for p in prompts[:4]]
+    expected = [bundle.tokenizer.decode(s.output)
+                for s in engine.generate([Request(i, MAX_TOKENS, mode=mode, sampling=sampling) for i in ids])]
+    params = GenerationParams(max_tokens=MAX_TOKENS, spec_mode=mode, temperature=1.0, top_k=50, top_p=0.95, seed=123)
+    with _client(served) as client:
+        got = [client.generate_streaming(p, params).text for p in prompts[:4]]
+        other_seed = client.generate_streaming(prompts[0], GenerationParams(
+            max_tokens=MAX_TOKENS, spec_mode=mode, temperature=1.0, top_k=50, top_p=0.95, seed=124)).text
+    assert got == expected
+    assert other_seed != got[0]
+
+
+def test_metrics_count_requests_tokens_and_steps(served):
+    server = served[0]
+    with _client(served) as client:
+        client.generate_streaming("metrics", GenerationParams(max_tokens=6, spec_mode="dflash"))
+    text = urllib.request.urlopen(server.metrics_url).read().decode()
+    tokens = re.findall(r'^adaflash_tokens_total\{spec_mode="dflash"\} (\S+)$', text, re.M)
+    assert tokens and float(tokens[0]) >= 6
+    assert re.search(r'^adaflash_requests_total\{[^}]*spec_mode="dflash"[^}]*\} \S+$', text, re.M)
+    assert re.search(r'^adaflash_accepted_tokens_count\{spec_mode="dflash"\} \S+$', text, re.M)
+    assert re.search(r'^adaflash_verified_draft_len_bucket\{[^}]*spec_mode="dflash"[^}]*\} \S+$', text, re.M)
+    forwards = float(re.findall(r'^adaflash_target_forwards_total\{spec_mode="dflash"\} (\S+)$', text, re.M)[0])
+    assert forwards >= 1
