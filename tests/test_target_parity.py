@@ -97,3 +97,13 @@ def test_overflowing_the_cache_is_an_error(tmp_path):
     runner.allocate_cache(num_slots=1, max_len=8)
     with pytest.raises(ValueError, match="exceed"):
         runner.forward([0], [list(range(9))])
+
+
+def test_training_forward_matches_transformers(tmp_path):
+    hf = _hf_model("qwen3", tmp_path)
+    runner = Transformer.from_pretrained(tmp_path)
+    ids = torch.randint(0, 97, (3, 21), generator=torch.Generator().manual_seed(5))
+    with torch.no_grad():
+        ref = hf(ids).logits
+        got = runner.train_logits(ids)
+    assert (got - ref).abs().max().item() <= TOL

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 
@@ -133,14 +134,27 @@ class Attention(nn.Module):
             self.k_norm = RMSNorm(hd, cfg.rms_norm_eps)
         self.qk_norm = cfg.qk_norm
 
-    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, fb: ForwardBatch, k_cache: Tensor, v_cache: Tensor) -> Tensor:
+    def qkv(self, x: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """x: [T, D] -> q [T, H, hd], k and v [T, KV, hd], normed and rotated."""
         t = x.shape[0]
         q = self.q_proj(x).view(t, self.n_heads, self.head_dim)
         k = self.k_proj(x).view(t, self.n_kv, self.head_dim)
         v = self.v_proj(x).view(t, self.n_kv, self.head_dim)
         if self.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
+
+    def forward_causal(self, x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+        """Training path: x [B, T, D], full causal attention, no cache."""
+        b, t, _ = x.shape
+        q, k, v = self.qkv(x.reshape(b * t, -1), cos, sin)
+        q, k, v = (z.view(b, t, z.shape[1], -1).transpose(1, 2) for z in (q, k, v))
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=self.n_kv != self.n_heads)
+        return self.o_proj(out.transpose(1, 2).reshape(b, t, -1))
+
+    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, fb: ForwardBatch, k_cache: Tensor, v_cache: Tensor) -> Tensor:
+        t = x.shape[0]
+        q, k, v = self.qkv(x, cos, sin)
         k_cache[fb.slot_of_token, :, fb.positions] = k
         v_cache[fb.slot_of_token, :, fb.positions] = v
         keys = gather_slots(k_cache, fb.slots, fb.kv_len)
@@ -161,6 +175,10 @@ class DecoderLayer(nn.Module):
 
     def forward(self, x: Tensor, cos: Tensor, sin: Tensor, fb: ForwardBatch, k_cache: Tensor, v_cache: Tensor) -> Tensor:
         x = x + self.self_attn(self.input_layernorm(x), cos, sin, fb, k_cache, v_cache)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+    def forward_causal(self, x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+        x = x + self.self_attn.forward_causal(self.input_layernorm(x), cos, sin)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -220,6 +238,15 @@ class Transformer(nn.Module):
     def allocate_cache(self, num_slots: int, max_len: int) -> KVCache:
         self.cache = KVCache(self.config, num_slots, max_len, self.lm_head.weight.dtype)
         return self.cache
+
+    def train_logits(self, ids: Tensor) -> Tensor:
+        """ids [B, T] -> logits [B, T, vocab] with plain causal attention: the pretraining path."""
+        b, t = ids.shape
+        x = self.model.embed_tokens(ids)
+        cos, sin = rope_cos_sin(self.inv_freq, torch.arange(t).repeat(b))
+        for layer in self.model.layers:
+            x = layer.forward_causal(x, cos.to(x.dtype), sin.to(x.dtype))
+        return self.lm_head(self.model.norm(x))
 
     @torch.inference_mode()
     def forward(
