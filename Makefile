@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: venv test bench serve clean
+.PHONY: venv test bench serve models models-smoke clean
 
 venv: $(STAMP)
 
@@ -19,6 +19,15 @@ $(STAMP): pyproject.toml
 serve: venv
 	$(BIN)/adaflash serve
 
+# The default target, trained from scratch on ../shared/data (hours on CPU; resumable: rerun to continue).
+models: venv
+	$(BIN)/adaflash-pretrain all --data ../shared/data --work work/pretrain --out models/default/target
+
+# The same pipeline at toy scale on the committed corpus fixture (tests/test_pretrain.py runs it too).
+models-smoke: venv
+	$(BIN)/adaflash-pretrain all --data tests/fixtures/corpus --work work/smoke --out work/smoke/target \
+		--vocab-size 400 --config tests/fixtures/pretrain-toy.json
+
 test: venv
 	$(BIN)/python -m pytest tests
 
@@ -29,4 +38,4 @@ bench: venv
 	$(BIN)/python clients/bench_runner.py --json bench-out/runner-vs-transformers.json
 
 clean:
-	rm -rf $(VENV) bench-out .serve
+	rm -rf $(VENV) bench-out .serve work

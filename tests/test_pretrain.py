@@ -1,0 +1,53 @@
+"""The default-target pipeline at toy scale on the committed corpus fixture: tokenizer, streams, training, folder."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from tokenizers import Tokenizer
+from transformers import AutoModelForCausalLM
+
+from adaflash.pretrain import DOMAINS, PretrainConfig, main, pretrain, tokenize_corpus, train_tokenizer
+from adaflash.target import Transformer
+from adaflash.tokenizer import BYTE_SPECIALS
+
+CORPUS = Path(__file__).parent / "fixtures" / "corpus"
+TOY = json.loads((Path(__file__).parent / "fixtures" / "pretrain-toy.json").read_text())
+
+
+def test_pipeline_writes_a_folder_that_transformers_and_the_runner_agree_on(tmp_path):
+    out = tmp_path / "target"
+    assert main(["all", "--data", str(CORPUS), "--work", str(tmp_path / "work"), "--out", str(out),
+                 "--vocab-size", "400", "--config", str(Path(__file__).parent / "fixtures" / "pretrain-toy.json")]) == 0
+    for name in ("config.json", "model.safetensors", "tokenizer.json", "generation_config.json"):
+        assert (out / name).exists(), name
+    tok = Tokenizer.from_file(str(out / "tokenizer.json"))
+    assert all(tok.token_to_id(s) is not None for s in BYTE_SPECIALS)
+    text = "def f(x):\n    return x * 2  # ünïcode"
+    assert tok.decode(tok.encode(text).ids) == text
+    ids = torch.tensor([tok.encode(text).ids])
+    runner = Transformer.from_pretrained(out)
+    hf = AutoModelForCausalLM.from_pretrained(out).float().eval()
+    with torch.no_grad():
+        assert (runner.train_logits(ids) - hf(ids).logits).abs().max().item() <= 1e-4
+    heldout = json.loads((tmp_path / "work" / "heldout.json").read_text())
+    assert set(heldout) == set(DOMAINS) and all(v > 0 for v in heldout.values())
+    metrics = [json.loads(line) for line in (tmp_path / "work" / "target-run" / "metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in metrics] == list(range(1, 7))
+
+
+def test_interrupted_training_resumes_to_the_same_weights(tmp_path):
+    tok_path = tmp_path / "tokenizer.json"
+    tokenizer = train_tokenizer(CORPUS, tok_path, vocab_size=300, chars_per_domain=20_000)
+    tokenize_corpus(CORPUS, tokenizer, tmp_path / "tokens")
+    cfg = PretrainConfig(**TOY)
+    straight, done = pretrain(tmp_path / "tokens", tok_path, tmp_path / "a", cfg, progress=False)
+    assert done
+    _, done = pretrain(tmp_path / "tokens", tok_path, tmp_path / "b", cfg, progress=False, max_new_steps=4)
+    assert not done
+    resumed, done = pretrain(tmp_path / "tokens", tok_path, tmp_path / "b", cfg, progress=False)
+    assert done
+    for (name, a), b in zip(straight.state_dict().items(), resumed.state_dict().values()):
+        assert torch.equal(a, b), name
