@@ -82,6 +82,7 @@ class Metrics:
 
 class TritonPythonModel:
     def initialize(self, args):
+        torch.set_num_threads(1)  # bookkeeping only: leave the cores to the target and the drafter
         config = json.loads(args["model_config"])
         params = {k: v["string_value"] for k, v in config["parameters"].items()}
         with open(f"{params['target_dir']}/config.json") as f:

@@ -8,6 +8,7 @@ the orchestrator (a `cancel_sequence` request), which then stops and frees the s
 import json
 
 import numpy as np
+import torch
 import triton_python_backend_utils as pb_utils
 
 from adaflash.api import text_delta
@@ -18,6 +19,7 @@ PASS_THROUGH = ("num_output_tokens", "target_forwards", "accepted_per_step", "dr
 
 class TritonPythonModel:
     def initialize(self, args):
+        torch.set_num_threads(1)  # tokenising only: leave the cores to the target and the drafter
         params = {k: v["string_value"] for k, v in json.loads(args["model_config"])["parameters"].items()}
         self.tokenizer = load_tokenizer(params["tokenizer_dir"])
 

@@ -3,6 +3,7 @@
 import json
 
 import numpy as np
+import torch
 import triton_python_backend_utils as pb_utils
 
 from adaflash.api import encode, parse_inputs
@@ -14,6 +15,7 @@ OPTIONAL = ("stream", "temperature", "top_k", "top_p", "random_seed", "end_id", 
 
 class TritonPythonModel:
     def initialize(self, args):
+        torch.set_num_threads(1)  # tokenising only: leave the cores to the target and the drafter
         params = {k: v["string_value"] for k, v in json.loads(args["model_config"])["parameters"].items()}
         self.tokenizer = load_tokenizer(params["tokenizer_dir"])
         with open(f"{params['tokenizer_dir']}/config.json") as f:
