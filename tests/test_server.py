@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import threading
 import time
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
@@ -225,3 +226,33 @@ def test_metrics_count_requests_tokens_and_steps(served):
     assert re.search(r'^adaflash_verified_draft_len_bucket\{[^}]*spec_mode="dflash"[^}]*\} \S+$', text, re.M)
     forwards = float(re.findall(r'^adaflash_target_forwards_total\{spec_mode="dflash"\} (\S+)$', text, re.M)[0])
     assert forwards >= 1
+
+
+def test_requests_beyond_max_active_are_refused_then_served_again(served, prompts):
+    """64 sequences may run at once (max_active); the rest get a clear error, not a queue or a crash."""
+    server = served[0]
+    barrier = threading.Barrier(70, timeout=120)
+
+    def hold(i: int) -> str:
+        with _client(served) as client:
+            stream = client.stream(prompts[i % len(prompts)], GenerationParams(max_tokens=400, spec_mode="ar"))
+            try:
+                next(stream)
+                outcome = "running"
+            except GenerationError as exc:
+                outcome = exc.message
+            barrier.wait()  # everyone holds their request until all 70 were answered once
+            stream.close()
+            return outcome
+
+    with ThreadPoolExecutor(70) as pool:
+        outcomes = list(pool.map(hold, range(70)))
+    refused = [o for o in outcomes if o != "running"]
+    assert outcomes.count("running") <= 64 and len(refused) >= 6
+    assert all("UNAVAILABLE: server at capacity" in o for o in refused), refused[:2]
+    deadline = time.time() + 60
+    while _active_sequences(server) > 0 and time.time() < deadline:
+        time.sleep(0.2)
+    assert _active_sequences(server) == 0
+    with _client(served) as client:
+        assert client.generate("and again", GenerationParams(max_tokens=4)).num_output_tokens == 4
