@@ -9,16 +9,19 @@ import torch
 from tokenizers import Tokenizer
 from transformers import AutoModelForCausalLM
 
+from adaflash.bundle import load_bundle
+from adaflash.engine import Engine, Request
 from adaflash.pretrain import DOMAINS, PretrainConfig, main, pretrain, tokenize_corpus, train_tokenizer
 from adaflash.target import Transformer
 from adaflash.tokenizer import BYTE_SPECIALS
+from adaflash.train_dflash import main as train_drafter_main
 
 CORPUS = Path(__file__).parent / "fixtures" / "corpus"
 TOY = json.loads((Path(__file__).parent / "fixtures" / "pretrain-toy.json").read_text())
 
 
 def test_pipeline_writes_a_folder_that_transformers_and_the_runner_agree_on(tmp_path):
-    out = tmp_path / "target"
+    out = tmp_path / "models" / "target"
     assert main(["all", "--data", str(CORPUS), "--work", str(tmp_path / "work"), "--out", str(out),
                  "--vocab-size", "400", "--config", str(Path(__file__).parent / "fixtures" / "pretrain-toy.json")]) == 0
     for name in ("config.json", "model.safetensors", "tokenizer.json", "generation_config.json"):
@@ -36,6 +39,16 @@ def test_pipeline_writes_a_folder_that_transformers_and_the_runner_agree_on(tmp_
     assert set(heldout) == set(DOMAINS) and all(v > 0 for v in heldout.values())
     metrics = [json.loads(line) for line in (tmp_path / "work" / "target-run" / "metrics.jsonl").read_text().splitlines()]
     assert [m["step"] for m in metrics] == list(range(1, 7))
+
+    # The drafter stage on the same folder: regenerated data, training, the published format.
+    assert train_drafter_main(["--model-dir", str(tmp_path / "models"), "--data", str(CORPUS), "--prompts-per-domain",
+                               "2", "--response-tokens", "12", "--steps", "4", "--block-size", "8"]) == 0
+    bundle = load_bundle(tmp_path / "models", "drafter-dflash")
+    assert bundle.drafter.config.block_size == 8 and bundle.drafter.config.num_target_layers == 2
+    prompt = tok.encode("def add(a, b):").ids
+    engine = Engine(bundle.target, bundle.drafter, num_slots=2, max_len=64)
+    ar, dflash = engine.generate([Request(prompt, 20, mode="ar"), Request(prompt, 20, mode="dflash")])
+    assert dflash.output == ar.output
 
 
 def test_interrupted_training_resumes_to_the_same_weights(tmp_path):

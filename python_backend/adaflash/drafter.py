@@ -27,7 +27,8 @@ def default_target_layer_ids(num_target_layers: int, num_draft_layers: int) -> l
     """Published default: spread evenly from layer 1 to layer N-3; the middle layer for a 1-layer drafter."""
     if num_draft_layers == 1:
         return [num_target_layers // 2]
-    start, end = 1, num_target_layers - 3
+    start = min(1, num_target_layers - 1)
+    end = max(start, num_target_layers - 3)  # shallow targets: never before layer 1, never past the last
     return [round(start + i * (end - start) / (num_draft_layers - 1)) for i in range(num_draft_layers)]
 
 

@@ -4,18 +4,29 @@ Random anchors in a response; each block is [anchor, mask x (B-1)] and position 
 token anchor+k. A block sees the target features of positions strictly before its anchor,
 attends bidirectionally inside itself and never sees other blocks. Cross-entropy is
 weighted by exp(-(k-1)/gamma): early positions decide acceptance, so they matter most.
+
+`adaflash-train-drafter` runs the recipe for a model folder: sample training prompts of every
+domain, regenerate the responses with the target, train, save in the published format.
 """
 
 from __future__ import annotations
 
+import argparse
+import json
 import math
+import random
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from tokenizers import Tokenizer
 from torch import Tensor
 
-from adaflash.drafter import DFlashDrafter
+from adaflash.drafter import DFlashDrafter, DrafterConfig
+from adaflash.engine import Engine, Request
+from adaflash.pretrain import DOMAINS, documents
 from adaflash.target import Transformer
+from adaflash.tokenizer import BYTE_SPECIALS
 
 PUBLISHED_GAMMA = {16: 7.0, 10: 5.0, 8: 4.0}
 
@@ -93,3 +104,74 @@ def fit_drafter(
         losses.append(loss.item())
     drafter.eval()
     return losses
+
+
+def new_drafter(target: Transformer, mask_token_id: int, num_layers: int = 2, block_size: int = 16,
+                seed: int = 0) -> DFlashDrafter:
+    """A DFlash drafter shaped for `target` (same width and head layout), target layers spread as published."""
+    t = target.config
+    hf = {"hidden_size": t.hidden_size, "intermediate_size": t.intermediate_size, "num_attention_heads":
+          t.num_attention_heads, "num_key_value_heads": t.num_key_value_heads, "head_dim": t.head_dim,
+          "rms_norm_eps": t.rms_norm_eps, "rope_theta": t.rope.theta, "hidden_act": "silu", "attention_bias": False,
+          "num_hidden_layers": num_layers, "num_target_layers": t.num_hidden_layers, "block_size": block_size,
+          "vocab_size": t.vocab_size, "max_position_embeddings": t.max_position_embeddings,
+          "dflash_config": {"mask_token_id": mask_token_id}}
+    torch.manual_seed(seed)
+    drafter = DFlashDrafter(DrafterConfig.from_hf(hf))
+    with torch.no_grad():
+        for p in drafter.parameters():
+            if p.dim() > 1:
+                p.normal_(0.0, 0.02)
+    return drafter
+
+
+def regenerate(target: Transformer, prompts: list[list[int]], max_tokens: int, batch: int = 16) -> list[list[int]]:
+    """The target's own greedy continuations: the drafter learns the target, not the corpus."""
+    engine = Engine(target, None, num_slots=batch, max_len=max(len(p) for p in prompts) + max_tokens + 17)
+    return [s.output for s in engine.generate([Request(p, max_tokens) for p in prompts], concurrency=batch)]
+
+
+def training_prompts(data_dir: str | Path, tokenizer: Tokenizer, per_domain: int, max_prompt_tokens: int,
+                     seed: int) -> list[list[int]]:
+    """Seeded sample of training prompts of every domain: the prompt of prompt/response records,
+    a random cut of text records (the continuation is what the target writes)."""
+    rng = random.Random(seed)
+    out = []
+    for domain in DOMAINS:
+        docs = list(documents(data_dir, domain))
+        for text in rng.sample(docs, min(per_domain, len(docs))):
+            ids = tokenizer.encode(text.split("\n\n")[0] if domain in ("chat", "math") else text).ids
+            cut = rng.randint(min(16, len(ids)), max(16, min(len(ids), max_prompt_tokens)))
+            out.append(ids[:cut])
+    return [p for p in out if p]
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="adaflash-train-drafter", description=__doc__)
+    p.add_argument("--model-dir", type=Path, default=Path("models/default"), help="holds target/")
+    p.add_argument("--data", type=Path, default=Path("../shared/data"))
+    p.add_argument("--out", default="drafter-dflash", help="drafter folder name inside --model-dir")
+    p.add_argument("--prompts-per-domain", type=int, default=200)
+    p.add_argument("--max-prompt-tokens", type=int, default=256)
+    p.add_argument("--response-tokens", type=int, default=256)
+    p.add_argument("--layers", type=int, default=2)
+    p.add_argument("--block-size", type=int, default=16)
+    p.add_argument("--steps", type=int, default=2000)
+    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--seed", type=int, default=0)
+    args = p.parse_args(argv)
+    target = Transformer.from_pretrained(args.model_dir / "target")
+    tokenizer = Tokenizer.from_file(str(args.model_dir / "target" / "tokenizer.json"))
+    prompts = training_prompts(args.data, tokenizer, args.prompts_per_domain, args.max_prompt_tokens, args.seed)
+    responses = regenerate(target, prompts, args.response_tokens)
+    drafter = new_drafter(target, tokenizer.token_to_id(BYTE_SPECIALS[2]), args.layers, args.block_size, args.seed)
+    losses = fit_drafter(drafter, target, [(p + r, len(p)) for p, r in zip(prompts, responses)], args.steps,
+                         lr=args.lr, seed=args.seed)
+    drafter.save_pretrained(args.model_dir / args.out, dtype=torch.float16)
+    print(json.dumps({"drafter": str(args.model_dir / args.out), "sequences": len(prompts),
+                      "first_loss": losses[0], "last_loss": round(sum(losses[-20:]) / len(losses[-20:]), 4)}))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
