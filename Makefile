@@ -22,6 +22,8 @@ serve: venv
 # The default target, trained from scratch on ../shared/data (hours on CPU; resumable: rerun to continue).
 models: venv
 	$(BIN)/adaflash-pretrain all --data ../shared/data --work work/pretrain --out models/default/target
+	$(BIN)/adaflash-train-drafter --model-dir models/default --data ../shared/data --out drafter-dflash
+	rm -rf models/default/drafter && cp -r models/default/drafter-dflash models/default/drafter
 
 # The same pipeline at toy scale on the committed corpus fixture (tests/test_pretrain.py runs it too).
 models-smoke: venv
