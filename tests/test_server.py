@@ -62,6 +62,14 @@ def _active_sequences(server) -> float:
     return sum(float(v) for v in re.findall(r"^adaflash_active_sequences\{[^}]*\} (\S+)$", text, re.M))
 
 
+def _wait_until_idle(server, timeout_s: float = 60.0) -> float:
+    """Active sequences once they reach 0 or the timeout passes (the gauge drops as sequences are released)."""
+    deadline = time.time() + timeout_s
+    while (active := _active_sequences(server)) > 0 and time.time() < deadline:
+        time.sleep(0.2)
+    return active
+
+
 @pytest.mark.parametrize("concurrency", [1, 16])
 @pytest.mark.parametrize("mode", MODES)
 def test_greedy_text_equals_in_process_decoding(served, prompts, reference, mode, concurrency):
@@ -126,10 +134,7 @@ def test_cancelled_streams_free_their_sequences(served, prompts):
     with ThreadPoolExecutor(50) as pool:
         seen = list(pool.map(start_and_cancel, range(50)))
     assert all(0 < s < 500 for s in seen)
-    deadline = time.time() + 60
-    while _active_sequences(server) > 0 and time.time() < deadline:
-        time.sleep(0.2)
-    assert _active_sequences(server) == 0
+    assert _wait_until_idle(server) == 0
     with _client(served) as client:
         assert client.generate("still serving?", GenerationParams(max_tokens=4)).num_output_tokens == 4
 
@@ -250,9 +255,6 @@ def test_requests_beyond_max_active_are_refused_then_served_again(served, prompt
     refused = [o for o in outcomes if o != "running"]
     assert outcomes.count("running") <= 64 and len(refused) >= 6
     assert all("UNAVAILABLE: server at capacity" in o for o in refused), refused[:2]
-    deadline = time.time() + 60
-    while _active_sequences(server) > 0 and time.time() < deadline:
-        time.sleep(0.2)
-    assert _active_sequences(server) == 0
+    assert _wait_until_idle(server) == 0
     with _client(served) as client:
         assert client.generate("and again", GenerationParams(max_tokens=4)).num_output_tokens == 4

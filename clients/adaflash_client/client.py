@@ -90,7 +90,7 @@ class Chunk:
 
 
 @dataclass
-class Completion:
+class Completion(Chunk):
     """A finished request: the whole text, the per-step lists of all its responses and timings.
 
     Times run from sending the request: `time_to_first_token_s` until the first response reporting
@@ -99,12 +99,6 @@ class Completion:
     counted).
     """
 
-    text: str
-    num_output_tokens: int
-    target_forwards: int
-    accepted_per_step: list[int]
-    draft_len_per_step: list[int]
-    finish_reason: str | None
     time_to_first_token_s: float | None
     latency_s: float
 
