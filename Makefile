@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: venv test bench serve models models-smoke clean
+.PHONY: venv test bench serve sweep models models-smoke clean
 
 venv: $(STAMP)
 
@@ -12,7 +12,7 @@ $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q torch==2.13.0
-	$(BIN)/pip install -q -e '.[dev,serve]'
+	$(BIN)/pip install -q -e '.[dev,serve,load]'
 	touch $(STAMP)
 
 # Serves models/default (or, until it exists, the tiny random models) on 127.0.0.1:8001.
@@ -38,6 +38,13 @@ bench: venv
 	mkdir -p bench-out
 	$(BIN)/adaflash bench --tiny-random --modes ar,ngram,dflash,adaflash,adaflash-published --concurrency 1,4,16 --json bench-out/engine-tiny.json
 	$(BIN)/python clients/bench_runner.py --json bench-out/runner-vs-transformers.json
+
+# Capacity sweep: Locust per spec_mode and concurrency against a server it starts (models/default, else
+# the tiny random models); CSVs, plots and report.md in bench-out/sweep/. SWEEP_ARGS adds options, e.g.
+#   make sweep SWEEP_ARGS="--url 127.0.0.1:8001 --modes ar,adaflash --duration 60 --ttft-slo-ms 500 --itl-slo-ms 50"
+SWEEP_ARGS ?=
+sweep: venv
+	$(BIN)/adaflash sweep --out bench-out/sweep $(SWEEP_ARGS)
 
 clean:
 	rm -rf $(VENV) bench-out .serve work

@@ -117,6 +117,23 @@ def _add_serve(sub) -> None:
     serve.set_defaults(func=cmd_serve)
 
 
+def cmd_sweep(args: argparse.Namespace) -> int:
+    """Load sweeps live outside the core (they need Locust and the gRPC client); imported only when asked for."""
+    from adaflash_client.sweep import run
+
+    return run(args)
+
+
+def _add_sweep(sub) -> None:
+    try:
+        from adaflash_client.sweep import add_arguments
+    except ImportError:
+        return  # installed without the client
+    sweep = sub.add_parser("sweep", help="Locust load per spec_mode and concurrency: CSVs, plots, Markdown report")
+    add_arguments(sweep)
+    sweep.set_defaults(func=cmd_sweep)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="adaflash", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -138,6 +155,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--json", required=True, help="where to write the report")
     bench.set_defaults(func=cmd_bench)
     _add_serve(sub)
+    _add_sweep(sub)
     return parser
 
 

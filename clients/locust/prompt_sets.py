@@ -1,0 +1,108 @@
+"""Prompt sets by domain, for the Locust users. Plain Python (no Locust, no gevent), so tests import it.
+
+Sources, any number of them:
+* a JSON lines file: one object per line with `prompt` and optionally `domain` and `id` (the format
+  of `python_backend/adaflash/data/sample_prompts.jsonl` and of the project's held-out sets);
+  a row without `domain` takes the file's name (`math.jsonl` -> "math");
+* a text file (`.txt`): one prompt per line, the domain is the file's name;
+* a folder: every `.jsonl` and `.txt` file in it, in name order.
+
+Without a source, the 20 sample prompts shipped in the `adaflash` package (5 domains) are used.
+A request picks a domain first (by weight, equal by default), then a prompt of that domain at
+random, so a small domain is not drowned by a large one.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class Prompt:
+    text: str
+    domain: str
+    id: str
+
+
+def _from_file(path: Path) -> list[Prompt]:
+    if path.suffix == ".txt":
+        lines = [line for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+        return [Prompt(line.replace("\\n", "\n"), path.stem, f"{path.stem}-{i}") for i, line in enumerate(lines)]
+    prompts = []
+    for i, line in enumerate(path.read_text(encoding="utf-8").splitlines()):
+        if not line.strip():
+            continue
+        row = json.loads(line)
+        if "prompt" not in row:
+            raise ValueError(f"{path}: line {i + 1} has no 'prompt' field")
+        prompts.append(Prompt(row["prompt"], str(row.get("domain") or path.stem), str(row.get("id", f"{path.stem}-{i}"))))
+    return prompts
+
+
+def load_prompt_set(sources: list[str | Path] | None = None, domains: list[str] | None = None,
+                    max_chars: int | None = None) -> dict[str, list[Prompt]]:
+    """Prompts grouped by domain. `domains` keeps only those (an unknown one is an error); `max_chars`
+    keeps each prompt's last characters (the part nearest the answer), for servers with short limits."""
+    files: list[Path] = []
+    for source in sources or []:
+        path = Path(source)
+        if path.is_dir():
+            files += sorted(p for p in path.iterdir() if p.suffix in (".jsonl", ".txt"))
+        elif path.is_file():
+            files.append(path)
+        else:
+            raise FileNotFoundError(f"prompt source {path} does not exist")
+    if files:
+        prompts = [p for f in files for p in _from_file(f)]
+    else:
+        sample = resources.files("adaflash").joinpath("data/sample_prompts.jsonl")
+        with resources.as_file(sample) as path:
+            prompts = _from_file(Path(path))
+    if max_chars:
+        prompts = [Prompt(p.text[-max_chars:], p.domain, p.id) for p in prompts]
+    by_domain: dict[str, list[Prompt]] = {}
+    for p in prompts:
+        if p.text.strip():
+            by_domain.setdefault(p.domain, []).append(p)
+    if domains:
+        unknown = sorted(set(domains) - set(by_domain))
+        if unknown:
+            raise ValueError(f"no prompts for domain(s) {', '.join(unknown)}; have {', '.join(sorted(by_domain))}")
+        by_domain = {d: by_domain[d] for d in domains}
+    if not by_domain:
+        raise ValueError("the prompt set is empty")
+    return by_domain
+
+
+def parse_weights(text: str | None) -> dict[str, float]:
+    """"chat=2,code=1" -> {"chat": 2.0, "code": 1.0}; domains not named keep weight 1."""
+    weights = {}
+    for item in (text or "").split(","):
+        if item.strip():
+            name, _, value = item.partition("=")
+            weights[name.strip()] = float(value)
+    return weights
+
+
+class PromptSampler:
+    """Draws (domain, prompt) pairs: a domain by weight, then one of its prompts uniformly."""
+
+    def __init__(self, by_domain: dict[str, list[Prompt]], weights: dict[str, float] | None = None,
+                 seed: int | None = None) -> None:
+        unknown = sorted(set(weights or {}) - set(by_domain))
+        if unknown:
+            raise ValueError(f"weights for unknown domain(s) {', '.join(unknown)}")
+        self.domains = sorted(by_domain)
+        self.weights = [float((weights or {}).get(d, 1.0)) for d in self.domains]
+        if any(w < 0 for w in self.weights) or sum(self.weights) <= 0:
+            raise ValueError("domain weights must be >= 0 with a positive sum")
+        self.by_domain = by_domain
+        self.rng = random.Random(seed)
+
+    def sample(self) -> Prompt:
+        domain = self.rng.choices(self.domains, weights=self.weights)[0]
+        return self.rng.choice(self.by_domain[domain])
