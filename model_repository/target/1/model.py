@@ -7,7 +7,6 @@ core's TargetService keeps each sequence's KV slot and sampling generator under 
 import json
 
 import numpy as np
-import torch
 import triton_python_backend_utils as pb_utils
 
 from adaflash.drafter import DrafterConfig
