@@ -9,11 +9,12 @@ import torch
 from tokenizers import Tokenizer
 from transformers import AutoModelForCausalLM
 
-from adaflash.bundle import load_bundle
+from adaflash.bundle import load_bundle, tiny_random_bundle
 from adaflash.engine import Engine, Request
 from adaflash.pretrain import DOMAINS, PretrainConfig, main, pretrain, tokenize_corpus, train_tokenizer
 from adaflash.target import Transformer
 from adaflash.tokenizer import BYTE_SPECIALS
+from adaflash.train_dflash import fit_drafter
 from adaflash.train_dflash import main as train_drafter_main
 
 CORPUS = Path(__file__).parent / "fixtures" / "corpus"
@@ -64,3 +65,22 @@ def test_interrupted_training_resumes_to_the_same_weights(tmp_path):
     assert done
     for (name, a), b in zip(straight.state_dict().items(), resumed.state_dict().values()):
         assert torch.equal(a, b), name
+
+
+def test_interrupted_drafter_training_resumes_to_the_same_weights(tmp_path):
+    def fresh():
+        bundle = tiny_random_bundle(seed=3)
+        torch.manual_seed(0)
+        return bundle, [(torch.randint(0, 200, (40,)).tolist(), 10) for _ in range(3)]
+
+    bundle, seqs = fresh()
+    fit_drafter(bundle.drafter, bundle.target, seqs, steps=8, run_dir=tmp_path / "a")
+    straight = bundle.drafter.state_dict()
+    bundle, seqs = fresh()
+    assert len(fit_drafter(bundle.drafter, bundle.target, seqs, steps=8, run_dir=tmp_path / "b", max_new_steps=5)) == 5
+    bundle, seqs = fresh()
+    assert len(fit_drafter(bundle.drafter, bundle.target, seqs, steps=8, run_dir=tmp_path / "b")) == 3
+    for (name, a), b in zip(straight.items(), bundle.drafter.state_dict().values()):
+        assert torch.equal(a, b), name
+    steps = [json.loads(line)["step"] for line in (tmp_path / "b" / "metrics.jsonl").read_text().splitlines()]
+    assert steps == list(range(1, 9))

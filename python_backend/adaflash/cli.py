@@ -13,6 +13,7 @@ import torch
 from adaflash.bench import encode_prompts, load_prompts, run_bench
 from adaflash.bundle import Bundle, load_bundle, tiny_random_bundle
 from adaflash.engine import MODES, Engine, Request
+from adaflash.evaluate import evaluate, markdown, parse_variants, replace_section
 from adaflash.sampling import SamplingParams
 
 
@@ -100,6 +101,21 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_evaluate(args: argparse.Namespace) -> int:
+    variants = parse_variants(args.variants, args.drafter)
+    report = evaluate(args.model_dir, args.data, variants, args.per_domain, args.max_tokens, args.temperatures,
+                      args.concurrency, args.max_prompt_tokens, args.seed)
+    Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.json).write_text(json.dumps(report, indent=1, ensure_ascii=False) + "\n")
+    if args.results:
+        replace_section(Path(args.results), markdown(report, "adaflash evaluate " + " ".join(sys.argv[2:])))
+    unequal = [r["variant"] for r in report["runs"] if r["greedy_equal_to_ar"] is False]
+    if unequal:
+        print(f"error: greedy output differs from ar for {', '.join(unequal)}", file=sys.stderr)
+        return 1
+    return 0
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     """Serving lives outside the core (it needs Triton); imported only when asked for."""
     from adaflash_server.serve import run
@@ -154,6 +170,22 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--max-prompt-tokens", type=int, default=512)
     bench.add_argument("--json", required=True, help="where to write the report")
     bench.set_defaults(func=cmd_bench)
+    ev = sub.add_parser("evaluate", help="per-domain perplexity, repetition and tau of the models on the eval sets")
+    ev.add_argument("--model-dir", type=Path, default=Path("models/default"))
+    ev.add_argument("--data", type=Path, default=Path("../shared/data"), help="holds eval/ (the shared data folder)")
+    ev.add_argument("--drafter", default="drafter", help="drafter used by variants that name none")
+    ev.add_argument("--variants", default="ngram,dflash,dflash@8",
+                    help="comma list of mode[:drafter][@block_size]; ar always runs as the reference")
+    ev.add_argument("--per-domain", type=int, default=10, help="prompts per domain")
+    ev.add_argument("--max-tokens", type=int, default=256)
+    ev.add_argument("--temperatures", type=_csv(float), default=[0.0, 1.0])
+    ev.add_argument("--concurrency", type=int, default=1)
+    ev.add_argument("--max-prompt-tokens", type=int, default=512)
+    ev.add_argument("--seed", type=int, default=0)
+    ev.add_argument("--json", default="bench-out/evaluate.json")
+    ev.add_argument("--results", default="docs/results.md",
+                    help="Markdown file whose evaluation section is replaced ('' to skip)")
+    ev.set_defaults(func=cmd_evaluate)
     _add_serve(sub)
     _add_sweep(sub)
     return parser
@@ -161,7 +193,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    if getattr(args, "concurrency", None) and min(args.concurrency) < 1:
+    conc = getattr(args, "concurrency", None)
+    if conc is not None and min(conc if isinstance(conc, list) else [conc]) < 1:
         build_parser().error("--concurrency values must be >= 1")
     return args.func(args)
 

@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 from tokenizers import Tokenizer
 from torch import Tensor
+from tqdm import tqdm
 
 from adaflash.drafter import DFlashDrafter, DrafterConfig
 from adaflash.engine import Engine, Request
@@ -80,30 +81,73 @@ def fit_drafter(
     lr: float = 3e-3,
     anchors_per_seq: int = 16,
     seed: int = 0,
+    run_dir: Path | None = None,
+    checkpoint_every: int = 200,
+    progress: bool = False,
+    max_new_steps: int | None = None,
 ) -> list[float]:
-    """Train on (tokens, response_start) pairs with AdamW and cosine decay; returns the loss curve."""
-    g = torch.Generator().manual_seed(seed)
+    """Train on (tokens, response_start) pairs with AdamW and cosine decay; returns this call's loss curve.
+
+    One sequence per step, in a seeded order reshuffled every pass. With `run_dir`, metrics are
+    appended to metrics.jsonl and a checkpoint is written every `checkpoint_every` steps; a
+    later call with the same arguments resumes from it and ends with the same weights;
+    `max_new_steps` stops early (time-boxed sessions) after a checkpoint.
+    """
     ids = drafter.config.target_layer_ids
     data = [(torch.tensor(t), target_features(target, t, ids), start) for t, start in sequences]
     for p in target.parameters():
         p.requires_grad_(False)
-    drafter.train()
     opt = torch.optim.AdamW(drafter.parameters(), lr=lr, weight_decay=0.0)
-    losses = []
-    for step in range(steps):
-        tokens, feats, start = data[step % len(data)]
+    g = torch.Generator().manual_seed(seed)
+    step = _resume(run_dir, drafter, opt, g)
+    log = None if run_dir is None else (run_dir / "metrics.jsonl").open("a")
+    drafter.train()
+    losses: list[float] = []
+    gamma = default_gamma(drafter.config.block_size)
+    stop_at = steps if max_new_steps is None else min(steps, step + max_new_steps)
+    for step in tqdm(range(step, stop_at), initial=step, total=steps, disable=not progress, desc="drafter"):
+        tokens, feats, start = data[_order(len(data), step, seed)]
         anchors = sample_anchors(max(start - 1, 0), tokens.shape[0], anchors_per_seq, g)
         if anchors.numel() == 0:
             continue
         for group in opt.param_groups:
             group["lr"] = lr * 0.5 * (1 + math.cos(math.pi * step / steps))
-        loss = dflash_loss(drafter, target, tokens, feats, anchors, default_gamma(drafter.config.block_size))
+        loss = dflash_loss(drafter, target, tokens, feats, anchors, gamma)
         opt.zero_grad()
         loss.backward()
         opt.step()
         losses.append(loss.item())
+        if log is not None:
+            log.write(json.dumps({"step": step + 1, "loss": round(loss.item(), 4), "lr": opt.param_groups[0]["lr"]}) + "\n")
+            if (step + 1) % checkpoint_every == 0 or step + 1 == stop_at:
+                log.flush()
+                torch.save({"drafter": drafter.state_dict(), "optimizer": opt.state_dict(), "step": step + 1,
+                            "generator": g.get_state()}, run_dir / "checkpoint.pt")
+    if log is not None:
+        log.close()
     drafter.eval()
     return losses
+
+
+def _order(n: int, step: int, seed: int) -> int:
+    """Index of the sequence trained at `step`: a fresh seeded permutation every pass over the data."""
+    epoch, i = divmod(step, n)
+    return int(torch.randperm(n, generator=torch.Generator().manual_seed(seed * 7919 + epoch))[i])
+
+
+def _resume(run_dir: Path | None, drafter: DFlashDrafter, opt: torch.optim.Optimizer, g: torch.Generator) -> int:
+    """Step to start from: 0, or the one saved in run_dir/checkpoint.pt (whose state is loaded)."""
+    if run_dir is None:
+        return 0
+    run_dir.mkdir(parents=True, exist_ok=True)
+    ckpt = run_dir / "checkpoint.pt"
+    if not ckpt.exists():
+        return 0
+    state = torch.load(ckpt, weights_only=False)
+    drafter.load_state_dict(state["drafter"])
+    opt.load_state_dict(state["optimizer"])
+    g.set_state(state["generator"])
+    return state["step"]
 
 
 def new_drafter(target: Transformer, mask_token_id: int, num_layers: int = 2, block_size: int = 16,
@@ -125,10 +169,29 @@ def new_drafter(target: Transformer, mask_token_id: int, num_layers: int = 2, bl
     return drafter
 
 
-def regenerate(target: Transformer, prompts: list[list[int]], max_tokens: int, batch: int = 16) -> list[list[int]]:
-    """The target's own greedy continuations: the drafter learns the target, not the corpus."""
+def regenerate(target: Transformer, prompts: list[list[int]], max_tokens: int, batch: int = 32,
+               out: Path | None = None, progress: bool = False) -> list[list[int]]:
+    """The target's own greedy continuations: the drafter learns the target, not the corpus.
+
+    With `out`, responses are appended to a JSON-lines file chunk by chunk and the ones already
+    there are reused, so an interrupted run picks up where it stopped.
+    """
+    done: list[list[int]] = []
+    if out is not None and out.exists():
+        rows = [json.loads(line) for line in out.read_text().splitlines()]
+        done = [r["response"] for r, p in zip(rows, prompts) if r["prompt"] == p]
     engine = Engine(target, None, num_slots=batch, max_len=max(len(p) for p in prompts) + max_tokens + 17)
-    return [s.output for s in engine.generate([Request(p, max_tokens) for p in prompts], concurrency=batch)]
+    chunk = 4 * batch
+    with tqdm(total=len(prompts), initial=len(done), disable=not progress, desc="regenerate") as bar:
+        for i in range(len(done), len(prompts), chunk):
+            part = prompts[i : i + chunk]
+            outputs = [s.output for s in engine.generate([Request(p, max_tokens) for p in part], concurrency=batch)]
+            done.extend(outputs)
+            if out is not None:
+                with out.open("a") as f:
+                    f.writelines(json.dumps({"prompt": p, "response": r}) + "\n" for p, r in zip(part, outputs))
+            bar.update(len(part))
+    return done
 
 
 def training_prompts(data_dir: str | Path, tokenizer: Tokenizer, per_domain: int, max_prompt_tokens: int,
@@ -151,25 +214,30 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--model-dir", type=Path, default=Path("models/default"), help="holds target/")
     p.add_argument("--data", type=Path, default=Path("../shared/data"))
     p.add_argument("--out", default="drafter-dflash", help="drafter folder name inside --model-dir")
+    p.add_argument("--work", type=Path, help="regenerated data, checkpoints, metrics (default: work/<out>)")
     p.add_argument("--prompts-per-domain", type=int, default=200)
     p.add_argument("--max-prompt-tokens", type=int, default=256)
     p.add_argument("--response-tokens", type=int, default=256)
     p.add_argument("--layers", type=int, default=2)
     p.add_argument("--block-size", type=int, default=16)
     p.add_argument("--steps", type=int, default=2000)
+    p.add_argument("--anchors", type=int, default=64, help="blocks per training sequence and step")
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
+    work = args.work or Path("work") / args.out
+    work.mkdir(parents=True, exist_ok=True)
     target = Transformer.from_pretrained(args.model_dir / "target")
     tokenizer = Tokenizer.from_file(str(args.model_dir / "target" / "tokenizer.json"))
     prompts = training_prompts(args.data, tokenizer, args.prompts_per_domain, args.max_prompt_tokens, args.seed)
-    responses = regenerate(target, prompts, args.response_tokens)
+    responses = regenerate(target, prompts, args.response_tokens, out=work / "regenerated.jsonl", progress=True)
     drafter = new_drafter(target, tokenizer.token_to_id(BYTE_SPECIALS[2]), args.layers, args.block_size, args.seed)
     losses = fit_drafter(drafter, target, [(p + r, len(p)) for p, r in zip(prompts, responses)], args.steps,
-                         lr=args.lr, seed=args.seed)
+                         lr=args.lr, anchors_per_seq=args.anchors, seed=args.seed, run_dir=work, progress=True)
     drafter.save_pretrained(args.model_dir / args.out, dtype=torch.float16)
+    tail = losses[-20:]
     print(json.dumps({"drafter": str(args.model_dir / args.out), "sequences": len(prompts),
-                      "first_loss": losses[0], "last_loss": round(sum(losses[-20:]) / len(losses[-20:]), 4)}))
+                      "last_loss": round(sum(tail) / len(tail), 4) if tail else None}))
     return 0
 
 

@@ -1,0 +1,184 @@
+"""Quality of the default models per domain: the target's held-out perplexity and repetition,
+and the acceptance (tau) of drafters against the prompt-lookup baseline.
+
+`adaflash evaluate` runs it all on the shared evaluation sets and writes JSON plus a Markdown
+section that replaces the one between the markers in docs/results.md, so the tables there
+always come from one run of one command.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from adaflash.bench import summarize
+from adaflash.bundle import load_bundle
+from adaflash.drafter import DFlashDrafter
+from adaflash.engine import Engine, Request, Sequence
+from adaflash.pretrain import DOMAINS, heldout_loss
+from adaflash.sampling import SamplingParams
+from adaflash.target import Transformer
+
+EVAL_SETS = {"chat": "mt_bench.jsonl", "code": "humaneval.jsonl", "math": "gsm8k_test.jsonl",
+             "multilingual": "heldout_multilingual.jsonl", "prose": "heldout_prose.jsonl"}
+MARK_BEGIN, MARK_END = "<!-- adaflash evaluate: begin -->", "<!-- adaflash evaluate: end -->"
+
+
+@dataclass
+class Variant:
+    """One way of drafting: a mode, and for drafter modes which drafter at which block size."""
+    mode: str
+    drafter: str | None = None
+    block_size: int | None = None
+
+    @property
+    def name(self) -> str:
+        block = "" if self.block_size is None else f"@{self.block_size}"
+        return self.mode if self.drafter is None else f"{self.mode}:{self.drafter}{block}"
+
+
+def eval_prompts(data_dir: str | Path, per_domain: int) -> dict[str, list[str]]:
+    """The first `per_domain` prompts of each domain's evaluation set."""
+    out = {}
+    for domain in DOMAINS:
+        lines = (Path(data_dir) / "eval" / EVAL_SETS[domain]).read_text().splitlines()
+        out[domain] = [json.loads(line)["prompt"] for line in lines[:per_domain]]
+    return out
+
+
+def is_repetitive(output: list[int], window: int = 128, max_period: int = 16) -> bool:
+    """Whether the last `window` tokens repeat with a period of at most `max_period` tokens."""
+    if len(output) < window:
+        return False
+    tail = output[-window:]
+    return any(all(tail[i] == tail[i - p] for i in range(p, window)) for p in range(1, max_period + 1))
+
+
+def with_block_size(drafter: DFlashDrafter, block_size: int | None) -> DFlashDrafter:
+    """Run a drafter at another block size than it was trained at (it drafts block_size - 1 tokens)."""
+    if block_size is not None and block_size != drafter.config.block_size:
+        drafter.config = dataclasses.replace(drafter.config, block_size=block_size)
+    return drafter
+
+
+def engine_for(model_dir: Path, target: Transformer, v: Variant, prompts: list[list[int]], max_tokens: int,
+               concurrency: int) -> Engine:
+    """An engine with the variant's drafter (loaded afresh: block sizes differ per variant) or none."""
+    drafter = None if v.drafter is None else with_block_size(load_bundle(model_dir, v.drafter).drafter, v.block_size)
+    block = drafter.config.block_size if drafter else 16
+    return Engine(target, drafter, num_slots=concurrency, max_len=max(len(p) for p in prompts) + max_tokens + block + 1)
+
+
+def evaluate(model_dir: Path, data_dir: Path, variants: list[Variant], per_domain: int, max_tokens: int,
+             temperatures: list[float], concurrency: int, max_prompt_tokens: int, seed: int,
+             progress: bool = True) -> dict:
+    bundle = load_bundle(model_dir, None)
+    target, tok = bundle.target, bundle.tokenizer
+    texts = eval_prompts(data_dir, per_domain)
+    domains = [d for d in DOMAINS for _ in texts[d]]
+    prompts = [tok.encode(t).ids[-max_prompt_tokens:] for d in DOMAINS for t in texts[d]]
+    report: dict = {"model_dir": str(model_dir), "per_domain_prompts": per_domain, "max_tokens": max_tokens,
+                    "concurrency": concurrency, "eval_sets": EVAL_SETS,
+                    "heldout_loss_nats": heldout_loss(target, tok, data_dir, context=target.config.max_position_embeddings),
+                    "runs": []}
+    engines: dict[tuple[str | None, int | None], Engine] = {}
+    reference = None
+    for temperature in temperatures:
+        sampling = SamplingParams(temperature=temperature, seed=seed)
+        for v in [Variant("ar")] + [v for v in variants if v.mode != "ar"]:
+            if temperature > 0 and v.mode == "ar":
+                continue  # tau of plain decoding is 1 by definition
+            key = (v.drafter, v.block_size)
+            if key not in engines:
+                engines[key] = engine_for(model_dir, target, v, prompts, max_tokens, concurrency)
+            t0 = time.perf_counter()
+            requests = [Request(p, max_tokens, mode=v.mode, sampling=sampling) for p in prompts]
+            seqs = engines[key].generate(requests, concurrency)
+            wall = time.perf_counter() - t0
+            if temperature == 0 and v.mode == "ar":
+                reference = [s.output for s in seqs]
+            ref = reference if temperature == 0 else None
+            run = {"variant": v.name, "temperature": temperature, **summarize(seqs, wall, ref),
+                   "per_domain": {d: summarize([s for s, sd in zip(seqs, domains) if sd == d], 0.0,
+                                               None if ref is None else [r for r, sd in zip(ref, domains) if sd == d])
+                                  for d in DOMAINS}}
+            if v.mode == "ar":
+                run["repetition"] = {d: _repetition([s for s, sd in zip(seqs, domains) if sd == d], max_tokens)
+                                     for d in DOMAINS}
+                run["samples"] = {d: [{"prompt_tail": texts[d][i][-160:], "output": tok.decode(seqs[domains.index(d) + i].output)}
+                                      for i in range(min(2, len(texts[d])))] for d in DOMAINS}
+            report["runs"].append(run)
+            if progress:
+                print(f"T={temperature} {v.name:<28} tau={run['tau']} equal={run['greedy_equal_to_ar']} "
+                      f"({wall:.0f} s)", flush=True)
+    return report
+
+
+def _repetition(seqs: list[Sequence], max_tokens: int) -> dict:
+    full = [s for s in seqs if len(s.output) == max_tokens]
+    return {"outputs": len(seqs), "reached_max_tokens": len(full),
+            "repetitive_share": round(sum(is_repetitive(s.output) for s in seqs) / len(seqs), 3)}
+
+
+def markdown(report: dict, command: str) -> str:
+    """The docs/results.md section: target quality, tau per domain and temperature, sample outputs."""
+    ar = next(r for r in report["runs"] if r["variant"] == "ar")
+    lines = [MARK_BEGIN, "", f"`{command}`", "",
+             f"{report['per_domain_prompts']} prompts per domain (first rows of "
+             + ", ".join(f"{d}: `{f}`" for d, f in report["eval_sets"].items())
+             + f"), {report['max_tokens']} new tokens, concurrency {report['concurrency']}. Held-out loss on "
+             "`heldout_<domain>.jsonl` reference continuations (50 per domain). Repetitive: the share of greedy "
+             "outputs whose last 128 tokens repeat with a period of 16 tokens or less.", "",
+             "| domain | held-out loss (nats/token) | perplexity | repetitive | reached max tokens |", "|---|---|---|---|---|"]
+    for d in DOMAINS:
+        loss, rep = report["heldout_loss_nats"][d], ar["repetition"][d]
+        lines.append(f"| {d} | {loss:.3f} | {math.exp(loss):.1f} | {rep['repetitive_share']:.2f} | "
+                     f"{rep['reached_max_tokens']}/{rep['outputs']} |")
+    runs = [r for r in report["runs"] if r["variant"] != "ar"]
+    lines += ["", "Tau (tokens per target forward in decoding, bonus token included) per domain:", "",
+              "| variant | T | " + " | ".join(DOMAINS) + " | mean | sd | greedy equal to ar |",
+              "|---|---|" + "---|" * (len(DOMAINS) + 3)]
+    for r in runs:
+        taus = [r["per_domain"][d]["tau"] for d in DOMAINS]
+        mean = sum(taus) / len(taus)
+        sd = math.sqrt(sum((t - mean) ** 2 for t in taus) / len(taus))
+        eq = "-" if r["greedy_equal_to_ar"] is None else str(r["greedy_equal_to_ar"]).lower()
+        lines.append(f"| {r['variant']} | {r['temperature']:g} | " + " | ".join(f"{t:.2f}" for t in taus)
+                     + f" | {mean:.2f} | {sd:.2f} | {eq} |")
+    lines += ["", "<details><summary>Sample greedy outputs (two per domain)</summary>", ""]
+    for d in DOMAINS:
+        for s in ar["samples"][d]:
+            lines += [f"**{d}**, prompt ending `{_inline(s['prompt_tail'][-80:])}`:", "", "```", s["output"][:600], "```", ""]
+    lines += ["</details>", "", MARK_END]
+    return "\n".join(lines)
+
+
+def _inline(text: str) -> str:
+    return text.replace("\n", "\\n").replace("`", "'")
+
+
+def replace_section(path: Path, section: str) -> None:
+    """Put `section` between the markers of `path` (appended when the markers are absent)."""
+    text = path.read_text() if path.exists() else ""
+    if MARK_BEGIN in text and MARK_END in text:
+        head, rest = text.split(MARK_BEGIN, 1)
+        text = head + section + rest.split(MARK_END, 1)[1]
+    else:
+        text = text.rstrip("\n") + "\n\n" + section + "\n"
+    path.write_text(text)
+
+
+def parse_variants(text: str, default_drafter: str) -> list[Variant]:
+    """'ngram,dflash,dflash@8,dflash:drafter-x@16' -> variants (drafter defaults to `default_drafter`)."""
+    out = []
+    for item in (x.strip() for x in text.split(",") if x.strip()):
+        head, _, block = item.partition("@")
+        mode, _, drafter = head.partition(":")
+        needs = mode not in ("ar", "ngram")
+        out.append(Variant(mode, (drafter or default_drafter) if needs else None,
+                           int(block) if block and needs else None))
+    return out

@@ -1,0 +1,45 @@
+"""`adaflash evaluate`: per-domain quality figures from one command, with greedy equality checked."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from adaflash.bundle import save_bundle
+from adaflash.cli import main
+from adaflash.evaluate import MARK_BEGIN, MARK_END, is_repetitive
+from adaflash.pretrain import DOMAINS
+
+CORPUS = Path(__file__).parent / "fixtures" / "corpus"
+
+
+def test_repetition_measure_finds_short_periods_only():
+    fresh = list(range(256))
+    assert not is_repetitive(fresh)
+    assert is_repetitive(fresh[:128] + [7, 8, 9] * 43)
+    assert is_repetitive(fresh[:100] + list(range(16)) * 10)
+    assert not is_repetitive(fresh[:100] + list(range(17)) * 10)  # period 17 is beyond the measure
+    assert not is_repetitive([5] * 100)  # too short to judge: the window is 128 tokens
+
+
+def test_evaluate_writes_json_and_replaces_the_results_section(trained_tiny, tmp_path):
+    model_dir = save_bundle(trained_tiny, tmp_path / "models")
+    results = tmp_path / "results.md"
+    results.write_text(f"# Results\n\nbefore\n\n{MARK_BEGIN}\nstale\n{MARK_END}\n\nafter\n")
+    out = tmp_path / "eval.json"
+    assert main(["evaluate", "--model-dir", str(model_dir), "--data", str(CORPUS), "--per-domain", "2",
+                 "--max-tokens", "24", "--variants", "ngram,dflash,dflash@8", "--json", str(out),
+                 "--results", str(results)]) == 0
+    report = json.loads(out.read_text())
+    names = [(r["variant"], r["temperature"]) for r in report["runs"]]
+    assert names == [("ar", 0.0), ("ngram", 0.0), ("dflash:drafter", 0.0), ("dflash:drafter@8", 0.0),
+                     ("ngram", 1.0), ("dflash:drafter", 1.0), ("dflash:drafter@8", 1.0)]
+    for run in report["runs"]:
+        assert set(run["per_domain"]) == set(DOMAINS)
+        assert all(d["num_requests"] == 2 for d in run["per_domain"].values())
+        assert run["greedy_equal_to_ar"] is (True if run["temperature"] == 0 else None)
+    b8 = next(r for r in report["runs"] if r["variant"] == "dflash:drafter@8")
+    assert 0 < b8["mean_draft_len"] <= 7
+    text = results.read_text()
+    assert "stale" not in text and text.startswith("# Results\n\nbefore") and text.endswith("after\n")
+    assert "adaflash evaluate" in text and "| math |" in text and set(report["heldout_loss_nats"]) == set(DOMAINS)
