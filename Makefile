@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: venv test bench serve sweep models models-smoke clean
+.PHONY: venv test bench serve sweep models models-smoke evaluate clean
 
 venv: $(STAMP)
 
@@ -25,6 +25,11 @@ models: venv
 	$(BIN)/adaflash-train-drafter --model-dir models/default --data ../shared/data --out drafter-dflash
 	rm -rf models/default/drafter && cp -r models/default/drafter-dflash models/default/drafter
 
+# Per-domain perplexity, repetition and tau of models/default on ../shared/data/eval; rewrites its
+# section of docs/results.md and bench-out/evaluate.json.
+evaluate: venv
+	$(BIN)/adaflash evaluate --model-dir models/default --data ../shared/data --drafter drafter-dflash
+
 # The same pipeline at toy scale on the committed corpus fixture (tests/test_pretrain.py runs it too).
 models-smoke: venv
 	$(BIN)/adaflash-pretrain all --data tests/fixtures/corpus --work work/smoke --out work/smoke/target \
@@ -39,6 +44,8 @@ test: venv
 # Benchmarks write JSON under bench-out/; speed claims live here, never in tests.
 bench: venv
 	mkdir -p bench-out
+	test ! -d models/default/drafter || $(BIN)/adaflash bench --model-dir models/default --eval-data ../shared/data \
+		--modes ar,ngram,dflash,adaflash,adaflash-published --concurrency 1,32 --max-tokens 128 --json bench-out/engine-default.json
 	$(BIN)/adaflash bench --tiny-random --modes ar,ngram,dflash,adaflash,adaflash-published --concurrency 1,4,16 --json bench-out/engine-tiny.json
 	$(BIN)/python clients/bench_runner.py --json bench-out/runner-vs-transformers.json
 

@@ -11,12 +11,13 @@ import argparse
 import json
 import shutil
 import string
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from adaflash.bundle import load_bundle, save_bundle, tiny_random_bundle
 from adaflash.engine import DRAFTER_MODES, MODES
 from adaflash.policy import measure_costs
+from adaflash.target import TargetConfig
 
 TEMPLATES = Path(__file__).resolve().parents[2] / "model_repository"
 MODELS = ("preprocessing", "postprocessing", "orchestrator", "target", "drafter", "adaflash")
@@ -32,6 +33,7 @@ class RepositoryConfig:
     queue_delay_us: int = 200  # how long the sequence batcher waits to fill a batch
     idle_timeout_s: int = 600  # a sequence silent this long is reclaimed
     drafter_timeout_s: float = 10.0  # a slower draft is dropped and the request decodes plainly
+    target_timeout_s: float = 120.0  # a target call unanswered this long fails the request (never a hang)
     preprocessing_instances: int = 2
     default_spec_mode: str = "adaflash"
 
@@ -39,8 +41,8 @@ class RepositoryConfig:
 def build_repository(out_dir: str | Path, model_dir: str | Path, drafter: str | None = "drafter",
                      config: RepositoryConfig | None = None, cost_table: str | Path | None = None) -> Path:
     """Write the repository to `out_dir` (replaced); returns it. Without a drafter only ar/ngram are served."""
-    cfg = config or RepositoryConfig()
     out_dir, model_dir = Path(out_dir).resolve(), Path(model_dir).resolve()
+    cfg = fit_to_context(config or RepositoryConfig(), _target_context(model_dir))
     if cfg.max_prompt_tokens + cfg.max_output_tokens + 16 > cfg.max_len:
         raise ValueError("max_len must hold max_prompt_tokens + max_output_tokens + a draft block")
     drafter_dir = model_dir / drafter if drafter else None
@@ -63,6 +65,21 @@ def build_repository(out_dir: str | Path, model_dir: str | Path, drafter: str | 
         config_path = out_dir / name / "config.pbtxt"
         config_path.write_text(string.Template(config_path.read_text()).substitute(fields))
     return out_dir
+
+
+def _target_context(model_dir: Path) -> int:
+    return TargetConfig.from_hf(json.loads((model_dir / "target" / "config.json").read_text())).max_position_embeddings
+
+
+def fit_to_context(cfg: RepositoryConfig, context: int) -> RepositoryConfig:
+    """Shrink the prompt and output limits to the target's trained context (half each when both exceed it):
+    positions beyond it were never trained, so serving them would silently degrade the text."""
+    if cfg.max_prompt_tokens + cfg.max_output_tokens <= context:
+        return cfg
+    prompt = min(cfg.max_prompt_tokens, context // 2)
+    output = min(cfg.max_output_tokens, context - prompt)
+    return replace(cfg, max_prompt_tokens=prompt, max_output_tokens=output,
+                   max_len=min(cfg.max_len, prompt + output + 16))
 
 
 def _cost_table(model_dir: Path, drafter: str, cfg: RepositoryConfig, given: str | Path | None, out: Path) -> None:

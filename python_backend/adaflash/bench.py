@@ -16,6 +16,7 @@ from pathlib import Path
 from tokenizers import Tokenizer
 
 from adaflash.engine import Engine, Request, Sequence
+from adaflash.pretrain import DOMAINS, PROMPT_DOMAINS, as_prompt
 from adaflash.sampling import SamplingParams
 
 
@@ -49,6 +50,26 @@ def load_prompts(path: str | Path | None, limit: int | None) -> list[Prompt]:
             if group and len(picked) < limit:
                 picked.append(group.pop(0))
     return picked
+
+
+EVAL_SETS = {"chat": "mt_bench.jsonl", "code": "humaneval.jsonl", "math": "gsm8k_test.jsonl",
+             "multilingual": "heldout_multilingual.jsonl", "prose": "heldout_prose.jsonl"}
+
+
+def eval_prompts(data_dir: str | Path, per_domain: int) -> dict[str, list[str]]:
+    """The first `per_domain` prompts of each domain's evaluation set, questions in the training template."""
+    out = {}
+    for domain in DOMAINS:
+        lines = (Path(data_dir) / "eval" / EVAL_SETS[domain]).read_text().splitlines()
+        texts = [json.loads(line)["prompt"] for line in lines[:per_domain]]
+        out[domain] = [as_prompt(t) for t in texts] if domain in PROMPT_DOMAINS else texts
+    return out
+
+
+def eval_set_prompts(data_dir: str | Path, per_domain: int) -> list[Prompt]:
+    """eval_prompts as benchmark prompts, domain by domain."""
+    return [Prompt(text, domain, f"{domain}/{i}") for domain, texts in eval_prompts(data_dir, per_domain).items()
+            for i, text in enumerate(texts)]
 
 
 def encode_prompts(tokenizer: Tokenizer, prompts: list[Prompt], max_prompt_tokens: int) -> list[list[int]]:

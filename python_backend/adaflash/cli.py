@@ -10,7 +10,7 @@ from pathlib import Path
 
 import torch
 
-from adaflash.bench import encode_prompts, load_prompts, run_bench
+from adaflash.bench import encode_prompts, eval_set_prompts, load_prompts, run_bench
 from adaflash.bundle import Bundle, load_bundle, tiny_random_bundle
 from adaflash.engine import MODES, Engine, Request
 from adaflash.evaluate import evaluate, markdown, parse_variants, replace_section
@@ -75,7 +75,10 @@ def cmd_generate(args: argparse.Namespace) -> int:
 def cmd_bench(args: argparse.Namespace) -> int:
     needs_drafter = any(m not in ("ar", "ngram") for m in args.modes)
     bundle = _bundle(args, needs_drafter)
-    prompts = load_prompts(args.prompts, args.num_prompts)
+    if args.eval_data:
+        prompts = eval_set_prompts(args.eval_data, args.per_domain)
+    else:
+        prompts = load_prompts(args.prompts, args.num_prompts)
     ids = encode_prompts(bundle.tokenizer, prompts, args.max_prompt_tokens)
     block = bundle.drafter.config.block_size if bundle.drafter else 16
     engine = Engine(bundle.target, bundle.drafter if needs_drafter else None, num_slots=max(args.concurrency),
@@ -167,6 +170,9 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--concurrency", type=_csv(int), default=[1, 8, 32])
     bench.add_argument("--prompts", type=Path, help="JSON lines with 'prompt' (and optional 'id', 'domain')")
     bench.add_argument("--num-prompts", type=int)
+    bench.add_argument("--eval-data", type=Path,
+                       help="instead of --prompts: the shared data folder; its evaluation sets, --per-domain each")
+    bench.add_argument("--per-domain", type=int, default=8)
     bench.add_argument("--max-prompt-tokens", type=int, default=512)
     bench.add_argument("--json", required=True, help="where to write the report")
     bench.set_defaults(func=cmd_bench)

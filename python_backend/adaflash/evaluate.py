@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from adaflash.bench import summarize
+from adaflash.bench import EVAL_SETS, eval_prompts, summarize
 from adaflash.bundle import load_bundle
 from adaflash.drafter import DFlashDrafter
 from adaflash.engine import Engine, Request, Sequence
@@ -23,8 +23,6 @@ from adaflash.pretrain import DOMAINS, heldout_loss
 from adaflash.sampling import SamplingParams
 from adaflash.target import Transformer
 
-EVAL_SETS = {"chat": "mt_bench.jsonl", "code": "humaneval.jsonl", "math": "gsm8k_test.jsonl",
-             "multilingual": "heldout_multilingual.jsonl", "prose": "heldout_prose.jsonl"}
 MARK_BEGIN, MARK_END = "<!-- adaflash evaluate: begin -->", "<!-- adaflash evaluate: end -->"
 
 
@@ -39,15 +37,6 @@ class Variant:
     def name(self) -> str:
         block = "" if self.block_size is None else f"@{self.block_size}"
         return self.mode if self.drafter is None else f"{self.mode}:{self.drafter}{block}"
-
-
-def eval_prompts(data_dir: str | Path, per_domain: int) -> dict[str, list[str]]:
-    """The first `per_domain` prompts of each domain's evaluation set."""
-    out = {}
-    for domain in DOMAINS:
-        lines = (Path(data_dir) / "eval" / EVAL_SETS[domain]).read_text().splitlines()
-        out[domain] = [json.loads(line)["prompt"] for line in lines[:per_domain]]
-    return out
 
 
 def is_repetitive(output: list[int], window: int = 128, max_period: int = 16) -> bool:

@@ -28,15 +28,21 @@ from adaflash.target import TargetConfig, Transformer
 from adaflash.tokenizer import BYTE_SPECIALS
 
 DOMAINS = ("chat", "code", "math", "multilingual", "prose")
+PROMPT_DOMAINS = ("chat", "math")  # prompt/response records; the others are running text
+
+
+def as_prompt(question: str) -> str:
+    """The template the target was trained on for prompt/response records: a blank line, then the answer."""
+    return f"{question}\n\n"
 
 
 def documents(data_dir: str | Path, domain: str, limit_chars: int | None = None) -> Iterator[str]:
-    """Texts of one training domain; prompt/response records become 'prompt\\n\\nresponse'."""
+    """Texts of one training domain; prompt/response records become as_prompt(prompt) + response."""
     total = 0
     with gzip.open(Path(data_dir) / "train" / f"{domain}.jsonl.gz", "rt", encoding="utf-8") as f:
         for line in f:
             r = json.loads(line)
-            text = r["text"] if "text" in r else f"{r['prompt']}\n\n{r['response']}"
+            text = r["text"] if "text" in r else as_prompt(r["prompt"]) + r["response"]
             yield text
             total += len(text)
             if limit_chars is not None and total >= limit_chars:

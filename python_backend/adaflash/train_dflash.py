@@ -25,7 +25,7 @@ from tqdm import tqdm
 
 from adaflash.drafter import DFlashDrafter, DrafterConfig
 from adaflash.engine import Engine, Request
-from adaflash.pretrain import DOMAINS, documents
+from adaflash.pretrain import DOMAINS, PROMPT_DOMAINS, as_prompt, documents
 from adaflash.target import Transformer
 from adaflash.tokenizer import BYTE_SPECIALS
 
@@ -203,7 +203,7 @@ def training_prompts(data_dir: str | Path, tokenizer: Tokenizer, per_domain: int
     for domain in DOMAINS:
         docs = list(documents(data_dir, domain))
         for text in rng.sample(docs, min(per_domain, len(docs))):
-            ids = tokenizer.encode(text.split("\n\n")[0] if domain in ("chat", "math") else text).ids
+            ids = tokenizer.encode(as_prompt(text.split("\n\n")[0]) if domain in PROMPT_DOMAINS else text).ids
             cut = rng.randint(min(16, len(ids)), max(16, min(len(ids), max_prompt_tokens)))
             out.append(ids[:cut])
     return [p for p in out if p]

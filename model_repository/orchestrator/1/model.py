@@ -42,11 +42,13 @@ class BlsError(RuntimeError):
     pass
 
 
-async def _call(model, inputs, outputs, key, flags=0, timeout=None):
+async def _call(model, inputs, outputs, key, flags, timeout):
     request = pb_utils.InferenceRequest(model_name=model, inputs=inputs, requested_output_names=outputs,
                                         correlation_id=key, flags=flags)
-    call = request.async_exec()
-    response = await (asyncio.wait_for(call, timeout) if timeout else call)
+    try:
+        response = await asyncio.wait_for(request.async_exec(), timeout)
+    except asyncio.TimeoutError:
+        raise BlsError(f"{model}: no answer in {timeout:g} s") from None
     if response.has_error():
         raise BlsError(f"{model}: {response.error().message()}")
     return {name: pb_utils.get_output_tensor_by_name(response, name).as_numpy() for name in outputs}
@@ -100,6 +102,7 @@ class TritonPythonModel:
         self.max_len = int(params["max_len"])
         self.max_active = int(params["max_active"])
         self.drafter_timeout = float(params["drafter_timeout_s"])
+        self.target_timeout = float(params["target_timeout_s"])
         self.active = 0
         self.cancelled = set()  # sequence ids whose client went away (told by postprocessing)
         self.ids = itertools.count(int.from_bytes(os.urandom(4), "little") << 20)
@@ -184,13 +187,15 @@ class TritonPythonModel:
             _tensor("temperature", [sp.temperature], np.float32), _tensor("top_k", [sp.top_k], np.int32),
             _tensor("top_p", [sp.top_p], np.float32), _tensor("random_seed", [sp.seed], np.uint64),
         ]
-        out = await _call("target", inputs, ["committed", "accepted", "expected_accepted", "features"], key, START)
+        out = await _call("target", inputs, ["committed", "accepted", "expected_accepted", "features"], key, START,
+                          self.target_timeout)
         opened["target"] = True
         return _step_result(out, self.feature_width)
 
     async def _verify(self, key, feed):
         inputs = [_tensor("op", [VERIFY], np.int32), _tensor("tokens", feed, np.int32)]
-        out = await _call("target", inputs, ["committed", "accepted", "expected_accepted", "features"], key)
+        out = await _call("target", inputs, ["committed", "accepted", "expected_accepted", "features"], key, 0,
+                          self.target_timeout)
         return _step_result(out, self.feature_width)
 
     async def _draft(self, call, opened):
@@ -213,7 +218,7 @@ class TritonPythonModel:
         for model, is_open in opened.items():
             if is_open:
                 try:
-                    await _call(model, inputs[model], [], key, END)
+                    await _call(model, inputs[model], [], key, END, self.target_timeout)
                 except Exception as exc:  # noqa: BLE001 - the models also reclaim idle sequences themselves
                     pb_utils.Logger.log_error(f"releasing sequence {key} in {model} failed: {exc}")
 
