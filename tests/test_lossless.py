@@ -119,15 +119,18 @@ def test_small_prefill_budget_admits_over_several_steps(trained_tiny, prompts, r
     assert [s.output for s in seqs] == reference[:16]
 
 
+@pytest.mark.parametrize("head", ["published", "position"])
 @pytest.mark.parametrize("mode", ["adaflash", "adaflash-published"])
-def test_lossless_with_a_length_head(trained_tiny, prompts, reference, mode):
-    """With the AdaFlash length head the draft lengths come from its predicted ratio; output stays exact."""
+def test_lossless_with_a_length_head(trained_tiny, prompts, reference, mode, head):
+    """With a length head the draft lengths come from its predictions; output stays exact."""
     bundle = trained_tiny
-    cfg = dataclasses.replace(bundle.drafter.config, length_head=True, length_head_dim=32)
+    cfg = dataclasses.replace(bundle.drafter.config, length_head=head == "published", length_head_dim=32,
+                              position_head=head == "position", position_head_dim=32)
     torch.manual_seed(0)
     drafter = DFlashDrafter(cfg)
     missing, unexpected = drafter.load_state_dict(bundle.drafter.state_dict(), strict=False)
-    assert not unexpected and all(k.startswith("thresh_head_two_model.") for k in missing)
+    prefix = "thresh_head_two_model." if head == "published" else "position_head."
+    assert not unexpected and missing and all(k.startswith(prefix) for k in missing)
     drafter.eval()
     engine = Engine(bundle.target, drafter, num_slots=16, max_len=MAX_LEN, cost_model=fixed_costs())
     seqs = engine.generate([Request(p, MAX_TOKENS, mode=mode, stop_ids=()) for p in prompts[:24]], concurrency=16)

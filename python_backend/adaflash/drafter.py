@@ -49,6 +49,8 @@ class DrafterConfig:
     length_head: bool
     length_head_dim: int
     hf: dict  # the full config.json; `to_hf` writes it back with the fields above taking precedence
+    position_head: bool = False  # AdaFlash's per-position variant (our extension, `position_head.*` weights)
+    position_head_dim: int = 64
 
     @classmethod
     def from_hf(cls, cfg: dict) -> "DrafterConfig":
@@ -73,6 +75,8 @@ class DrafterConfig:
             length_head=bool(dc.get("use_thresh_head_two_model", False)),
             length_head_dim=dc.get("thresh_head_bottleneck_dim", 256),
             hf=copy.deepcopy(cfg),
+            position_head=bool(dc.get("use_position_head", False)),
+            position_head_dim=dc.get("position_head_dim", 64),
         )
 
     def to_hf(self) -> dict:
@@ -95,6 +99,11 @@ class DrafterConfig:
         else:
             dc.pop("use_thresh_head_two_model", None)
             dc.pop("thresh_head_bottleneck_dim", None)
+        if self.position_head:
+            dc.update(use_position_head=True, position_head_dim=self.position_head_dim)
+        else:
+            dc.pop("use_position_head", None)
+            dc.pop("position_head_dim", None)
         return cfg
 
 
@@ -171,11 +180,39 @@ class LengthHead(nn.Module):
         return torch.sigmoid(self.out(x)).squeeze(-1)
 
 
+class PositionHead(nn.Module):
+    """Per-position acceptance, what a cost-aware length choice needs: for each drafted position j,
+    P(token j accepted | tokens 1..j-1 accepted), from its hidden state, the block's mean, the
+    drafter's own confidence in the token (`confidence`) and a learned embedding of j."""
+
+    def __init__(self, hidden: int, dim: int, positions: int) -> None:
+        super().__init__()
+        self.position = nn.Embedding(positions, dim)
+        self.down = nn.Linear(2 * hidden + 2, dim)
+        self.res = nn.Linear(dim, dim)
+        self.out = nn.Linear(dim, 1)
+
+    @staticmethod
+    def confidence(logits: Tensor) -> Tensor:
+        """[n, B-1, V] draft logits -> [n, B-1, 2]: top log-probability and entropy of each position."""
+        logp = torch.log_softmax(logits.float(), dim=-1)
+        return torch.stack([logp.max(dim=-1).values, -(logp.exp() * logp).sum(dim=-1)], dim=-1)
+
+    def forward(self, block_hidden: Tensor, confidence: Tensor) -> Tensor:
+        """block_hidden [n, B, D], confidence [n, B-1, 2] -> [n, B-1] in (0, 1)."""
+        draft = block_hidden[:, 1:]
+        x = torch.cat([draft, draft.mean(dim=1, keepdim=True).expand_as(draft), confidence.to(draft.dtype)], dim=-1)
+        x = self.down(x) + self.position.weight[: draft.shape[1]]
+        x = x + F.silu(self.res(x))
+        return torch.sigmoid(self.out(x)).squeeze(-1)
+
+
 @dataclass
 class Draft:
     tokens: Tensor  # [n, block_size - 1] drafted ids (greedy: the draft is deterministic)
     hidden: Tensor  # [n, block_size, D] final-norm hidden states of the block
     accept_ratio: Tensor | None  # [n] length head prediction of (accepted + 1) / block_size
+    accept_rates: Tensor | None = None  # [n, block_size - 1] position head: P(j accepted | 1..j-1 accepted)
 
 
 class DFlashDrafter(nn.Module):
@@ -188,6 +225,8 @@ class DFlashDrafter(nn.Module):
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         if cfg.length_head:
             self.thresh_head_two_model = LengthHead(cfg.hidden_size, cfg.length_head_dim)
+        if cfg.position_head:
+            self.position_head = PositionHead(cfg.hidden_size, cfg.position_head_dim, cfg.block_size - 1)
         self.register_buffer("inv_freq", cfg.rope.inv_freq(), persistent=False)
         self.cache: ContextCache | None = None
 
@@ -316,4 +355,6 @@ class DFlashDrafter(nn.Module):
     def _finish(self, target: Transformer, hidden: Tensor) -> Draft:
         logits = target.lm_head(hidden[:, 1:].to(target.lm_head.weight.dtype))
         head = self.length_head
-        return Draft(tokens=logits.argmax(-1), hidden=hidden, accept_ratio=None if head is None else head(hidden))
+        return Draft(tokens=logits.argmax(-1), hidden=hidden, accept_ratio=None if head is None else head(hidden),
+                     accept_rates=self.position_head(hidden, PositionHead.confidence(logits))
+                     if self.config.position_head else None)

@@ -19,7 +19,7 @@ import torch
 
 from adaflash import ngram
 from adaflash.drafter import DFlashDrafter
-from adaflash.policy import CostModel, LengthController, SequencePolicy, measure_costs, ratio_to_rates
+from adaflash.policy import CostModel, LengthController, SequencePolicy, measure_costs
 from adaflash.sampling import SamplingParams
 from adaflash.target import Transformer
 from adaflash.target_ops import StepResult, prefill_batch, verify_batch
@@ -223,8 +223,7 @@ class Engine:
             seqs = [drafting[i] for i in ada_rows]
             chosen_ids = {s.id for s in seqs}
             others = sum(len(drafts[s.id]) + 1 for s in active if s.id not in chosen_ids)
-            rates = (ratio_to_rates(ratios[ada_rows], self.block_size) if ratios is not None
-                     else self.policy.estimated_rates([s.policy for s in seqs]))
+            rates = self.policy.draft_rates(draft, ada_rows, self.policy.estimated_rates([s.policy for s in seqs]))
             ks = self.policy.lengths(rates, [self._cap(s) for s in seqs], len(active), others, len(drafting))
             for seq, i, k in zip(seqs, ada_rows, ks):
                 drafts[seq.id] = tokens[i][:k]

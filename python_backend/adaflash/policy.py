@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 if TYPE_CHECKING:
-    from adaflash.drafter import DFlashDrafter
+    from adaflash.drafter import DFlashDrafter, Draft
     from adaflash.target import Transformer
 
 
@@ -247,6 +247,15 @@ class LengthController:
         ks, _ = choose_lengths(rates, caps, self.cost, batch, other_tokens, draft_ms=0.0,
                                sunk_ms=self.cost.draft_ms(n_drafting))
         return ks
+
+    def draft_rates(self, draft: "Draft", rows: list[int], estimates: np.ndarray) -> np.ndarray:
+        """Per-position rates of drafted sequences `rows`: the position head's when the drafter has one,
+        else the published head's ratio spread over the block, else the running `estimates`."""
+        if draft.accept_rates is not None:
+            return draft.accept_rates[rows].double().numpy()
+        if draft.accept_ratio is not None:
+            return ratio_to_rates(draft.accept_ratio[rows], self.block_size)
+        return estimates
 
     def published(self, rates: np.ndarray, ratio: float | None, cap: int) -> int:
         """The published rule, with the head's ratio or, without a head, the one the estimates imply."""

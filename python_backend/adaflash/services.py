@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from adaflash.drafter import DFlashDrafter
-from adaflash.policy import LengthController, ratio_to_rates
+from adaflash.policy import LengthController
 from adaflash.sampling import SamplingParams
 from adaflash.target import Transformer
 from adaflash.target_ops import StepResult, prefill_batch, verify_batch
@@ -148,8 +148,7 @@ class DrafterService:
             if c.mode == "adaflash-published":
                 ks[i] = self.controller.published(c.rates, None if ratios is None else float(ratios[i]), c.cap)
         if ada:
-            rates = ratio_to_rates(ratios[ada], self.controller.block_size) if ratios is not None \
-                else np.stack([calls[i].rates for i in ada])
+            rates = self.controller.draft_rates(draft, ada, np.stack([calls[i].rates for i in ada]))
             others = sum(ks[i] + 1 for i in range(len(calls)) if i not in set(ada)) + max(0, batch - len(calls))
             for i, k in zip(ada, self.controller.lengths(rates, [calls[i].cap for i in ada], batch, others, len(calls))):
                 ks[i] = k

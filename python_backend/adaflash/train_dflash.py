@@ -15,6 +15,7 @@ import argparse
 import json
 import math
 import random
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -24,8 +25,9 @@ from torch import Tensor
 from tqdm import tqdm
 
 from adaflash.drafter import DFlashDrafter, DrafterConfig
-from adaflash.engine import Engine, Request
+from adaflash.engine import Engine, Request, Sequence
 from adaflash.pretrain import DOMAINS, PROMPT_DOMAINS, as_prompt, documents
+from adaflash.sampling import SamplingParams
 from adaflash.target import Transformer
 from adaflash.tokenizer import BYTE_SPECIALS
 
@@ -55,22 +57,35 @@ def sample_anchors(first: int, length: int, count: int, generator: torch.Generat
     return first + torch.randperm(high - first, generator=generator)[:count]
 
 
-def dflash_loss(
-    drafter: DFlashDrafter, target: Transformer, tokens: Tensor, features: Tensor, anchors: Tensor, gamma: float
-) -> Tensor:
-    """Decayed cross-entropy of all blocks anchored in one sequence (tokens [L], features [L, F])."""
+def anchored_blocks(
+    drafter: DFlashDrafter, target: Transformer, tokens: Tensor, features: Tensor, anchors: Tensor
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Blocks anchored at `anchors` of one sequence (tokens [L], features [L, F]), each seeing the context
+    strictly before its anchor: hidden states [n, B, D], labels [n, B-1] (token anchor+k), valid [n, B-1]."""
     b = drafter.config.block_size
     ctx_kv = drafter.context_kv(features)
     ctx_mask = torch.arange(tokens.shape[0])[None, :] < anchors[:, None]
     hidden = drafter.block_hidden(target, drafter.block_ids(tokens[anchors]), anchors, ctx_kv, ctx_mask)
-    logits = target.lm_head(hidden[:, 1:])  # [n, B-1, V]
     label_pos = anchors[:, None] + torch.arange(1, b)[None, :]
     valid = label_pos < tokens.shape[0]
-    labels = torch.where(valid, tokens[label_pos.clamp(max=tokens.shape[0] - 1)], -100)
-    weights = torch.exp(-(torch.arange(1, b, dtype=torch.float) - 1) / gamma)
-    ce = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1), reduction="none").view(labels.shape)
+    return hidden, tokens[label_pos.clamp(max=tokens.shape[0] - 1)], valid
+
+
+def dflash_loss(
+    drafter: DFlashDrafter, target: Transformer, tokens: Tensor, features: Tensor, anchors: Tensor, gamma: float
+) -> Tensor:
+    """Decayed cross-entropy of all blocks anchored in one sequence (tokens [L], features [L, F])."""
+    hidden, labels, valid = anchored_blocks(drafter, target, tokens, features, anchors)
+    logits = target.lm_head(hidden[:, 1:])  # [n, B-1, V]
+    weights = torch.exp(-(torch.arange(1, drafter.config.block_size, dtype=torch.float) - 1) / gamma)
+    ce = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), torch.where(valid, labels, -100).reshape(-1),
+                         reduction="none").view(labels.shape)
     w = weights[None, :] * valid
     return (ce * w).sum() / w.sum()
+
+
+BlockLoss = Callable[[DFlashDrafter, Transformer, Tensor, Tensor, Tensor, float], Tensor]
+"""(drafter, target, tokens [L], features [L, F], anchors [n], gamma) -> scalar loss of one sequence's blocks."""
 
 
 def fit_drafter(
@@ -85,8 +100,12 @@ def fit_drafter(
     checkpoint_every: int = 200,
     progress: bool = False,
     max_new_steps: int | None = None,
+    loss_fn: BlockLoss | None = None,
 ) -> list[float]:
     """Train on (tokens, response_start) pairs with AdamW and cosine decay; returns this call's loss curve.
+
+    The loss is the DFlash recipe's decayed cross-entropy unless `loss_fn` says otherwise
+    (on-policy distillation uses the same loop with a KL loss).
 
     One sequence per step, in a seeded order reshuffled every pass. With `run_dir`, metrics are
     appended to metrics.jsonl and a checkpoint is written every `checkpoint_every` steps; a
@@ -104,6 +123,7 @@ def fit_drafter(
     drafter.train()
     losses: list[float] = []
     gamma = default_gamma(drafter.config.block_size)
+    loss_fn = loss_fn or dflash_loss
     stop_at = steps if max_new_steps is None else min(steps, step + max_new_steps)
     for step in tqdm(range(step, stop_at), initial=step, total=steps, disable=not progress, desc="drafter"):
         tokens, feats, start = data[_order(len(data), step, seed)]
@@ -112,7 +132,7 @@ def fit_drafter(
             continue
         for group in opt.param_groups:
             group["lr"] = lr * 0.5 * (1 + math.cos(math.pi * step / steps))
-        loss = dflash_loss(drafter, target, tokens, feats, anchors, gamma)
+        loss = loss_fn(drafter, target, tokens, feats, anchors, gamma)
         opt.zero_grad()
         loss.backward()
         opt.step()
@@ -170,32 +190,48 @@ def new_drafter(target: Transformer, mask_token_id: int, num_layers: int = 2, bl
 
 
 def regenerate(target: Transformer, prompts: list[list[int]], max_tokens: int, batch: int = 32,
-               out: Path | None = None, progress: bool = False) -> list[list[int]]:
-    """The target's own greedy continuations: the drafter learns the target, not the corpus.
+               out: Path | None = None, progress: bool = False, tags: list[str] | None = None,
+               drafter: DFlashDrafter | None = None, temperatures: tuple[float, ...] = (0.0,),
+               seed: int = 0) -> list[list[int]]:
+    """The target's own continuations: the drafter learns the target, not the corpus.
 
-    With `out`, responses are appended to a JSON-lines file chunk by chunk and the ones already
-    there are reused, so an interrupted run picks up where it stopped.
+    Greedy by default; prompt i is decoded at temperatures[i % len(temperatures)] (seeded). With
+    a drafter the text is generated through speculative decoding (mode dflash): the same text,
+    and the tau it reached is recorded (on-policy rounds report it). With `out`, responses are
+    appended to a JSON-lines file chunk by chunk (with the prompt's tag, its domain) and the
+    ones already there are reused, so an interrupted run picks up where it stopped.
     """
+    tags = tags or [""] * len(prompts)
     done: list[list[int]] = []
     if out is not None and out.exists():
         rows = [json.loads(line) for line in out.read_text().splitlines()]
         done = [r["response"] for r, p in zip(rows, prompts) if r["prompt"] == p]
-    engine = Engine(target, None, num_slots=batch, max_len=max(len(p) for p in prompts) + max_tokens + 17)
+    block = drafter.config.block_size if drafter else 16
+    engine = Engine(target, drafter, num_slots=batch, max_len=max(len(p) for p in prompts) + max_tokens + block + 1)
+    mode = "dflash" if drafter else "ar"
     chunk = 4 * batch
-    with tqdm(total=len(prompts), initial=len(done), disable=not progress, desc="regenerate") as bar:
+    with tqdm(total=len(prompts), initial=len(done), disable=not progress, desc="generate") as bar:
         for i in range(len(done), len(prompts), chunk):
-            part = prompts[i : i + chunk]
-            outputs = [s.output for s in engine.generate([Request(p, max_tokens) for p in part], concurrency=batch)]
-            done.extend(outputs)
+            idx = range(i, min(i + chunk, len(prompts)))
+            reqs = [Request(prompts[j], max_tokens, mode=mode,
+                            sampling=SamplingParams(temperatures[j % len(temperatures)], seed=seed + j)) for j in idx]
+            seqs = engine.generate(reqs, concurrency=batch)
+            done.extend(s.output for s in seqs)
             if out is not None:
                 with out.open("a") as f:
-                    f.writelines(json.dumps({"prompt": p, "response": r}) + "\n" for p, r in zip(part, outputs))
-            bar.update(len(part))
+                    f.writelines(json.dumps({"domain": tags[j], "prompt": prompts[j], "response": s.output,
+                                             "temperature": reqs[k].sampling.temperature, "tau": _tau(s)}) + "\n"
+                                 for k, (j, s) in enumerate(zip(idx, seqs)))
+            bar.update(len(idx))
     return done
 
 
+def _tau(seq: Sequence) -> float | None:
+    return round(sum(st.committed for st in seq.steps) / len(seq.steps), 4) if seq.steps else None
+
+
 def training_prompts(data_dir: str | Path, tokenizer: Tokenizer, per_domain: int, max_prompt_tokens: int,
-                     seed: int) -> list[list[int]]:
+                     seed: int) -> list[tuple[str, list[int]]]:
     """Seeded sample of training prompts of every domain: the prompt of prompt/response records,
     a random cut of text records (the continuation is what the target writes)."""
     rng = random.Random(seed)
@@ -205,8 +241,8 @@ def training_prompts(data_dir: str | Path, tokenizer: Tokenizer, per_domain: int
         for text in rng.sample(docs, min(per_domain, len(docs))):
             ids = tokenizer.encode(as_prompt(text.split("\n\n")[0]) if domain in PROMPT_DOMAINS else text).ids
             cut = rng.randint(min(16, len(ids)), max(16, min(len(ids), max_prompt_tokens)))
-            out.append(ids[:cut])
-    return [p for p in out if p]
+            out.append((domain, ids[:cut]))
+    return [(d, p) for d, p in out if p]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -229,8 +265,10 @@ def main(argv: list[str] | None = None) -> int:
     work.mkdir(parents=True, exist_ok=True)
     target = Transformer.from_pretrained(args.model_dir / "target")
     tokenizer = Tokenizer.from_file(str(args.model_dir / "target" / "tokenizer.json"))
-    prompts = training_prompts(args.data, tokenizer, args.prompts_per_domain, args.max_prompt_tokens, args.seed)
-    responses = regenerate(target, prompts, args.response_tokens, out=work / "regenerated.jsonl", progress=True)
+    tagged = training_prompts(args.data, tokenizer, args.prompts_per_domain, args.max_prompt_tokens, args.seed)
+    prompts = [p for _, p in tagged]
+    responses = regenerate(target, prompts, args.response_tokens, out=work / "regenerated.jsonl", progress=True,
+                           tags=[d for d, _ in tagged])
     drafter = new_drafter(target, tokenizer.token_to_id(BYTE_SPECIALS[2]), args.layers, args.block_size, args.seed)
     losses = fit_drafter(drafter, target, [(p + r, len(p)) for p, r in zip(prompts, responses)], args.steps,
                          lr=args.lr, anchors_per_seq=args.anchors, seed=args.seed, run_dir=work, progress=True)

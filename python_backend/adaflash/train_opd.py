@@ -1,0 +1,143 @@
+"""On-policy distillation of a DFlash drafter: AdaFlash's reverse-KL recipe and the OSD baseline.
+
+Each round (a) generates responses to fresh training prompts with the target and the current
+drafter through the engine (speculative decoding, so the text is the target's, greedy or
+sampled), (b) trains the drafter on them, the target as a detached teacher over the full
+vocabulary at every block position, and (c) publishes the drafter as a numbered version
+folder (Triton's layout: `<work>/versions/<round>/`), which a running server can load.
+
+Losses per block position k (weights w_k = exp(-(k-1)/gamma), as in DFlash):
+- reverse (AdaFlash): alpha x CE(target argmax) + (1 - alpha) x min(KL(p_drafter || p_target), tau).
+  Reverse KL is mode-seeking: the drafter puts its mass where the target is most likely, which
+  is what acceptance (greedy: argmax equality; sampling: p_target of the drafted token) rewards.
+- forward (OSD): KL(p_target || p_drafter), i.e. cross-entropy to the target's distribution.
+Both start from the same drafter and get the same rounds, prompts and steps.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from tokenizers import Tokenizer
+from torch import Tensor
+
+from adaflash.drafter import DFlashDrafter
+from adaflash.target import Transformer
+from adaflash.train_dflash import BlockLoss, anchored_blocks, fit_drafter, regenerate, training_prompts
+
+KINDS = ("reverse", "forward")
+
+
+@dataclass
+class DistillConfig:
+    kind: str = "reverse"
+    alpha: float = 0.5  # weight of the cross-entropy to the target's argmax (reverse only)
+    tau: float = 5.0  # cap on one position's KL, nats (reverse only): a few hopeless positions cannot dominate
+
+
+def teacher_logits(target: Transformer, tokens: Tensor) -> Tensor:
+    """The target's next-token logits at every position of one sequence, [L, V], detached."""
+    with torch.no_grad():
+        return target.train_logits(tokens[None])[0]
+
+
+def distill_loss(cfg: DistillConfig) -> BlockLoss:
+    if cfg.kind not in KINDS:
+        raise ValueError(f"kind must be one of {KINDS}, got {cfg.kind!r}")
+
+    def loss(drafter: DFlashDrafter, target: Transformer, tokens: Tensor, features: Tensor, anchors: Tensor,
+             gamma: float) -> Tensor:
+        hidden, _, valid = anchored_blocks(drafter, target, tokens, features, anchors)
+        log_d = F.log_softmax(target.lm_head(hidden[:, 1:]), dim=-1)  # [n, B-1, V]
+        rows = (anchors[:, None] + torch.arange(drafter.config.block_size - 1)[None, :]).clamp(max=tokens.shape[0] - 1)
+        log_t = F.log_softmax(teacher_logits(target, tokens), dim=-1)[rows]  # position anchor+k-1 predicts k
+        if cfg.kind == "reverse":
+            kl = (log_d.exp() * (log_d - log_t)).sum(-1).clamp(max=cfg.tau)
+            ce = F.nll_loss(log_d.reshape(-1, log_d.shape[-1]), log_t.argmax(-1).reshape(-1),
+                            reduction="none").view(kl.shape)
+            per = cfg.alpha * ce + (1 - cfg.alpha) * kl
+        else:
+            per = (log_t.exp() * (log_t - log_d)).sum(-1)
+        w = torch.exp(-torch.arange(drafter.config.block_size - 1, dtype=torch.float) / gamma)[None, :] * valid
+        return (per * w).sum() / w.sum()
+
+    return loss
+
+
+def run_rounds(target: Transformer, drafter: DFlashDrafter, tokenizer: Tokenizer, data_dir: Path, work: Path,
+               cfg: DistillConfig, rounds: int, prompts_per_domain: int, steps: int, lr: float, anchors: int,
+               response_tokens: int, max_prompt_tokens: int, temperatures: tuple[float, ...], seed: int) -> DFlashDrafter:
+    """All rounds, resumable: a published version is loaded instead of retrained, a round's generation and
+    training pick up from their files. Appends one line per round to <work>/rounds.jsonl."""
+    for r in range(1, rounds + 1):
+        version = work / "versions" / str(r)
+        if (version / "config.json").exists():
+            drafter = DFlashDrafter.from_pretrained(version)
+            continue
+        round_dir = work / f"round-{r}"
+        round_dir.mkdir(parents=True, exist_ok=True)
+        tagged = training_prompts(data_dir, tokenizer, prompts_per_domain, max_prompt_tokens, seed + 1000 * r)
+        prompts = [p for _, p in tagged]
+        responses = regenerate(target, prompts, response_tokens, out=round_dir / "generated.jsonl", progress=True,
+                               tags=[d for d, _ in tagged], drafter=drafter, temperatures=temperatures, seed=seed + r)
+        rows = [json.loads(line) for line in (round_dir / "generated.jsonl").read_text().splitlines()]
+        losses = fit_drafter(drafter, target, [(p + o, len(p)) for p, o in zip(prompts, responses)], steps, lr=lr,
+                             anchors_per_seq=anchors, seed=seed + r, run_dir=round_dir, progress=True,
+                             loss_fn=distill_loss(cfg))
+        drafter.save_pretrained(version, dtype=torch.float16)
+        taus = [row["tau"] for row in rows if row["tau"] is not None]
+        line = {"round": r, "kind": cfg.kind, "sequences": len(prompts),
+                "generation_tau": round(sum(taus) / len(taus), 4) if taus else None,
+                "last_loss": round(sum(losses[-20:]) / len(losses[-20:]), 4) if losses else None}
+        with (work / "rounds.jsonl").open("a") as f:
+            f.write(json.dumps(line) + "\n")
+        print(json.dumps(line), flush=True)
+    return drafter
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="adaflash-train-opd", description=__doc__)
+    p.add_argument("--model-dir", type=Path, default=Path("models/default"))
+    p.add_argument("--data", type=Path, default=Path("../shared/data"))
+    p.add_argument("--from", dest="start", default="drafter-dflash", help="drafter folder to start from")
+    p.add_argument("--out", help="drafter folder name to write (default: drafter-opd-<kind>)")
+    p.add_argument("--work", type=Path, help="generated data, checkpoints, versions (default: work/<out>)")
+    p.add_argument("--kind", choices=KINDS, default="reverse")
+    p.add_argument("--alpha", type=float, default=0.5)
+    p.add_argument("--tau", type=float, default=5.0)
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--prompts-per-domain", type=int, default=60)
+    p.add_argument("--steps", type=int, default=400, help="training steps per round")
+    p.add_argument("--lr", type=float, default=3e-4)
+    p.add_argument("--anchors", type=int, default=32)
+    p.add_argument("--response-tokens", type=int, default=256)
+    p.add_argument("--max-prompt-tokens", type=int, default=256)
+    p.add_argument("--temperatures", default="0,1", help="prompts alternate between these")
+    p.add_argument("--seed", type=int, default=0)
+    args = p.parse_args(argv)
+    out = args.out or f"drafter-opd-{args.kind}"
+    work = args.work or Path("work") / out
+    target = Transformer.from_pretrained(args.model_dir / "target")
+    tokenizer = Tokenizer.from_file(str(args.model_dir / "target" / "tokenizer.json"))
+    drafter = DFlashDrafter.from_pretrained(args.model_dir / args.start)
+    cfg = DistillConfig(args.kind, args.alpha, args.tau)
+    temps = tuple(float(t) for t in args.temperatures.split(","))
+    drafter = run_rounds(target, drafter, tokenizer, args.data, work, cfg, args.rounds, args.prompts_per_domain,
+                         args.steps, args.lr, args.anchors, args.response_tokens, args.max_prompt_tokens, temps,
+                         args.seed)
+    final = work / "versions" / str(args.rounds)
+    if (args.model_dir / out).exists():
+        shutil.rmtree(args.model_dir / out)
+    shutil.copytree(final, args.model_dir / out)
+    print(json.dumps({"drafter": str(args.model_dir / out), "rounds": args.rounds, "kind": args.kind}))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
