@@ -48,8 +48,8 @@ class ServerConfig:
     http_port: int | None = None
     metrics_port: int | None = None
     host: str = "127.0.0.1"
-    model_control_mode: str = "none"  # "explicit" lets us load/unload drafter versions at runtime
-    load_models: list[str] = field(default_factory=list)  # explicit mode only; ["*"] loads all
+    model_control_mode: str = "explicit"  # lets `load_model` bring in published drafter versions at runtime
+    load_models: list[str] = field(default_factory=lambda: ["*"])  # explicit mode only; ["*"] loads all
     log_file: Path | None = None  # default: <state_dir>/tritonserver.log
     state_dir: Path | None = None  # staged backends (and default log); default: a new temp dir
     extra_args: list[str] = field(default_factory=list)

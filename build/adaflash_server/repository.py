@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import shutil
 import string
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from adaflash.bundle import load_bundle, save_bundle, tiny_random_bundle
+from adaflash.drafter import DrafterConfig
 from adaflash.engine import DRAFTER_MODES, MODES
 from adaflash.policy import measure_costs
 from adaflash.target import TargetConfig
@@ -64,7 +66,54 @@ def build_repository(out_dir: str | Path, model_dir: str | Path, drafter: str | 
         shutil.copytree(TEMPLATES / name, out_dir / name, ignore=shutil.ignore_patterns("__pycache__", ".gitkeep"))
         config_path = out_dir / name / "config.pbtxt"
         config_path.write_text(string.Template(config_path.read_text()).substitute(fields))
+    if drafter_dir:
+        shutil.copytree(drafter_dir, out_dir / "drafter" / "1" / "weights")
     return out_dir
+
+
+# What the rest of the running server assumes of the drafter: the target features it receives, the block
+# size its length policy plans for, the mask token it drafts with.
+SWAP_INVARIANTS = ("hidden_size", "num_target_layers", "target_layer_ids", "block_size", "mask_token_id")
+DRAFTER_NAME = re.compile(r"drafter(?:_(\d+))?")
+
+
+def drafter_models(repository: str | Path) -> list[str]:
+    """The drafter models of a repository, oldest first: `drafter`, then each published `drafter_<n>`."""
+    found = []
+    for p in Path(repository).iterdir():
+        m = DRAFTER_NAME.fullmatch(p.name)
+        if m and (p / "config.pbtxt").exists():
+            found.append((int(m.group(1) or 1), p.name))
+    return [name for _, name in sorted(found)]
+
+
+def publish_drafter(repository: str | Path, drafter_dir: str | Path) -> str:
+    """Add `drafter_dir` to the repository as a new drafter model (`drafter_<n>`); returns its name.
+
+    A separate model, not a new version of `drafter`: Triton 2.51 reloads every version of a model
+    when one is added, which would drop the context the running version keeps for each sequence.
+    Only files are written here; the server loads the model when told (`load_model`), and the
+    orchestrator sends new requests to the newest ready drafter while running ones keep theirs.
+    """
+    names = drafter_models(repository)
+    if not names:
+        raise ValueError(f"{repository} has no drafter model to publish beside")
+    current = Path(repository) / names[-1]
+    old = DrafterConfig.from_hf(json.loads((current / "1" / "weights" / "config.json").read_text()))
+    new = DrafterConfig.from_hf(json.loads((Path(drafter_dir) / "config.json").read_text()))
+    for field_name in SWAP_INVARIANTS:
+        if getattr(old, field_name) != getattr(new, field_name):
+            raise ValueError(f"{drafter_dir}: {field_name} is {getattr(new, field_name)}, the served drafter has "
+                             f"{getattr(old, field_name)}; a hot swap cannot change it (restart the server)")
+    name = f"drafter_{int(DRAFTER_NAME.fullmatch(names[-1]).group(1) or 1) + 1}"
+    staging = Path(repository) / f".staging-{name}"
+    shutil.rmtree(staging, ignore_errors=True)
+    shutil.copytree(current, staging, ignore=shutil.ignore_patterns("weights", "__pycache__"))
+    shutil.copytree(drafter_dir, staging / "1" / "weights")
+    config = staging / "config.pbtxt"
+    config.write_text(re.sub(r'^name: "[^"]*"', f'name: "{name}"', config.read_text(), count=1, flags=re.M))
+    staging.rename(staging.parent / name)  # appears complete or not at all
+    return name
 
 
 def _target_context(model_dir: Path) -> int:

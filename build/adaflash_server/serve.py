@@ -11,7 +11,8 @@ from dataclasses import asdict, fields
 from pathlib import Path
 
 from adaflash_server.launcher import ServerConfig, TritonServer
-from adaflash_server.repository import RepositoryConfig, build_repository, tiny_model_dir
+from adaflash_server.repository import (RepositoryConfig, build_repository, drafter_models, publish_drafter,
+                                        tiny_model_dir)
 
 DEFAULT_MODELS = Path("models/default")
 
@@ -55,5 +56,32 @@ Triton is serving the `adaflash` ensemble (log: {server.log_path})
   metrics  {server.metrics_url}
 Try:
   .venv/bin/adaflash-client "def fibonacci(n):" --url {server.grpc_url} --stream --max-tokens 64 --spec-mode {cfg.default_spec_mode}
+Swap in another drafter without a restart (running requests finish on the old one):
+  .venv/bin/adaflash publish-drafter <drafter folder> --repository {repo} --url {server.grpc_url}
 Ctrl-C stops the server.""", flush=True)
     return server.wait()
+
+
+def add_publish_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("drafter_dir", type=Path, help="drafter folder (published format) to serve from now on")
+    p.add_argument("--repository", type=Path, default=Path(".serve/model_repository"),
+                   help="the running server's model repository (default: the one `adaflash serve` builds)")
+    p.add_argument("--url", default="127.0.0.1:8001", help="the running server's gRPC address")
+
+
+def publish(args: argparse.Namespace) -> int:
+    """Write the drafter as a new drafter model, have Triton load it and wait until it serves; then unload
+    drafters older than the one it replaces (requests still on those finish as plain decoding)."""
+    import tritonclient.grpc as grpcclient
+
+    name = publish_drafter(args.repository, args.drafter_dir)
+    client = grpcclient.InferenceServerClient(args.url)
+    client.load_model(name)
+    if not client.is_model_ready(name):
+        print(f"{name} was written but is not ready; see the server log", flush=True)
+        return 1
+    for old in drafter_models(args.repository)[:-2]:
+        client.unload_model(old)
+    print(f"{name} ({args.drafter_dir}) serves new requests; running ones finish on the drafter they started with",
+          flush=True)
+    return 0

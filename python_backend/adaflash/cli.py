@@ -126,14 +126,23 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return run(args)
 
 
+def cmd_publish(args: argparse.Namespace) -> int:
+    from adaflash_server.serve import publish
+
+    return publish(args)
+
+
 def _add_serve(sub) -> None:
     try:
-        from adaflash_server.serve import add_arguments
+        from adaflash_server.serve import add_arguments, add_publish_arguments
     except ImportError:
         return  # installed without the serving extra
     serve = sub.add_parser("serve", help="serve the models with Triton over gRPC (builds the model repository)")
     add_arguments(serve)
     serve.set_defaults(func=cmd_serve)
+    pub = sub.add_parser("publish-drafter", help="hot-swap the drafter of a running server (next model version)")
+    add_publish_arguments(pub)
+    pub.set_defaults(func=cmd_publish)
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:

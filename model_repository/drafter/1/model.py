@@ -3,9 +3,12 @@
 Calls carry `op` (1 draft, 2 release) and the sequence's correlation id; the core's
 DrafterService keeps each sequence's injected-context cache under that id. The drafter
 uses the target's embedding and LM head, so the target weights are loaded here too.
+The weights are in `1/weights/`: a published drafter is a copy of this model under another
+name (drafter_2, ...) with its own weights, loaded beside the running one.
 """
 
 import json
+import os
 
 import numpy as np
 import torch
@@ -29,7 +32,7 @@ class TritonPythonModel:
         config = json.loads(args["model_config"])
         params = {k: v["string_value"] for k, v in config["parameters"].items()}
         target = Transformer.from_pretrained(params["target_dir"])
-        drafter = DFlashDrafter.from_pretrained(params["drafter_dir"])
+        drafter = DFlashDrafter.from_pretrained(os.path.join(args["model_repository"], args["model_version"], "weights"))
         with open(params["cost_table"]) as f:
             cost = CostModel.from_json(json.load(f))
         controller = LengthController(cost, drafter.config.block_size)

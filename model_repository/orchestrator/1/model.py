@@ -21,6 +21,7 @@ from adaflash.sampling import SamplingParams
 from adaflash.session import run_request
 from adaflash.target import TargetConfig
 from adaflash.target_ops import StepResult
+from adaflash_server.repository import DRAFTER_NAME
 
 PREFILL, VERIFY, RELEASE, DRAFT = 0, 1, 2, 1
 START, END = pb_utils.TRITONSERVER_REQUEST_FLAG_SEQUENCE_START, pb_utils.TRITONSERVER_REQUEST_FLAG_SEQUENCE_END
@@ -103,6 +104,7 @@ class TritonPythonModel:
         self.max_active = int(params["max_active"])
         self.drafter_timeout = float(params["drafter_timeout_s"])
         self.target_timeout = float(params["target_timeout_s"])
+        self.repository = os.path.dirname(args["model_repository"])
         self.active = 0
         self.cancelled = set()  # sequence ids whose client went away (told by postprocessing)
         self.ids = itertools.count(int.from_bytes(os.urandom(4), "little") << 20)
@@ -151,7 +153,7 @@ class TritonPythonModel:
                         flags=FINAL)
             return
         key = next(self.ids)
-        opened = {"target": False, "drafter": False}
+        opened = {"target": False, "drafter": False, "drafter_model": self._drafter_model()}
         self.active += 1
         gauge = self.metrics.series(self.metrics.active, spec_mode=req.mode)
         gauge.increment(1)
@@ -208,19 +210,31 @@ class TritonPythonModel:
         ]
         flags = 0 if opened["drafter"] else START
         opened["drafter"] = True
-        out = await _call("drafter", inputs, ["draft", "head_ratio"], call.key, flags, self.drafter_timeout)
+        out = await _call(opened["drafter_model"], inputs, ["draft", "head_ratio"], call.key, flags,
+                          self.drafter_timeout)
         return out["draft"].reshape(-1).tolist()
+
+    def _drafter_model(self):
+        """The newest loaded drafter (`drafter`, or a published `drafter_<n>`): a request keeps it to the
+        end, because the drafter's per-sequence context lives in that model."""
+        if not self.has_drafter:
+            return None
+        found = [(int(m.group(1) or 1), name) for name in os.listdir(self.repository)
+                 if (m := DRAFTER_NAME.fullmatch(name))]
+        ready = (name for _, name in sorted(found, reverse=True) if pb_utils.is_model_ready(name))
+        return next(ready, "drafter")
 
     async def _release(self, key, opened):
         """END the sequence in each model that saw it: frees its cache slot and Triton's sequence slot."""
         inputs = {"target": [_tensor("op", [RELEASE], np.int32), _tensor("tokens", [], np.int32)],
                   "drafter": [_tensor("op", [RELEASE], np.int32)]}
-        for model, is_open in opened.items():
-            if is_open:
+        for model in ("target", "drafter"):
+            if opened[model]:
+                name = opened["drafter_model"] if model == "drafter" else model
                 try:
-                    await _call(model, inputs[model], [], key, END, self.target_timeout)
+                    await _call(name, inputs[model], [], key, END, self.target_timeout)
                 except Exception as exc:  # noqa: BLE001 - the models also reclaim idle sequences themselves
-                    pb_utils.Logger.log_error(f"releasing sequence {key} in {model} failed: {exc}")
+                    pb_utils.Logger.log_error(f"releasing sequence {key} in {name} failed: {exc}")
 
     async def _emit(self, sender, seq, stream, sent, steps_from):
         if stream and not sender.is_cancelled():

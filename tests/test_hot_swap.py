@@ -1,0 +1,95 @@
+"""Hot swap: a drafter published to a running server serves new requests; requests in flight finish exactly."""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+import time
+
+import pytest
+import torch
+import tritonclient.grpc as grpcclient
+
+from adaflash.bench import load_prompts
+from adaflash.bundle import load_bundle, save_bundle
+from adaflash.cli import main
+from adaflash.drafter import DFlashDrafter
+from adaflash.engine import Engine, Request
+from adaflash_client import AdaFlashClient, GenerationParams
+from adaflash_server.launcher import ServerConfig, TritonServer
+from adaflash_server.repository import RepositoryConfig, build_repository, drafter_models, publish_drafter
+
+MAX_TOKENS = 200
+
+
+def _drafts(client: grpcclient.InferenceServerClient, model: str) -> int:
+    stats = client.get_inference_statistics(model_name=model)
+    return sum(s.inference_count for s in stats.model_stats)
+
+
+def test_published_drafter_takes_over_without_dropping_requests(trained_tiny, tmp_path):
+    model_dir = save_bundle(trained_tiny, tmp_path / "models")
+    # The next version: the same drafter given a per-position length head (different weights and config).
+    cfg = dataclasses.replace(trained_tiny.drafter.config, position_head=True, position_head_dim=16)
+    torch.manual_seed(1)
+    v2 = DFlashDrafter(cfg)
+    v2.load_state_dict(trained_tiny.drafter.state_dict(), strict=False)
+    v2.save_pretrained(model_dir / "drafter-v2", dtype=torch.float32)
+    repo = build_repository(tmp_path / "repo", model_dir, "drafter",
+                            RepositoryConfig(max_active=16, max_batch_size=16, max_len=1024, max_prompt_tokens=400,
+                                             max_output_tokens=600))
+    prompts = [p.text[-160:] for p in load_prompts(None, 8)]
+    bundle = load_bundle(model_dir, None)
+    engine = Engine(bundle.target, None, num_slots=8, max_len=1024)
+    reference = {p: bundle.tokenizer.decode(s.output) for p, s in zip(prompts, engine.generate(
+        [Request(bundle.tokenizer.encode(p).ids, MAX_TOKENS) for p in prompts], concurrency=8))}
+
+    with TritonServer(ServerConfig(model_repository=repo, state_dir=tmp_path / "state")) as server:
+        results: list[tuple[str, str, float, float]] = []  # prompt, text, started, finished
+        errors: list[Exception] = []
+        stop = threading.Event()
+
+        def traffic(prompt: str) -> None:
+            client = AdaFlashClient(server.grpc_url, timeout_s=120)
+            while not stop.is_set():
+                started = time.monotonic()
+                try:
+                    text = client.generate_streaming(prompt, GenerationParams(max_tokens=MAX_TOKENS,
+                                                                              spec_mode="dflash")).text
+                except Exception as exc:  # noqa: BLE001 - collected and asserted below
+                    errors.append(exc)
+                    return
+                results.append((prompt, text, started, time.monotonic()))
+
+        threads = [threading.Thread(target=traffic, args=(p,)) for p in prompts]
+        for t in threads:
+            t.start()
+        control = grpcclient.InferenceServerClient(server.grpc_url)
+        while len(results) < 8:
+            time.sleep(0.05)
+        swap_started = time.monotonic()
+        v1_before = _drafts(control, "drafter")
+        assert main(["publish-drafter", str(model_dir / "drafter-v2"), "--repository", str(repo),
+                     "--url", server.grpc_url]) == 0
+        swapped = time.monotonic()
+        assert drafter_models(repo) == ["drafter", "drafter_2"]
+        assert control.is_model_ready("drafter_2") and control.is_model_ready("drafter")
+        assert _drafts(control, "drafter") >= v1_before  # the running drafter was not reloaded
+        v2_at_swap = _drafts(control, "drafter_2")
+        while not any(start > swapped for _, _, start, _ in results):
+            time.sleep(0.05)
+        time.sleep(1.0)
+        stop.set()
+        for t in threads:
+            t.join(timeout=120)
+
+        assert not errors, errors
+        assert all(text == reference[p] for p, text, _, _ in results)
+        spanning = [r for r in results if r[2] < swap_started and r[3] > swap_started]
+        assert spanning, "no request was running when the swap began"
+        assert _drafts(control, "drafter_2") > v2_at_swap  # requests after the swap draft with the new drafter
+
+    with pytest.raises(ValueError, match="block_size"):
+        other = dataclasses.replace(trained_tiny.drafter.config, block_size=8)
+        DFlashDrafter(other).save_pretrained(model_dir / "drafter-b8", dtype=torch.float32)
+        publish_drafter(repo, model_dir / "drafter-b8")
