@@ -19,11 +19,12 @@ $(STAMP): pyproject.toml
 serve: venv
 	$(BIN)/adaflash serve
 
-# The default target, trained from scratch on ../shared/data (hours on CPU; resumable: rerun to continue).
+# The default models, trained from scratch on ../shared/data (hours on CPU; resumable: rerun to continue):
+# target, DFlash drafter (drafter-dflash/), and the served drafter/ = that drafter with its length heads.
 models: venv
 	$(BIN)/adaflash-pretrain all --data ../shared/data --work work/pretrain --out models/default/target
 	$(BIN)/adaflash-train-drafter --model-dir models/default --data ../shared/data --out drafter-dflash
-	rm -rf models/default/drafter && cp -r models/default/drafter-dflash models/default/drafter
+	$(BIN)/adaflash-train-heads --model-dir models/default --drafter drafter-dflash --out drafter
 
 # Per-domain perplexity, repetition and tau of models/default on ../shared/data/eval; rewrites its
 # section of docs/results.md and bench-out/evaluate.json.
