@@ -36,11 +36,8 @@ models-smoke: venv
 	$(BIN)/adaflash-pretrain all --data tests/fixtures/corpus --work work/smoke --out work/smoke/target \
 		--vocab-size 400 --config tests/fixtures/pretrain-toy.json
 
-# The server tests run in a process of their own: in one process after the rest of the suite, their
-# first gRPC request stalled twice on a fresh clone (cause under investigation; alone they pass).
 test: venv
-	$(BIN)/python -m pytest tests --ignore=tests/test_server.py
-	$(BIN)/python -m pytest tests/test_server.py
+	$(BIN)/python -m pytest tests
 
 # Benchmarks write JSON under bench-out/; speed claims live here, never in tests.
 bench: venv

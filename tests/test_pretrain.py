@@ -43,7 +43,8 @@ def test_pipeline_writes_a_folder_that_transformers_and_the_runner_agree_on(tmp_
 
     # The drafter stage on the same folder: regenerated data, training, the published format.
     assert train_drafter_main(["--model-dir", str(tmp_path / "models"), "--data", str(CORPUS), "--prompts-per-domain",
-                               "2", "--response-tokens", "12", "--steps", "4", "--block-size", "8"]) == 0
+                               "2", "--response-tokens", "12", "--steps", "4", "--block-size", "8",
+                               "--work", str(tmp_path / "work" / "drafter")]) == 0
     bundle = load_bundle(tmp_path / "models", "drafter-dflash")
     assert bundle.drafter.config.block_size == 8 and bundle.drafter.config.num_target_layers == 2
     prompt = tok.encode("def add(a, b):").ids

@@ -19,7 +19,10 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("locust")
+# Never pytest.importorskip("locust"): it imports locust, whose gevent monkey-patching then makes every
+# later gRPC call in this process hang (grpc's channel thread blocks the gevent hub).
+if importlib.util.find_spec("locust") is None:
+    pytest.skip("the load extra (locust) is not installed", allow_module_level=True)
 pytest.importorskip("matplotlib")
 
 from conftest import fixed_costs  # noqa: E402

@@ -204,8 +204,14 @@ def regenerate(target: Transformer, prompts: list[list[int]], max_tokens: int, b
     tags = tags or [""] * len(prompts)
     done: list[list[int]] = []
     if out is not None and out.exists():
-        rows = [json.loads(line) for line in out.read_text().splitlines()]
-        done = [r["response"] for r, p in zip(rows, prompts) if r["prompt"] == p]
+        lines = out.read_text().splitlines()
+        for line, p in zip(lines, prompts):
+            row = json.loads(line)
+            if row["prompt"] != p:
+                break  # written for other prompts: keep only the prefix that matches
+            done.append(row["response"])
+        if len(done) < len(lines):
+            out.write_text("".join(line + "\n" for line in lines[: len(done)]))
     block = drafter.config.block_size if drafter else 16
     engine = Engine(target, drafter, num_slots=batch, max_len=max(len(p) for p in prompts) + max_tokens + block + 1)
     mode = "dflash" if drafter else "ar"
