@@ -251,21 +251,26 @@ def training_prompts(data_dir: str | Path, tokenizer: Tokenizer, per_domain: int
     return [(d, p) for d, p in out if p]
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="adaflash-train-drafter", description=__doc__)
+def add_data_arguments(p: argparse.ArgumentParser, prompts_per_domain: int) -> None:
+    """Options every drafter-training command shares: models, data, work folder, prompts, seed."""
     p.add_argument("--model-dir", type=Path, default=Path("models/default"), help="holds target/")
     p.add_argument("--data", type=Path, default=Path("../shared/data"))
-    p.add_argument("--out", default="drafter-dflash", help="drafter folder name inside --model-dir")
-    p.add_argument("--work", type=Path, help="regenerated data, checkpoints, metrics (default: work/<out>)")
-    p.add_argument("--prompts-per-domain", type=int, default=200)
+    p.add_argument("--work", type=Path, help="generated data, checkpoints, metrics (default: work/<out>)")
+    p.add_argument("--prompts-per-domain", type=int, default=prompts_per_domain)
     p.add_argument("--max-prompt-tokens", type=int, default=256)
     p.add_argument("--response-tokens", type=int, default=256)
+    p.add_argument("--seed", type=int, default=0)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="adaflash-train-drafter", description=__doc__)
+    add_data_arguments(p, prompts_per_domain=200)
+    p.add_argument("--out", default="drafter-dflash", help="drafter folder name inside --model-dir")
     p.add_argument("--layers", type=int, default=2)
     p.add_argument("--block-size", type=int, default=16)
     p.add_argument("--steps", type=int, default=2000)
     p.add_argument("--anchors", type=int, default=64, help="blocks per training sequence and step")
     p.add_argument("--lr", type=float, default=1e-3)
-    p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
     work = args.work or Path("work") / args.out
     work.mkdir(parents=True, exist_ok=True)

@@ -29,7 +29,8 @@ from torch import Tensor
 
 from adaflash.drafter import DFlashDrafter
 from adaflash.target import Transformer
-from adaflash.train_dflash import BlockLoss, anchored_blocks, fit_drafter, regenerate, training_prompts
+from adaflash.train_dflash import (BlockLoss, add_data_arguments, anchored_blocks, fit_drafter, regenerate,
+                                   training_prompts)
 
 KINDS = ("reverse", "forward")
 
@@ -103,23 +104,17 @@ def run_rounds(target: Transformer, drafter: DFlashDrafter, tokenizer: Tokenizer
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="adaflash-train-opd", description=__doc__)
-    p.add_argument("--model-dir", type=Path, default=Path("models/default"))
-    p.add_argument("--data", type=Path, default=Path("../shared/data"))
+    add_data_arguments(p, prompts_per_domain=60)
     p.add_argument("--from", dest="start", default="drafter-dflash", help="drafter folder to start from")
     p.add_argument("--out", help="drafter folder name to write (default: drafter-opd-<kind>)")
-    p.add_argument("--work", type=Path, help="generated data, checkpoints, versions (default: work/<out>)")
     p.add_argument("--kind", choices=KINDS, default="reverse")
     p.add_argument("--alpha", type=float, default=0.5)
     p.add_argument("--tau", type=float, default=5.0)
     p.add_argument("--rounds", type=int, default=3)
-    p.add_argument("--prompts-per-domain", type=int, default=60)
     p.add_argument("--steps", type=int, default=400, help="training steps per round")
     p.add_argument("--lr", type=float, default=3e-4)
     p.add_argument("--anchors", type=int, default=32)
-    p.add_argument("--response-tokens", type=int, default=256)
-    p.add_argument("--max-prompt-tokens", type=int, default=256)
     p.add_argument("--temperatures", default="0,1", help="prompts alternate between these")
-    p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
     out = args.out or f"drafter-opd-{args.kind}"
     work = args.work or Path("work") / out
