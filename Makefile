@@ -20,16 +20,26 @@ serve: venv
 	$(BIN)/adaflash serve
 
 # The default models, trained from scratch on ../shared/data (hours on CPU; resumable: rerun to continue):
-# target, DFlash drafter (drafter-dflash/), and the served drafter/ = that drafter with its length heads.
+# the target; the DFlash drafter in two stages (drafter-dflash-stage1/ is only the second stage's start);
+# from it, on-policy distillation with forward KL (OSD baseline, drafter-osd/) and with reverse KL
+# (drafter-adaflash/); the served drafter/ = the AdaFlash drafter with its length heads.
 models: venv
 	$(BIN)/adaflash-pretrain all --data ../shared/data --work work/pretrain --out models/default/target
-	$(BIN)/adaflash-train-drafter --model-dir models/default --data ../shared/data --out drafter-dflash
-	$(BIN)/adaflash-train-heads --model-dir models/default --drafter drafter-dflash --out drafter
+	$(BIN)/adaflash-train-drafter --model-dir models/default --data ../shared/data --out drafter-dflash-stage1 \
+		--work work/drafter-dflash --steps 3000
+	$(BIN)/adaflash-train-drafter --model-dir models/default --data ../shared/data --out drafter-dflash \
+		--work work/drafter-dflash2 --prompts-per-domain 700 --steps 6000 --lr 2e-3 --init models/default/drafter-dflash-stage1
+	$(BIN)/adaflash-train-opd --model-dir models/default --data ../shared/data --kind forward --out drafter-osd $(OPD_ARGS)
+	$(BIN)/adaflash-train-opd --model-dir models/default --data ../shared/data --kind reverse --out drafter-adaflash $(OPD_ARGS)
+	$(BIN)/adaflash-train-heads --model-dir models/default --drafter drafter-adaflash --out drafter
+OPD_ARGS ?= --rounds 2 --prompts-per-domain 40 --steps 300
 
-# Per-domain perplexity, repetition and tau of models/default on ../shared/data/eval; rewrites its
-# section of docs/results.md and bench-out/evaluate.json.
+# Per-domain perplexity, repetition, tau of every drafter and greedy throughput per mode of models/default
+# on ../shared/data/eval; rewrites its section of docs/results.md and bench-out/evaluate.json.
 evaluate: venv
-	$(BIN)/adaflash evaluate --model-dir models/default --data ../shared/data --drafter drafter-dflash
+	$(BIN)/adaflash evaluate --model-dir models/default --data ../shared/data --per-domain 8 \
+		--variants ngram,dflash:drafter-dflash,dflash:drafter-dflash@8,dflash:drafter-osd,dflash:drafter \
+		--throughput-variants ngram,dflash:drafter-dflash,adaflash-published:drafter,adaflash:drafter
 
 # The same pipeline at toy scale on the committed corpus fixture (tests/test_pretrain.py runs it too).
 models-smoke: venv

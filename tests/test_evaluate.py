@@ -29,7 +29,9 @@ def test_evaluate_writes_json_and_replaces_the_results_section(trained_tiny, tmp
     out = tmp_path / "eval.json"
     assert main(["evaluate", "--model-dir", str(model_dir), "--data", str(CORPUS), "--per-domain", "2",
                  "--max-tokens", "24", "--variants", "ngram,dflash,dflash@8", "--json", str(out),
-                 "--results", str(results)]) == 0
+                 "--results", str(results), "--throughput-variants", "ngram,adaflash",
+                 "--throughput-concurrency", "1,4", "--throughput-max-tokens", "16",
+                 "--throughput-per-domain", "1"]) == 0
     report = json.loads(out.read_text())
     names = [(r["variant"], r["temperature"]) for r in report["runs"]]
     assert names == [("ar", 0.0), ("ngram", 0.0), ("dflash:drafter", 0.0), ("dflash:drafter@8", 0.0),
@@ -43,3 +45,9 @@ def test_evaluate_writes_json_and_replaces_the_results_section(trained_tiny, tmp
     text = results.read_text()
     assert "stale" not in text and text.startswith("# Results\n\nbefore") and text.endswith("after\n")
     assert "adaflash evaluate" in text and "| math |" in text and set(report["heldout_loss_nats"]) == set(DOMAINS)
+    rows = report["throughput"]["rows"]
+    assert [(r["variant"], r["concurrency"]) for r in rows] == [
+        (v, c) for c in (1, 4) for v in ("ar", "ngram", "adaflash:drafter")]
+    assert all(r["greedy_equal_to_ar"] is True and r["output_tokens_per_s"] > 0 for r in rows)
+    assert all(r["output_tokens"] == rows[0]["output_tokens"] for r in rows)
+    assert "| adaflash:drafter | " in text and "x) |" in text

@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from adaflash.policy import CostModel, choose_lengths, published_length, ratio_to_rates
+from adaflash.policy import CostModel, LengthController, choose_lengths, published_length, ratio_to_rates
+from conftest import fixed_costs
 
 
 def flat_costs(batch: int) -> CostModel:
@@ -120,3 +121,27 @@ def test_published_length():
     assert published_length(0.5, 16, 7) == 7  # capped
     assert published_length(1.0, 16, 15) == 15  # round(20.8) capped at the block
     assert published_length(0.5, 8, 7) == 5  # round(5.2)
+
+
+def test_probes_back_off_when_their_draft_is_not_worth_verifying():
+    """A sequence whose drafts never pay drafts ever more rarely, whether the probe's tokens are
+    rejected or the length choice verifies none of them; a probe that finds text resets the interval."""
+    controller = LengthController(fixed_costs(), block_size=16, prior_weight=4.0, probe_every=4)
+    seq = controller.new_sequence()
+    for _ in range(40):  # hopeless history: plain decoding is the better choice from here on
+        seq.stats.update(draft_len=3, accepted=0)
+
+    def steps_until_probe() -> int:
+        n = 0
+        while not controller.choose_drafters([seq], [15], batch=16, other_tokens=15, n_drafting=1)[0]:
+            controller.observe(seq, 0, 0, adaptive=True)
+            n += 1
+        return n
+
+    assert steps_until_probe() == 4
+    controller.observe(seq, 0, 0, adaptive=True)  # drafted, the length choice verified nothing
+    assert steps_until_probe() == 8
+    controller.observe(seq, 2, 0, adaptive=True)  # drafted and rejected
+    assert steps_until_probe() == 16
+    controller.observe(seq, 2, 1, adaptive=True)  # found text
+    assert seq.probe_interval == 4

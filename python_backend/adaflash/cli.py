@@ -13,7 +13,7 @@ import torch
 from adaflash.bench import encode_prompts, eval_set_prompts, load_prompts, run_bench
 from adaflash.bundle import Bundle, load_bundle, tiny_random_bundle
 from adaflash.engine import MODES, Engine, Request
-from adaflash.evaluate import evaluate, markdown, parse_variants, replace_section
+from adaflash.evaluate import Throughput, evaluate, markdown, parse_variants, replace_section
 from adaflash.sampling import SamplingParams
 
 
@@ -106,13 +106,17 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 def cmd_evaluate(args: argparse.Namespace) -> int:
     variants = parse_variants(args.variants, args.drafter)
+    throughput = None if not args.throughput_variants else Throughput(
+        parse_variants(args.throughput_variants, args.drafter), args.throughput_concurrency, args.throughput_max_tokens,
+        args.throughput_per_domain)
     report = evaluate(args.model_dir, args.data, variants, args.per_domain, args.max_tokens, args.temperatures,
-                      args.concurrency, args.max_prompt_tokens, args.seed)
+                      args.concurrency, args.max_prompt_tokens, args.seed, throughput=throughput)
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
     Path(args.json).write_text(json.dumps(report, indent=1, ensure_ascii=False) + "\n")
     if args.results:
         replace_section(Path(args.results), markdown(report, "adaflash evaluate " + " ".join(sys.argv[2:])))
-    unequal = [r["variant"] for r in report["runs"] if r["greedy_equal_to_ar"] is False]
+    unequal = [r["variant"] for r in report["runs"] + report.get("throughput", {}).get("rows", [])
+               if r["greedy_equal_to_ar"] is False]
     if unequal:
         print(f"error: greedy output differs from ar for {', '.join(unequal)}", file=sys.stderr)
         return 1
@@ -197,6 +201,12 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--concurrency", type=int, default=1)
     ev.add_argument("--max-prompt-tokens", type=int, default=512)
     ev.add_argument("--seed", type=int, default=0)
+    ev.add_argument("--throughput-variants", default="",
+                    help="also measure greedy speed of these variants (same syntax; e.g. "
+                         "ngram,dflash:drafter-dflash,adaflash-published,adaflash)")
+    ev.add_argument("--throughput-concurrency", type=_csv(int), default=[1, 8, 32, 64])
+    ev.add_argument("--throughput-max-tokens", type=int, default=128)
+    ev.add_argument("--throughput-per-domain", type=int, default=16, help="prompts per domain for the speed runs")
     ev.add_argument("--json", default="bench-out/evaluate.json")
     ev.add_argument("--results", default="docs/results.md",
                     help="Markdown file whose evaluation section is replaced ('' to skip)")

@@ -39,6 +39,15 @@ class Variant:
         return self.mode if self.drafter is None else f"{self.mode}:{self.drafter}{block}"
 
 
+@dataclass
+class Throughput:
+    """Greedy decoding speed of variants at several concurrencies, on the evaluation prompts."""
+    variants: list[Variant]
+    concurrencies: list[int]
+    max_tokens: int
+    per_domain: int  # prompts per domain: the highest concurrency needs at least that many in all
+
+
 def is_repetitive(output: list[int], window: int = 128, max_period: int = 16) -> bool:
     """Whether the last `window` tokens repeat with a period of at most `max_period` tokens."""
     if len(output) < window:
@@ -64,7 +73,7 @@ def engine_for(model_dir: Path, target: Transformer, v: Variant, prompts: list[l
 
 def evaluate(model_dir: Path, data_dir: Path, variants: list[Variant], per_domain: int, max_tokens: int,
              temperatures: list[float], concurrency: int, max_prompt_tokens: int, seed: int,
-             progress: bool = True) -> dict:
+             progress: bool = True, throughput: Throughput | None = None) -> dict:
     bundle = load_bundle(model_dir, None)
     target, tok = bundle.target, bundle.tokenizer
     texts = eval_prompts(data_dir, per_domain)
@@ -104,7 +113,44 @@ def evaluate(model_dir: Path, data_dir: Path, variants: list[Variant], per_domai
             if progress:
                 print(f"T={temperature} {v.name:<28} tau={run['tau']} equal={run['greedy_equal_to_ar']} "
                       f"({wall:.0f} s)", flush=True)
+    if throughput is not None:
+        engines.clear()
+        texts = eval_prompts(data_dir, throughput.per_domain)
+        ids = [tok.encode(t).ids[-max_prompt_tokens:] for d in DOMAINS for t in texts[d]]
+        report["throughput"] = measure_throughput(model_dir, target, ids, throughput, progress)
     return report
+
+
+def measure_throughput(model_dir: Path, target: Transformer, prompts: list[list[int]], spec: Throughput,
+                       progress: bool) -> dict:
+    """Output tokens/s per variant and concurrency; ar runs first at each concurrency as the reference for
+    equality and ratios. Every engine has the same slots and length, so they can share the target's cache."""
+    slots = max(spec.concurrencies)
+    engines = {}
+    rows = []
+    for c in spec.concurrencies:
+        reference = None
+        for v in [Variant("ar")] + [v for v in spec.variants if v.mode != "ar"]:
+            key = (v.drafter, v.block_size)
+            if key not in engines:
+                engines[key] = engine_for(model_dir, target, v, prompts, spec.max_tokens, slots)
+            t0 = time.perf_counter()
+            seqs = engines[key].generate([Request(p, spec.max_tokens, mode=v.mode) for p in prompts], c)
+            row = {"variant": v.name, "concurrency": c, **summarize(seqs, time.perf_counter() - t0, reference)}
+            if v.mode == "ar":
+                reference = [s.output for s in seqs]
+                row["greedy_equal_to_ar"] = True
+            if row["greedy_equal_to_ar"] is False:
+                row["output_tokens_per_s"] = None  # wrong output has no speed worth reporting
+            rows.append(row)
+            if progress:
+                print(f"c={c:<3} {v.name:<28} tok/s={row['output_tokens_per_s']} tau={row['tau']} "
+                      f"equal={row['greedy_equal_to_ar']}", flush=True)
+    ar = {r["concurrency"]: r["output_tokens_per_s"] for r in rows if r["variant"] == "ar"}
+    for r in rows:
+        mine = r["output_tokens_per_s"]
+        r["speedup_vs_ar"] = round(mine / ar[r["concurrency"]], 4) if mine else None
+    return {"max_tokens": spec.max_tokens, "prompts": len(prompts), "rows": rows}
 
 
 def _repetition(seqs: list[Sequence], max_tokens: int) -> dict:
@@ -138,12 +184,36 @@ def markdown(report: dict, command: str) -> str:
         eq = "-" if r["greedy_equal_to_ar"] is None else str(r["greedy_equal_to_ar"]).lower()
         lines.append(f"| {r['variant']} | {r['temperature']:g} | " + " | ".join(f"{t:.2f}" for t in taus)
                      + f" | {mean:.2f} | {sd:.2f} | {eq} |")
+    if "throughput" in report:
+        lines += throughput_markdown(report["throughput"])
     lines += ["", "<details><summary>Sample greedy outputs (two per domain)</summary>", ""]
     for d in DOMAINS:
         for s in ar["samples"][d]:
             lines += [f"**{d}**, prompt ending `{_inline(s['prompt_tail'][-80:])}`:", "", "```", s["output"][:600], "```", ""]
     lines += ["</details>", "", MARK_END]
     return "\n".join(lines)
+
+
+def throughput_markdown(tp: dict) -> list[str]:
+    """Speed table: tokens/s and the ratio to ar per variant (rows) and concurrency (columns)."""
+    conc = sorted({r["concurrency"] for r in tp["rows"]})
+    names = list(dict.fromkeys(r["variant"] for r in tp["rows"]))
+    cell = {(r["variant"], r["concurrency"]): r for r in tp["rows"]}
+    lines = ["", f"Greedy throughput, the first {tp['prompts']} prompts of the same sets, {tp['max_tokens']} new tokens, "
+             "output tokens/s (ratio to ar; every output checked equal to ar's):", "",
+             "| variant | " + " | ".join(f"c={c}" for c in conc) + " |", "|---|" + "---|" * len(conc)]
+    for n in names:
+        cells = []
+        for c in conc:
+            r = cell.get((n, c))
+            if r is None:
+                cells.append("-")
+            elif r["output_tokens_per_s"] is None:
+                cells.append("output differs")
+            else:
+                cells.append(f"{r['output_tokens_per_s']:.0f} ({r['speedup_vs_ar']:.2f}x)")
+        lines.append(f"| {n} | " + " | ".join(cells) + " |")
+    return lines
 
 
 def _inline(text: str) -> str:

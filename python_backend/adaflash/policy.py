@@ -131,10 +131,12 @@ class AcceptanceStats:
     def __init__(self, size: int) -> None:
         self.tries = np.zeros(size)
         self.hits = np.zeros(size)
+        self.version = 0  # bumped by every update: decisions computed from unchanged counts can be reused
 
     def update(self, draft_len: int, accepted: int) -> None:
         self.tries[: min(accepted + 1, draft_len)] += 1
         self.hits[:accepted] += 1
+        self.version += 1
 
     def rates(self, prior: np.ndarray, weight: float) -> np.ndarray:
         """Conditional acceptance per position, shrunk toward `prior` with `weight` pseudo-tries."""
@@ -208,6 +210,7 @@ class SequencePolicy:
     stats: AcceptanceStats
     probe_interval: int
     skipped: int = 0  # consecutive adaflash steps without drafting
+    drafting: bool = False  # chosen to draft in the current step
 
 
 class LengthController:
@@ -223,6 +226,7 @@ class LengthController:
         self.cost, self.block_size = cost, block_size
         self.prior_weight, self.probe_every = prior_weight, probe_every
         self.global_stats = AcceptanceStats(block_size - 1)
+        self._decision: tuple[tuple, bool] | None = None  # (inputs, whether drafting pays) of the last choice
 
     def new_sequence(self) -> SequencePolicy:
         return SequencePolicy(AcceptanceStats(self.block_size - 1), self.probe_every)
@@ -234,12 +238,22 @@ class LengthController:
 
     def choose_drafters(self, seqs: list[SequencePolicy], caps: list[int], batch: int, other_tokens: int,
                         n_drafting: int) -> list[bool]:
-        """Which adaflash sequences draft this step; updates their skip counters."""
-        ks, _ = choose_lengths(self.estimated_rates(seqs), caps, self.cost, batch, other_tokens,
-                               draft_ms=self.cost.draft_ms(n_drafting))
-        chosen = [True] * len(seqs) if any(ks) else [s.skipped >= s.probe_interval for s in seqs]
+        """Which adaflash sequences draft this step; updates their skip counters.
+
+        The choice is a function of the counts and the batch shape; while they stay the same (the
+        common case when nothing is drafted) the last answer is reused: deciding must cost far
+        less than the decode step it may save.
+        """
+        key = (batch, other_tokens, n_drafting, tuple(caps), self.global_stats.version,
+               tuple(s.stats.version for s in seqs))
+        if self._decision is None or self._decision[0] != key:
+            ks, _ = choose_lengths(self.estimated_rates(seqs), caps, self.cost, batch, other_tokens,
+                                   draft_ms=self.cost.draft_ms(n_drafting))
+            self._decision = (key, any(ks))
+        chosen = [True] * len(seqs) if self._decision[1] else [s.skipped >= s.probe_interval for s in seqs]
         for s, c in zip(seqs, chosen):
             s.skipped = 0 if c else s.skipped + 1
+            s.drafting = c
         return chosen
 
     def lengths(self, rates: np.ndarray, caps: list[int], batch: int, other_tokens: int, n_drafting: int) -> list[int]:
@@ -263,8 +277,12 @@ class LengthController:
 
     def observe(self, seq: SequencePolicy, draft_len: int, accepted: int, adaptive: bool) -> None:
         """Record a verified draft; for adaflash, probes that find nothing come ever more rarely
-        (up to every 128 steps) and one that finds text resets them."""
+        (up to every 128 steps) and one that finds text resets them. A draft whose length choice
+        verifies nothing (the head judged it not worth it) counts as a probe that found nothing."""
+        drafted, seq.drafting = seq.drafting, False
         if draft_len == 0:
+            if adaptive and drafted:
+                seq.probe_interval = min(2 * seq.probe_interval, 128)
             return
         seq.stats.update(draft_len, accepted)
         self.global_stats.update(draft_len, accepted)

@@ -271,6 +271,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steps", type=int, default=2000)
     p.add_argument("--anchors", type=int, default=64, help="blocks per training sequence and step")
     p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--init", type=Path, help="start from this drafter's weights (same shape) instead of a random one")
     args = p.parse_args(argv)
     work = args.work or Path("work") / args.out
     work.mkdir(parents=True, exist_ok=True)
@@ -281,6 +282,8 @@ def main(argv: list[str] | None = None) -> int:
     responses = regenerate(target, prompts, args.response_tokens, out=work / "regenerated.jsonl", progress=True,
                            tags=[d for d, _ in tagged])
     drafter = new_drafter(target, tokenizer.token_to_id(BYTE_SPECIALS[2]), args.layers, args.block_size, args.seed)
+    if args.init is not None:
+        drafter.load_state_dict(DFlashDrafter.from_pretrained(args.init).state_dict())
     losses = fit_drafter(drafter, target, [(p + r, len(p)) for p, r in zip(prompts, responses)], args.steps,
                          lr=args.lr, anchors_per_seq=args.anchors, seed=args.seed, run_dir=work, progress=True)
     drafter.save_pretrained(args.model_dir / args.out, dtype=torch.float16)
