@@ -38,10 +38,11 @@ def self_generated(target: Transformer, prompts: list[list[int]], max_tokens: in
 
 def fixed_costs(num_slots: int = 16) -> CostModel:
     """A deterministic cost model shaped like the CPU measurements: a fixed forward overhead plus a small
-    per-token cost, and a drafter forward about half a verify. Keeps the adaflash choices reproducible."""
+    per-token cost, and a full-block drafter forward about half a verify, cheaper for shorter blocks.
+    Keeps the adaflash choices reproducible."""
     sizes = [b for b in (1, 2, 4, 8, 16) if b <= num_slots]
     verify = {b: [(b * k, 2.0 + 0.012 * b * k) for k in (1, 2, 4, 8, 16)] for b in sizes}
-    draft = {b: 1.2 + 0.1 * b for b in sizes}
+    draft = {b: [(n, 0.5 + (0.7 + 0.1 * b) * n / 16) for n in (2, 4, 8, 16)] for b in sizes}
     return CostModel(verify=verify, draft=draft)
 
 

@@ -287,3 +287,20 @@ def test_check_target_rejects_other_hidden_size():
     deeper = Transformer(dataclasses.replace(bundle.target.config, num_hidden_layers=6))
     with pytest.raises(ValueError, match="num_target_layers"):
         bundle.drafter.check_target(deeper)
+
+
+def test_a_shorter_block_drafts_as_a_drafter_run_at_that_block_size():
+    """adaflash drafts shorter blocks under load: the same draft as the drafter run at that block size."""
+    target, drafter, seqs, feats, ctx = _cached_vs_uncached(length_head=False)
+    slots = list(seqs)
+    anchors = [seqs[s][ctx[s]] for s in slots]
+    short = drafter.draft(target, slots, anchors, length=4)
+    assert short.tokens.shape == (2, 3) and short.hidden.shape[:2] == (2, 4)
+    full = drafter.draft(target, slots, anchors)
+    drafter.config = dataclasses.replace(drafter.config, block_size=4)
+    at_four = drafter.draft(target, slots, anchors)
+    assert torch.equal(short.tokens, at_four.tokens)
+    assert (short.hidden - at_four.hidden).abs().max().item() <= TOL
+    assert (short.hidden - full.hidden[:, :4]).abs().max().item() > 1e-4  # the later masks do take part
+    with pytest.raises(ValueError, match="draft length"):
+        drafter.draft(target, slots, anchors, length=5)

@@ -133,7 +133,7 @@ def test_probes_back_off_when_their_draft_is_not_worth_verifying():
 
     def steps_until_probe() -> int:
         n = 0
-        while not controller.choose_drafters([seq], [15], batch=16, other_tokens=15, n_drafting=1)[0]:
+        while not controller.choose_drafters([seq], [15], batch=16, other_tokens=15, n_drafting=1)[0][0]:
             controller.observe(seq, 0, 0, adaptive=True)
             n += 1
         return n
@@ -145,3 +145,27 @@ def test_probes_back_off_when_their_draft_is_not_worth_verifying():
     assert steps_until_probe() == 16
     controller.observe(seq, 2, 1, adaptive=True)  # found text
     assert seq.probe_interval == 4
+
+
+def test_under_load_a_short_block_pays_where_a_full_one_does_not():
+    """The drafter's cost grows with the block. Sequences whose first 3 draft tokens are always
+    accepted and the 4th never: with a costly drafter a 4-position block pays while the full block
+    does not; with a free drafter and every position accepted, the full block is the plan."""
+    def cost(draft_ms_per_position: float) -> CostModel:
+        return CostModel(verify={8: [(8, 10.0), (128, 10.0 + 120 * 0.1)]},
+                         draft={8: [(n, draft_ms_per_position * n) for n in (2, 4, 8, 16)]})
+
+    def plan(c: CostModel, accepted: int) -> tuple[bool, int]:
+        controller = LengthController(c, block_size=16)
+        seqs = [controller.new_sequence() for _ in range(8)]
+        for s in seqs:
+            for _ in range(50):
+                s.stats.update(draft_len=15, accepted=accepted)
+        chosen, length = controller.choose_drafters(seqs, [15] * 8, batch=8, other_tokens=0, n_drafting=8)
+        return all(chosen), length
+
+    assert plan(cost(0.0), accepted=15) == (True, 16)
+    assert plan(cost(2.0), accepted=3) == (True, 4)
+    rates = np.tile(np.array([1.0, 1.0, 1.0] + [0.0] * 12), (8, 1))
+    ks, _ = choose_lengths(rates, [15] * 8, cost(2.0), batch=8, other_tokens=0, draft_ms=cost(2.0).draft_ms(8, 16))
+    assert ks == [0] * 8  # the full block's draft costs more than its tokens save

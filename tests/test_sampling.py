@@ -73,7 +73,7 @@ def chi_square_p(counts: np.ndarray, probs: np.ndarray) -> float:
 
 _runs: dict = {}
 # Verify cost flat in tokens, drafting almost free: the cost-aware policy drafts these short requests too.
-CHEAP_DRAFTS = CostModel(verify={b: [(b, 2.0), (16 * b, 2.0)] for b in (1, 16)}, draft={1: 0.1, 16: 0.1})
+CHEAP_DRAFTS = CostModel(verify={b: [(b, 2.0), (16 * b, 2.0)] for b in (1, 16)}, draft={1: [(16, 0.1)], 16: [(16, 0.1)]})
 
 
 def sample_run(bundle, mode: str, params: dict) -> list:
@@ -140,7 +140,7 @@ def test_acceptance_rate_matches_its_expectation(trained_tiny, small, mode):
     _check_acceptance(sample_run(small, mode, {"temperature": 1.0}), min_tried=N_SAMPLES // 2)
     # ... and long generations of the byte-level bundle, where drafts of every length are verified.
     bundle = trained_tiny
-    engine = Engine(bundle.target, bundle.drafter, num_slots=16, max_len=30 + 48 + 16 + 10, cost_model=fixed_costs())
+    engine = Engine(bundle.target, bundle.drafter, num_slots=16, max_len=30 + 48 + 16 + 10, cost_model=CHEAP_DRAFTS)
     reqs = [Request(prompt_ids=p, max_tokens=48, mode=mode, stop_ids=(), sampling=SamplingParams(temperature=1.0, seed=i))
             for i, p in enumerate(random_prompts(64, seed=3))]
     seqs = engine.generate(reqs, concurrency=16)

@@ -209,7 +209,7 @@ class PositionHead(nn.Module):
 
 @dataclass
 class Draft:
-    tokens: Tensor  # [n, block_size - 1] drafted ids (greedy: the draft is deterministic)
+    tokens: Tensor  # [n, length - 1] drafted ids (greedy: the draft is deterministic)
     hidden: Tensor  # [n, block_size, D] final-norm hidden states of the block
     accept_ratio: Tensor | None  # [n] length head prediction of (accepted + 1) / block_size
     accept_rates: Tensor | None = None  # [n, block_size - 1] position head: P(j accepted | 1..j-1 accepted)
@@ -307,15 +307,17 @@ class DFlashDrafter(nn.Module):
         self.cache.lengths[slot] = min(self.cache.lengths[slot], length)
 
     @torch.inference_mode()
-    def draft(self, target: Transformer, slots: list[int], anchors: list[int]) -> Draft:
-        """Draft block_size - 1 tokens after each anchor; the anchor sits right after the cached context."""
+    def draft(self, target: Transformer, slots: list[int], anchors: list[int], length: int | None = None) -> Draft:
+        """Draft length - 1 tokens (default block_size - 1) after each anchor; the anchor sits right after the
+        cached context. A shorter block than trained costs less and drafts its first positions alike."""
         cache = self.cache
         assert cache is not None, "allocate_cache() first"
         ctx_lens = torch.tensor([cache.lengths[s] for s in slots], dtype=torch.long)
         lc = int(ctx_lens.max())
         ctx_mask = torch.arange(lc)[None, :] < ctx_lens[:, None]
         ctx_kv = [(gather_slots(cache.k[i], slots, lc), gather_slots(cache.v[i], slots, lc)) for i in range(len(self.layers))]
-        return self._finish(target, self.block_hidden(target, self.block_ids(anchors), ctx_lens, ctx_kv, ctx_mask))
+        ids = self.block_ids(anchors, length)
+        return self._finish(target, self.block_hidden(target, ids, ctx_lens, ctx_kv, ctx_mask))
 
     @torch.inference_mode()
     def draft_uncached(self, target: Transformer, features: Tensor, anchor: int) -> Draft:
@@ -335,9 +337,12 @@ class DFlashDrafter(nn.Module):
             out.append((k.transpose(0, 1)[None], v.transpose(0, 1)[None]))
         return out
 
-    def block_ids(self, anchors: list[int] | Tensor) -> Tensor:
+    def block_ids(self, anchors: list[int] | Tensor, length: int | None = None) -> Tensor:
         anchors = torch.as_tensor(anchors, dtype=torch.long)
-        ids = torch.full((anchors.shape[0], self.config.block_size), self.config.mask_token_id, dtype=torch.long)
+        length = self.config.block_size if length is None else length
+        if not 2 <= length <= self.config.block_size:
+            raise ValueError(f"draft length must be in [2, {self.config.block_size}], got {length}")
+        ids = torch.full((anchors.shape[0], length), self.config.mask_token_id, dtype=torch.long)
         ids[:, 0] = anchors
         return ids
 

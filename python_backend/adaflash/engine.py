@@ -192,25 +192,30 @@ class Engine:
             elif seq.request.mode == "ngram":
                 drafts[seq.id] = ngram.propose(seq.tokens, self._cap(seq))
         drafting = [s for s in active if s.request.mode in DRAFTER_MODES and self._cap(s) > 0]
+        caps = {s.id: self._cap(s) for s in drafting}
+        length = self.block_size
         ada = [s for s in drafting if s.request.mode == "adaflash"]
         if ada:
             ada_ids = {s.id for s in ada}
-            others = sum(len(drafts[s.id]) + 1 if s.id in drafts else self._cap(s) + 1
+            others = sum(len(drafts[s.id]) + 1 if s.id in drafts else caps.get(s.id, 0) + 1
                          for s in active if s.id not in ada_ids)
-            chosen = self.policy.choose_drafters([s.policy for s in ada], [self._cap(s) for s in ada], len(active),
-                                                 others, len(drafting))
+            chosen, ada_length = self.policy.choose_drafters([s.policy for s in ada], [caps[s.id] for s in ada],
+                                                             len(active), others, len(drafting))
             skipped = {s.id for s, c in zip(ada, chosen) if not c}
             drafting = [s for s in drafting if s.id not in skipped]
+            if all(s.request.mode == "adaflash" for s in drafting):
+                length = ada_length  # the other modes draft full blocks
+                caps.update((s.id, min(caps[s.id], length - 1)) for s in ada)
         for s in active:
             drafts.setdefault(s.id, [])
         if not drafting:
             return drafts
         self.flush_context(drafting)
-        draft = self.drafter.draft(self.target, [s.slot for s in drafting], [s.tokens[-1] for s in drafting])
+        draft = self.drafter.draft(self.target, [s.slot for s in drafting], [s.tokens[-1] for s in drafting], length)
         tokens, ratios = draft.tokens.tolist(), draft.accept_ratio
         ada_rows = []
         for i, seq in enumerate(drafting):
-            cap = self._cap(seq)
+            cap = caps[seq.id]
             if seq.request.mode == "dflash":
                 drafts[seq.id] = tokens[i][:cap]
             elif seq.request.mode == "adaflash-published":
@@ -224,7 +229,7 @@ class Engine:
             chosen_ids = {s.id for s in seqs}
             others = sum(len(drafts[s.id]) + 1 for s in active if s.id not in chosen_ids)
             rates = self.policy.draft_rates(draft, ada_rows, self.policy.estimated_rates([s.policy for s in seqs]))
-            ks = self.policy.lengths(rates, [self._cap(s) for s in seqs], len(active), others, len(drafting))
+            ks = self.policy.lengths(rates, [caps[s.id] for s in seqs], len(active), others, len(drafting))
             for seq, i, k in zip(seqs, ada_rows, ks):
                 drafts[seq.id] = tokens[i][:k]
         return drafts

@@ -27,10 +27,12 @@ if TYPE_CHECKING:
 
 @dataclass
 class CostModel:
-    """Measured milliseconds: verify[b] = [(total_tokens, ms), ...] for b sequences; draft[b] = ms."""
+    """Measured milliseconds: verify[b] = [(total_tokens, ms), ...] for b sequences; draft[b] =
+    [(block_length, ms), ...] for one drafter forward of b sequences over blocks of that many
+    positions (anchor included): a shorter block costs the drafter less."""
 
     verify: dict[int, list[tuple[int, float]]] = field(default_factory=dict)
-    draft: dict[int, float] = field(default_factory=dict)
+    draft: dict[int, list[tuple[int, float]]] = field(default_factory=dict)
 
     def verify_ms(self, batch: int, total_tokens: float | np.ndarray) -> float | np.ndarray:
         """Interpolate linearly in tokens per sequence, then across the measured batch sizes."""
@@ -50,14 +52,19 @@ class CostModel:
         beyond = ys[-1] + slope * (total - xs[-1])  # extrapolate with the last slope
         return np.where(total > xs[-1], beyond, np.interp(total, xs, ys))
 
-    def draft_ms(self, n: int) -> float:
+    def draft_ms(self, n: int, length: int | None = None) -> float:
+        """n sequences drafting blocks of `length` positions (None: the longest measured)."""
         if n == 0 or not self.draft:
             return 0.0
         sizes = sorted(self.draft)
-        xs, ys = sizes, [self.draft[b] for b in sizes]
-        if n > xs[-1]:
-            return ys[-1] * n / xs[-1]
-        return float(np.interp(n, xs, ys))
+
+        def at(b: int) -> float:
+            xs, ys = np.array(self.draft[b], dtype=float).T
+            return float(np.interp(xs[-1] if length is None else length, xs, ys))
+
+        if n > sizes[-1]:
+            return at(sizes[-1]) * n / sizes[-1]
+        return float(np.interp(n, sizes, [at(b) for b in sizes]))
 
     def to_json(self) -> dict:
         return {"verify_ms": {str(b): pts for b, pts in self.verify.items()}, "draft_ms": {str(b): v for b, v in self.draft.items()}}
@@ -66,7 +73,7 @@ class CostModel:
     def from_json(cls, d: dict) -> "CostModel":
         return cls(
             verify={int(b): [tuple(p) for p in pts] for b, pts in d["verify_ms"].items()},
-            draft={int(b): float(v) for b, v in d.get("draft_ms", {}).items()},
+            draft={int(b): [tuple(p) for p in pts] for b, pts in d.get("draft_ms", {}).items()},
         )
 
     def save(self, path: str | Path) -> None:
@@ -107,12 +114,18 @@ def measure_costs(
             model.verify[b].append((b * k, _median_ms(verify, reps)))
         if drafter is not None:
             anchors = [0] * b
-            model.draft[b] = _median_ms(lambda: drafter.draft(target, slots[:b], anchors), reps)
+            model.draft[b] = [(n, _median_ms(lambda: drafter.draft(target, slots[:b], anchors, length=n), reps))
+                              for n in block_lengths(drafter.config.block_size)]
     for s in slots:
         cache.truncate(s, 0)
         if drafter is not None:
             drafter.truncate(s, 0)
     return model
+
+
+def block_lengths(block_size: int) -> list[int]:
+    """Block lengths (anchor included) the adaflash policy may draft: powers of two, and the full block."""
+    return sorted({2**i for i in range(1, 8) if 2**i < block_size} | {block_size})
 
 
 def _median_ms(fn, reps: int) -> float:
@@ -237,8 +250,9 @@ class LengthController:
 
 
     def choose_drafters(self, seqs: list[SequencePolicy], caps: list[int], batch: int, other_tokens: int,
-                        n_drafting: int) -> list[bool]:
-        """Which adaflash sequences draft this step; updates their skip counters.
+                        n_drafting: int) -> tuple[list[bool], int]:
+        """Which adaflash sequences draft this step, and the block length (anchor included) to draft;
+        updates their skip counters.
 
         The choice is a function of the counts and the batch shape; while they stay the same (the
         common case when nothing is drafted) the last answer is reused: deciding must cost far
@@ -247,29 +261,42 @@ class LengthController:
         key = (batch, other_tokens, n_drafting, tuple(caps), self.global_stats.version,
                tuple(s.stats.version for s in seqs))
         if self._decision is None or self._decision[0] != key:
-            ks, _ = choose_lengths(self.estimated_rates(seqs), caps, self.cost, batch, other_tokens,
-                                   draft_ms=self.cost.draft_ms(n_drafting))
-            self._decision = (key, any(ks))
-        chosen = [True] * len(seqs) if self._decision[1] else [s.skipped >= s.probe_interval for s in seqs]
+            self._decision = (key, *self._plan(self.estimated_rates(seqs), caps, batch, other_tokens, n_drafting))
+        _, pays, length = self._decision
+        chosen = [True] * len(seqs) if pays else [s.skipped >= s.probe_interval for s in seqs]
         for s, c in zip(seqs, chosen):
             s.skipped = 0 if c else s.skipped + 1
             s.drafting = c
-        return chosen
+        return chosen, length
+
+    def _plan(self, rates: np.ndarray, caps: list[int], batch: int, other_tokens: int,
+              n_drafting: int) -> tuple[bool, int]:
+        """Whether drafting beats plain decoding, and the block length that does best: the drafter's
+        cost grows with the block, so under load a short block can pay where a full one cannot.
+        When nothing pays, probes draft the shortest block."""
+        best_rate, best_length = 0.0, None
+        for length in block_lengths(self.block_size):
+            ks, rate = choose_lengths(rates, [min(c, length - 1) for c in caps], self.cost, batch, other_tokens,
+                                      draft_ms=self.cost.draft_ms(n_drafting, length))
+            if any(ks) and rate > best_rate:
+                best_rate, best_length = rate, length
+        return best_length is not None, best_length or min(block_lengths(self.block_size))
 
     def lengths(self, rates: np.ndarray, caps: list[int], batch: int, other_tokens: int, n_drafting: int) -> list[int]:
         """k per drafted adaflash sequence; the draft is made, so its cost is paid whatever k is."""
         ks, _ = choose_lengths(rates, caps, self.cost, batch, other_tokens, draft_ms=0.0,
-                               sunk_ms=self.cost.draft_ms(n_drafting))
+                               sunk_ms=self.cost.draft_ms(n_drafting, rates.shape[1] + 1))
         return ks
 
     def draft_rates(self, draft: "Draft", rows: list[int], estimates: np.ndarray) -> np.ndarray:
         """Per-position rates of drafted sequences `rows`: the position head's when the drafter has one,
         else the published head's ratio spread over the block, else the running `estimates`."""
+        width = draft.tokens.shape[1]
         if draft.accept_rates is not None:
             return draft.accept_rates[rows].double().numpy()
-        if draft.accept_ratio is not None:
+        if draft.accept_ratio is not None and width == self.block_size - 1:
             return ratio_to_rates(draft.accept_ratio[rows], self.block_size)
-        return estimates
+        return estimates[:, :width]
 
     def published(self, rates: np.ndarray, ratio: float | None, cap: int) -> int:
         """The published rule, with the head's ratio or, without a head, the one the estimates imply."""

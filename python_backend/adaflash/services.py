@@ -113,7 +113,7 @@ class DraftCall:
     features: torch.Tensor  # target features of positions committed since the last call (may be empty)
     anchor: int
     mode: str  # dflash | adaflash | adaflash-published
-    cap: int  # most draft tokens worth verifying
+    cap: int  # most draft tokens worth verifying (adaflash: and drafting; the block is cut to the longest cap)
     rates: np.ndarray  # the caller's per-position acceptance estimates, used when there is no length head
 
 
@@ -139,7 +139,9 @@ class DrafterService:
         if fresh:
             self.drafter.append_context([s for s, _ in fresh], torch.cat([f for _, f in fresh]),
                                         [f.shape[0] for _, f in fresh])
-        draft = self.drafter.draft(self.target, slots, [c.anchor for c in calls])
+        full = self.drafter.config.block_size
+        length = full if any(c.mode != "adaflash" for c in calls) else min(full, max(c.cap for c in calls) + 1)
+        draft = self.drafter.draft(self.target, slots, [c.anchor for c in calls], max(length, 2))
         tokens = draft.tokens.tolist()
         ratios = draft.accept_ratio
         ks = [c.cap for c in calls]

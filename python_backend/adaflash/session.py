@@ -55,8 +55,8 @@ async def run_request(
         cap = draft_cap(request, len(seq.output), len(seq.tokens), controller.block_size, max_len)
         if request.mode == "ngram":
             proposal = ngram.propose(seq.tokens, cap)
-        elif uses_drafter and cap > 0 and _wants_draft(controller, seq, cap, active()):
-            call = DraftCall(key, torch.cat(pending), seq.tokens[-1], request.mode, cap,
+        elif uses_drafter and cap > 0 and (length := _draft_length(controller, seq, cap, active())):
+            call = DraftCall(key, torch.cat(pending), seq.tokens[-1], request.mode, min(cap, length - 1),
                              controller.estimated_rates([seq.policy])[0])
             try:
                 proposal = await draft(call)
@@ -72,8 +72,11 @@ async def run_request(
     return seq
 
 
-def _wants_draft(controller: LengthController, seq: Sequence, cap: int, active: int) -> bool:
-    """adaflash asks the controller whether drafting pays this step; the other drafter modes always draft."""
+def _draft_length(controller: LengthController, seq: Sequence, cap: int, active: int) -> int:
+    """Block length to draft, 0 for none: adaflash asks the controller whether drafting pays this step
+    and how long a block; the other drafter modes always draft full blocks."""
     if seq.request.mode != "adaflash":
-        return True
-    return controller.choose_drafters([seq.policy], [cap], max(active, 1), max(active - 1, 0), max(active, 1))[0]
+        return controller.block_size
+    chosen, length = controller.choose_drafters([seq.policy], [cap], max(active, 1), max(active - 1, 0),
+                                                max(active, 1))
+    return length if chosen[0] else 0
