@@ -31,13 +31,14 @@ models: venv
 		--work work/drafter-dflash2 --prompts-per-domain 700 --steps 6000 --lr 2e-3 --init models/default/drafter-dflash-stage1
 	$(BIN)/adaflash-train-opd --model-dir models/default --data ../shared/data --kind forward --out drafter-osd $(OPD_ARGS)
 	$(BIN)/adaflash-train-opd --model-dir models/default --data ../shared/data --kind reverse --out drafter-adaflash $(OPD_ARGS)
-	$(BIN)/adaflash-train-heads --model-dir models/default --drafter drafter-adaflash --out drafter
+	$(BIN)/adaflash-train-heads --model-dir models/default --drafter drafter-adaflash --out drafter \
+		--regenerated work/drafter-dflash2/regenerated.jsonl
 OPD_ARGS ?= --rounds 2 --prompts-per-domain 40 --steps 300
 
 # Per-domain perplexity, repetition, tau of every drafter and greedy throughput per mode of models/default
 # on ../shared/data/eval; rewrites its section of docs/results.md and bench-out/evaluate.json.
 evaluate: venv
-	$(BIN)/adaflash evaluate --model-dir models/default --data ../shared/data --per-domain 8 \
+	$(BIN)/adaflash evaluate --model-dir models/default --data ../shared/data --per-domain 8 --concurrency 8 \
 		--variants ngram,dflash:drafter-dflash,dflash:drafter-dflash@8,dflash:drafter-osd,dflash:drafter \
 		--throughput-variants ngram,dflash:drafter-dflash,adaflash-published:drafter,adaflash:drafter
 
@@ -53,7 +54,8 @@ test: venv
 bench: venv
 	mkdir -p bench-out
 	test ! -d models/default/drafter || $(BIN)/adaflash bench --model-dir models/default --eval-data ../shared/data \
-		--modes ar,ngram,dflash,adaflash,adaflash-published --concurrency 1,32 --max-tokens 128 --json bench-out/engine-default.json
+		--per-domain 16 --modes ar,adaflash-published,adaflash --concurrency 1,8,32,64 --max-tokens 128 \
+		--json bench-out/engine-default.json
 	$(BIN)/adaflash bench --tiny-random --modes ar,ngram,dflash,adaflash,adaflash-published --concurrency 1,4,16 --json bench-out/engine-tiny.json
 	$(BIN)/python clients/bench_runner.py --json bench-out/runner-vs-transformers.json
 

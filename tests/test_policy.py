@@ -123,9 +123,10 @@ def test_published_length():
     assert published_length(0.5, 8, 7) == 5  # round(5.2)
 
 
-def test_probes_back_off_when_their_draft_is_not_worth_verifying():
-    """A sequence whose drafts never pay drafts ever more rarely, whether the probe's tokens are
-    rejected or the length choice verifies none of them; a probe that finds text resets the interval."""
+def test_probes_back_off_while_drafting_does_not_pay():
+    """Each probe costs a drafter forward: while drafting does not pay they come ever more rarely,
+    whatever they find; once the estimates say drafting pays, every sequence drafts and the
+    interval starts over."""
     controller = LengthController(fixed_costs(), block_size=16, prior_weight=4.0, probe_every=4)
     seq = controller.new_sequence()
     for _ in range(40):  # hopeless history: plain decoding is the better choice from here on
@@ -134,16 +135,15 @@ def test_probes_back_off_when_their_draft_is_not_worth_verifying():
     def steps_until_probe() -> int:
         n = 0
         while not controller.choose_drafters([seq], [15], batch=16, other_tokens=15, n_drafting=1)[0][0]:
-            controller.observe(seq, 0, 0, adaptive=True)
             n += 1
         return n
 
-    assert steps_until_probe() == 4
-    controller.observe(seq, 0, 0, adaptive=True)  # drafted, the length choice verified nothing
-    assert steps_until_probe() == 8
-    controller.observe(seq, 2, 0, adaptive=True)  # drafted and rejected
-    assert steps_until_probe() == 16
-    controller.observe(seq, 2, 1, adaptive=True)  # found text
+    assert [steps_until_probe() for _ in range(4)] == [4, 8, 16, 32]
+    controller.observe(seq, 3, 3)  # a probe that finds text does not by itself bring probes back
+    assert steps_until_probe() == 64
+    for _ in range(200):
+        seq.stats.update(draft_len=15, accepted=15)
+    assert controller.choose_drafters([seq], [15], batch=16, other_tokens=15, n_drafting=1)[0] == [True]
     assert seq.probe_interval == 4
 
 

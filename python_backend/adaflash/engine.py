@@ -240,7 +240,7 @@ class Engine:
                                [s.generator for s in active], self.capture)
         for seq, feed, res in zip(active, feeds, results):
             self._queue_context(seq, res)
-            self.policy.observe(seq.policy, len(feed) - 1, res.accepted, adaptive=seq.request.mode == "adaflash")
+            self.policy.observe(seq.policy, len(feed) - 1, res.accepted)
             seq.steps.append(StepRecord(len(feed) - 1, res.accepted, seq.commit(res.committed), res.expected_accepted))
 
     def _queue_context(self, seq: Sequence, res: StepResult) -> None:

@@ -223,7 +223,6 @@ class SequencePolicy:
     stats: AcceptanceStats
     probe_interval: int
     skipped: int = 0  # consecutive adaflash steps without drafting
-    drafting: bool = False  # chosen to draft in the current step
 
 
 class LengthController:
@@ -266,7 +265,10 @@ class LengthController:
         chosen = [True] * len(seqs) if pays else [s.skipped >= s.probe_interval for s in seqs]
         for s, c in zip(seqs, chosen):
             s.skipped = 0 if c else s.skipped + 1
-            s.drafting = c
+            if pays:
+                s.probe_interval = self.probe_every
+            elif c:  # a probe: each costs a drafter forward, so they come ever more rarely while drafting does not pay
+                s.probe_interval = min(2 * s.probe_interval, 128)
         return chosen, length
 
     def _plan(self, rates: np.ndarray, caps: list[int], batch: int, other_tokens: int,
@@ -302,16 +304,10 @@ class LengthController:
         """The published rule, with the head's ratio or, without a head, the one the estimates imply."""
         return published_length(ratio_from_rates(rates, self.block_size) if ratio is None else ratio, self.block_size, cap)
 
-    def observe(self, seq: SequencePolicy, draft_len: int, accepted: int, adaptive: bool) -> None:
-        """Record a verified draft; for adaflash, probes that find nothing come ever more rarely
-        (up to every 128 steps) and one that finds text resets them. A draft whose length choice
-        verifies nothing (the head judged it not worth it) counts as a probe that found nothing."""
-        drafted, seq.drafting = seq.drafting, False
+    def observe(self, seq: SequencePolicy, draft_len: int, accepted: int) -> None:
+        """Record a verified draft. (adaflash probes back off in `choose_drafters`: what they find
+        matters only once the estimates say drafting pays, which resets them.)"""
         if draft_len == 0:
-            if adaptive and drafted:
-                seq.probe_interval = min(2 * seq.probe_interval, 128)
             return
         seq.stats.update(draft_len, accepted)
         self.global_stats.update(draft_len, accepted)
-        if adaptive:
-            seq.probe_interval = self.probe_every if accepted else min(2 * seq.probe_interval, 128)

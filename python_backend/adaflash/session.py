@@ -66,7 +66,7 @@ async def run_request(
         res = await verify([seq.tokens[-1]] + proposal)
         if uses_drafter:
             pending.append(res.features)
-        controller.observe(seq.policy, len(proposal), res.accepted, adaptive=request.mode == "adaflash")
+        controller.observe(seq.policy, len(proposal), res.accepted)
         seq.steps.append(StepRecord(len(proposal), res.accepted, seq.commit(res.committed), res.expected_accepted))
         await emit(seq, out_from, steps_from)
     return seq
