@@ -21,9 +21,10 @@ def steep_costs(batch: int) -> CostModel:
 
 
 def objective(ks, rates, cost, batch, other_tokens, draft_ms, sunk_ms):
-    """Expected committed tokens per ms of a draft-length vector, as choose_lengths defines it."""
+    """Expected committed tokens per ms of the whole batch for a draft-length vector, as choose_lengths
+    defines it: the other sequences commit one token each."""
     n = len(ks)
-    expected = n + sum(float(np.prod(rates[i, : j + 1])) for i, k in enumerate(ks) for j in range(k))
+    expected = batch + sum(float(np.prod(rates[i, : j + 1])) for i, k in enumerate(ks) for j in range(k))
     ms = cost.verify_ms(batch, other_tokens + n + sum(ks)) + sunk_ms + (draft_ms if any(ks) else 0.0)
     return expected / ms
 
@@ -127,10 +128,12 @@ def test_probes_back_off_while_drafting_does_not_pay():
     """Each probe costs a drafter forward: while drafting does not pay they come ever more rarely,
     whatever they find; once the estimates say drafting pays, every sequence drafts and the
     interval starts over."""
-    controller = LengthController(fixed_costs(), block_size=16, prior_weight=4.0, probe_every=4)
+    clock = itertools.count(step=1000.0)  # seconds between calls: probes never wait for their time share
+    controller = LengthController(fixed_costs(), block_size=16, prior_weight=4.0, probe_every=4,
+                                  clock=lambda: next(clock))
     seq = controller.new_sequence()
     for _ in range(40):  # hopeless history: plain decoding is the better choice from here on
-        seq.stats.update(draft_len=3, accepted=0)
+        controller.observe(seq, draft_len=3, accepted=0)
 
     def steps_until_probe() -> int:
         n = 0
@@ -169,3 +172,69 @@ def test_under_load_a_short_block_pays_where_a_full_one_does_not():
     rates = np.tile(np.array([1.0, 1.0, 1.0] + [0.0] * 12), (8, 1))
     ks, _ = choose_lengths(rates, [15] * 8, cost(2.0), batch=8, other_tokens=0, draft_ms=cost(2.0).draft_ms(8, 16))
     assert ks == [0] * 8  # the full block's draft costs more than its tokens save
+
+
+def test_live_timings_rescale_the_cost_table():
+    """The table is measured once on short idle caches; live forwards at longer contexts cost more.
+    Timed forwards pull the predictions toward what they measure, and one stall cannot swing them."""
+    cost = CostModel(verify={4: [(4, 10.0), (64, 40.0)]}, draft={4: [(2, 4.0), (16, 8.0)]})
+    for _ in range(200):
+        cost.observe_verify(4, 4, 20.0)
+        cost.observe_draft(4, 16, 4.0)
+    assert cost.verify_ms(4, 4) == pytest.approx(20.0, rel=0.01)
+    assert cost.verify_ms(4, 64) == pytest.approx(80.0, rel=0.01)
+    assert cost.draft_ms(4, 2) == pytest.approx(2.0, rel=0.01)
+    before = cost.scales
+    cost.observe_verify(4, 4, 10_000.0)
+    assert cost.verify_ms(4, 4) < 20.0 * 1.1
+    assert cost.scales != before  # rounded scales change, so reused decisions are taken again
+    for _ in range(500):
+        cost.observe_verify(4, 4, 10_000.0)
+    assert cost.verify_ms(4, 4) == pytest.approx(40.0)  # bounded at 4x the table
+
+
+def test_copies_are_preferred_when_they_do_as_well_and_probed_when_they_do_not_pay():
+    """A copy of the context needs no drafter forward, so it is taken whenever it is expected to commit
+    as many tokens as a draft; copies that never pay are still tried one token every `probe_every` steps.
+    Estimates are kept per n-gram length matched: a 3-gram match copies far better than a 1-gram one."""
+    controller = LengthController(fixed_costs(), block_size=16, probe_every=4)
+    seq = controller.new_sequence()
+    for _ in range(50):
+        seq.stats.update(draft_len=15, accepted=0)
+    assert controller.prefers_copy([seq], [1], [15], [15]) == [True]  # untried copies against a drafter that never hits
+    for _ in range(50):
+        seq.stats.update(draft_len=15, accepted=6)
+        controller.observe(seq, 15, 0, matched=1)
+        controller.observe(seq, 15, 15, matched=3)
+    seq.skipped = 0
+    assert controller.prefers_copy([seq, seq], [1, 3], [15, 15], [15, 15]) == [False, True]
+    seq.skipped = seq.probe_interval  # due for a drafter probe: drafts even where a copy looks better
+    assert controller.prefers_copy([seq], [3], [15], [15]) == [False]
+    assert [controller.copy_lengths([seq], [1], [15], batch=16, other_tokens=15)[0][0] for _ in range(8)] == [0, 0, 0, 1] * 2
+    assert controller.copy_lengths([seq], [3], [15], batch=16, other_tokens=15)[0] == [15]
+    fresh = controller.new_sequence()  # the other sequences' copies are its prior
+    assert controller.copy_lengths([fresh, fresh], [3, 1], [15, 15], batch=16, other_tokens=14)[0] == [15, 0]
+
+
+def test_probes_keep_to_their_share_of_the_time():
+    """Under load every sequence's probe schedule together would cost a drafter forward every step;
+    probes run only while they stay within `probe_share` of the time, and due ones wait to go together."""
+    now = [0.0]
+    controller = LengthController(fixed_costs(), block_size=16, probe_every=4, probe_share=0.1, clock=lambda: now[0])
+    seqs = [controller.new_sequence() for _ in range(3)]
+    for s in seqs:
+        for _ in range(40):
+            controller.observe(s, draft_len=3, accepted=0)
+    seqs[0].skipped, seqs[1].skipped = 4, 1
+
+    def choose() -> list[bool]:
+        return controller.choose_drafters(seqs, [15] * 3, batch=16, other_tokens=13, n_drafting=3)[0]
+
+    assert choose() == [True, False, False]
+    window = fixed_costs().draft_ms(1, 2) / 1000 / 0.1  # one 2-position draft, at 10% of the time
+    for _ in range(5):
+        now[0] += window / 10
+        assert choose() == [False, False, False]
+    assert seqs[1].skipped > seqs[1].probe_interval and seqs[2].skipped > seqs[2].probe_interval
+    now[0] += window
+    assert choose() == [False, True, True]  # the two that waited probe in one forward

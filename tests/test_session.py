@@ -70,6 +70,8 @@ def test_served_loop_equals_engine(trained_tiny, mode):
         assert emitted[i] == ref  # what was streamed, in order, is the output
     if mode in ("dflash", "adaflash-published"):
         assert any(st.accepted > 0 for s in seqs for st in s.steps)
+    if mode == "adaflash":
+        assert any(st.accepted > 0 and st.copied for s in seqs for st in s.steps)
 
 
 def test_drafter_failure_falls_back_to_plain_decoding(trained_tiny):

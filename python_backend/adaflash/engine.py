@@ -45,6 +45,7 @@ class StepRecord:
     accepted: int  # of those, accepted
     committed: int  # tokens this step produced: accepted + bonus, cut after a stop token (counted) or at max_tokens
     expected_accepted: float = 0.0  # sampling only: sum of p(x) over the draft tokens tried
+    copied: bool = False  # the draft was copied from the context (adaflash), not drafted
 
 
 @dataclass
@@ -121,6 +122,7 @@ class Engine:
         self.waiting: deque[Sequence] = deque()
         self.running: dict[int, Sequence] = {}
         self._ids = count()
+        self._expected: dict[int, float] = {}  # this step's adaflash copies: tokens each is expected to commit
 
     # ---- admission -------------------------------------------------------------------------
     def submit(self, request: Request) -> Sequence:
@@ -175,8 +177,8 @@ class Engine:
         touched = {s.id: s for s in self._admit()}
         active = [s for s in self.running.values() if not s.finished]
         if active:
-            drafts = self._plan(active)
-            self._verify(active, drafts)
+            drafts, copied = self._plan(active)
+            self._verify(active, drafts, copied)
             touched.update((s.id, s) for s in active)
         self._retire([s for s in self.running.values() if s.finished])
         return list(touched.values())
@@ -184,8 +186,12 @@ class Engine:
     def _cap(self, seq: Sequence) -> int:
         return draft_cap(seq.request, len(seq.output), len(seq.tokens), self.block_size, self.max_len)
 
-    def _plan(self, active: list[Sequence]) -> dict[int, list[int]]:
+    def _plan(self, active: list[Sequence]) -> tuple[dict[int, list[int]], dict[int, int]]:
+        """Draft tokens to verify per sequence id, and for drafts copied from the context the n-gram
+        length their lookup matched."""
         drafts: dict[int, list[int]] = {}
+        copied: dict[int, int] = {}
+        self._expected.clear()
         for seq in active:
             if seq.request.mode == "ar":
                 drafts[seq.id] = []
@@ -196,22 +202,70 @@ class Engine:
         length = self.block_size
         ada = [s for s in drafting if s.request.mode == "adaflash"]
         if ada:
-            ada_ids = {s.id for s in ada}
-            others = sum(len(drafts[s.id]) + 1 if s.id in drafts else caps.get(s.id, 0) + 1
-                         for s in active if s.id not in ada_ids)
-            chosen, ada_length = self.policy.choose_drafters([s.policy for s in ada], [caps[s.id] for s in ada],
-                                                             len(active), others, len(drafting))
-            skipped = {s.id for s, c in zip(ada, chosen) if not c}
-            drafting = [s for s in drafting if s.id not in skipped]
+            ada_length = self._plan_adaflash(active, ada, caps, drafts, copied)
+            drafting = [s for s in drafting if s.id not in drafts]
             if all(s.request.mode == "adaflash" for s in drafting):
                 length = ada_length  # the other modes draft full blocks
-                caps.update((s.id, min(caps[s.id], length - 1)) for s in ada)
+                caps.update((s.id, min(caps[s.id], length - 1)) for s in drafting)
         for s in active:
             drafts.setdefault(s.id, [])
-        if not drafting:
-            return drafts
+        if drafting:
+            self._draft(active, drafting, caps, length, drafts)
+        return drafts, copied
+
+    def _plan_adaflash(self, active: list[Sequence], ada: list[Sequence], caps: dict[int, int],
+                       drafts: dict[int, list[int]], copied: dict[int, int]) -> int:
+        """Decide the adaflash sequences that do not draft this step (filling `drafts`): those whose
+        copy of the context is expected to do as well as the drafter verify it, the others draft if
+        that pays and otherwise verify their copy as far as that pays. Returns the block length."""
+        proposals = {s.id: ngram.lookup(s.tokens, caps[s.id]) for s in ada}
+        prefer = self.policy.prefers_copy([s.policy for s in ada], [proposals[s.id][1] for s in ada],
+                                          [len(proposals[s.id][0]) for s in ada], [caps[s.id] for s in ada])
+        self._copy(active, [s for s, p in zip(ada, prefer) if p], proposals, caps, drafts, copied)
+        rest = [s for s in ada if s.id not in drafts]
+        if not rest:
+            return self.block_size
+        ids = {s.id for s in rest}
+        n_drafting = len(rest) + sum(s.id in caps and s.id not in drafts and s.id not in ids for s in active)
+        tokens, expected = self._others(active, ids, caps, drafts)
+        chosen, length = self.policy.choose_drafters([s.policy for s in rest], [caps[s.id] for s in rest], len(active),
+                                                     tokens, n_drafting, expected)
+        self._copy(active, [s for s, c in zip(rest, chosen) if not c], proposals, caps, drafts, copied)
+        return length
+
+    def _copy(self, active: list[Sequence], seqs: list[Sequence], proposals: dict[int, tuple[list[int], int]],
+              caps: dict[int, int], drafts: dict[int, list[int]], copied: dict[int, int]) -> None:
+        if not seqs:
+            return
+        ks, expected = self.policy.copy_lengths([s.policy for s in seqs], [proposals[s.id][1] for s in seqs],
+                                                [len(proposals[s.id][0]) for s in seqs], len(active),
+                                                *self._others(active, {s.id for s in seqs}, caps, drafts))
+        for s, k, e in zip(seqs, ks, expected):
+            drafts[s.id] = proposals[s.id][0][:k]
+            self._expected[s.id] = e
+            if k:
+                copied[s.id] = proposals[s.id][1]
+
+    def _others(self, active: list[Sequence], ids: set[int], caps: dict[int, int],
+                drafts: dict[int, list[int]]) -> tuple[int, float]:
+        """Tokens the sequences outside `ids` put into the next verify (known drafts, full caps for the
+        fixed-length drafter modes, one for adaflash sequences still undecided) and the tokens they are
+        expected to commit (adaflash copies: their estimate; the others: one, a floor)."""
+        def tokens(s: Sequence) -> int:
+            if s.id in drafts:
+                return len(drafts[s.id]) + 1
+            return 1 + (caps.get(s.id, 0) if s.request.mode != "adaflash" else 0)
+        others = [s for s in active if s.id not in ids]
+        return sum(map(tokens, others)), sum(self._expected.get(s.id, 1.0) for s in others)
+
+    def _draft(self, active: list[Sequence], drafting: list[Sequence], caps: dict[int, int], length: int,
+               drafts: dict[int, list[int]]) -> None:
+        """One drafter forward for `drafting`, each draft cut to its mode's length."""
         self.flush_context(drafting)
+        t0 = time.perf_counter()
         draft = self.drafter.draft(self.target, [s.slot for s in drafting], [s.tokens[-1] for s in drafting], length)
+        if self.cost is not None:
+            self.cost.observe_draft(len(drafting), length, (time.perf_counter() - t0) * 1000)
         tokens, ratios = draft.tokens.tolist(), draft.accept_ratio
         ada_rows = []
         for i, seq in enumerate(drafting):
@@ -226,22 +280,25 @@ class Engine:
                 ada_rows.append(i)
         if ada_rows:
             seqs = [drafting[i] for i in ada_rows]
-            chosen_ids = {s.id for s in seqs}
-            others = sum(len(drafts[s.id]) + 1 for s in active if s.id not in chosen_ids)
+            other_tokens, other_expected = self._others(active, {s.id for s in seqs}, caps, drafts)
             rates = self.policy.draft_rates(draft, ada_rows, self.policy.estimated_rates([s.policy for s in seqs]))
-            ks = self.policy.lengths(rates, [caps[s.id] for s in seqs], len(active), others, len(drafting))
+            ks = self.policy.lengths(rates, [caps[s.id] for s in seqs], len(active), other_tokens, len(drafting),
+                                     other_expected)
             for seq, i, k in zip(seqs, ada_rows, ks):
                 drafts[seq.id] = tokens[i][:k]
-        return drafts
 
-    def _verify(self, active: list[Sequence], drafts: dict[int, list[int]]) -> None:
+    def _verify(self, active: list[Sequence], drafts: dict[int, list[int]], copied: dict[int, int]) -> None:
         feeds = [[s.tokens[-1]] + drafts[s.id] for s in active]
+        t0 = time.perf_counter()
         results = verify_batch(self.target, [s.slot for s in active], feeds, [s.request.sampling for s in active],
                                [s.generator for s in active], self.capture)
+        if self.cost is not None:
+            self.cost.observe_verify(len(active), sum(map(len, feeds)), (time.perf_counter() - t0) * 1000)
         for seq, feed, res in zip(active, feeds, results):
             self._queue_context(seq, res)
-            self.policy.observe(seq.policy, len(feed) - 1, res.accepted)
-            seq.steps.append(StepRecord(len(feed) - 1, res.accepted, seq.commit(res.committed), res.expected_accepted))
+            self.policy.observe(seq.policy, len(feed) - 1, res.accepted, matched=copied.get(seq.id, 0))
+            seq.steps.append(StepRecord(len(feed) - 1, res.accepted, seq.commit(res.committed), res.expected_accepted,
+                                        copied=seq.id in copied))
 
     def _queue_context(self, seq: Sequence, res: StepResult) -> None:
         """Keep the target features of newly committed positions for the drafter (drafting modes only)."""

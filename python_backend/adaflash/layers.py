@@ -93,12 +93,14 @@ class Ragged:
     """Index bookkeeping for one packed forward: B sequences, sequence b has `counts[b]` new tokens.
 
     Linear layers run on the packed [T, D] tokens (no padding waste); attention scatters
-    queries into a padded [B, H, Qmax, hd] view, which costs little next to the MLPs.
+    queries into a padded [B, H, Qmax, hd] view (the target groups sequences of similar counts
+    so that the padding stays small).
     """
 
     seq_of_token: Tensor  # [T] which sequence each packed token belongs to
     row_of_token: Tensor  # [T] its index among that sequence's new tokens
     counts: list[int]
+    offsets: list[int]  # where each sequence's tokens start in the packed [T]
     qmax: int
 
     @classmethod
@@ -107,7 +109,7 @@ class Ragged:
         seq = torch.repeat_interleave(torch.arange(len(counts)), c)
         starts = torch.cumsum(c, 0) - c
         row = torch.arange(int(c.sum())) - starts[seq]
-        return cls(seq_of_token=seq, row_of_token=row, counts=counts, qmax=max(counts))
+        return cls(seq_of_token=seq, row_of_token=row, counts=counts, offsets=starts.tolist(), qmax=max(counts))
 
     def pad(self, x: Tensor) -> Tensor:
         """[T, ...] packed -> [B, Qmax, ...] padded with zeros."""

@@ -1,25 +1,42 @@
-"""Prompt lookup decoding: the model-free baseline drafter."""
+"""Prompt lookup decoding: the model-free baseline drafter (and adaflash's copy proposals)."""
 
 from __future__ import annotations
 
 import numpy as np
-from numpy.lib.stride_tricks import sliding_window_view
 
 
-def propose(tokens: list[int], k: int, max_n: int = 3, min_n: int = 1) -> list[int]:
+MAX_N = 3
+
+
+def propose(tokens: list[int], k: int, max_n: int = MAX_N, min_n: int = 1) -> list[int]:
+    """`lookup`'s proposal alone."""
+    return lookup(tokens, k, max_n, min_n)[0]
+
+
+def lookup(tokens: list[int], k: int, max_n: int = MAX_N, min_n: int = 1) -> tuple[list[int], int]:
     """The up-to-k tokens that followed the latest earlier occurrence of the last n tokens, longest n first.
 
     When that occurrence overlaps the end of the sequence, the continuation runs out early;
-    the match then says the text is periodic, so the proposal continues the period.
+    the match then says the text is periodic, so the proposal continues the period. Runs every
+    step for every adaflash sequence, so it only extends the matches of the last token. Also returns
+    the n matched (0: no proposal): a longer match is far likelier to be copied right.
     """
     if k <= 0:
-        return []
+        return [], 0
     arr = np.asarray(tokens, dtype=np.int64)
+    ends = np.flatnonzero(arr[:-1] == arr[-1])  # earlier occurrences of the last token: 1-gram matches end here
+    matched = np.ones(len(ends), dtype=bool)
+    best = np.zeros(len(ends), dtype=np.int64)  # longest n (up to max_n) each occurrence matches
+    for j in range(min(max_n, len(arr) - 1)):
+        if j:
+            back = ends - j
+            matched &= back >= 0
+            matched[matched] &= arr[back[matched]] == arr[-1 - j]
+        best[matched] = j + 1
     for n in range(min(max_n, len(arr) - 1), min_n - 1, -1):
-        windows = sliding_window_view(arr[:-1], n)  # window i ends before the last token, so i + n is in range
-        hits = np.flatnonzero((windows == arr[-n:]).all(axis=1))
+        hits = ends[best >= n]
         if hits.size:
-            start = int(hits[-1]) + n
+            start = int(hits[-1]) + 1
             period = len(arr) - start
-            return [int(arr[start + j % period]) for j in range(k)]
-    return []
+            return [int(arr[start + j % period]) for j in range(k)], n
+    return [], 0

@@ -14,11 +14,14 @@ import json
 import statistics
 import time
 from dataclasses import dataclass, field
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
+
+from adaflash import ngram
 
 if TYPE_CHECKING:
     from adaflash.drafter import DFlashDrafter, Draft
@@ -33,8 +36,32 @@ class CostModel:
 
     verify: dict[int, list[tuple[int, float]]] = field(default_factory=dict)
     draft: dict[int, list[tuple[int, float]]] = field(default_factory=dict)
+    verify_scale: float = 1.0  # live time / table time, learnt by `observe_*` (contexts grow, machines vary)
+    draft_scale: float = 1.0
+
+    def observe_verify(self, batch: int, total_tokens: int, ms: float) -> None:
+        """Fold a timed verify forward into `verify_scale`."""
+        self.verify_scale = _follow(self.verify_scale, ms / float(self._table_verify_ms(batch, total_tokens)))
+
+    def observe_draft(self, n: int, length: int, ms: float) -> None:
+        """Fold a timed drafter forward into `draft_scale`."""
+        table = self._table_draft_ms(n, length)
+        if table > 0:
+            self.draft_scale = _follow(self.draft_scale, ms / table)
+
+    @property
+    def scales(self) -> tuple[float, float]:
+        """The scales rounded to 5%: decisions taken under the same rounded scales can be reused."""
+        return round(np.log(self.verify_scale) / np.log(1.05)), round(np.log(self.draft_scale) / np.log(1.05))
 
     def verify_ms(self, batch: int, total_tokens: float | np.ndarray) -> float | np.ndarray:
+        return self._table_verify_ms(batch, total_tokens) * self.verify_scale
+
+    def draft_ms(self, n: int, length: int | None = None) -> float:
+        """n sequences drafting blocks of `length` positions (None: the longest measured)."""
+        return self._table_draft_ms(n, length) * self.draft_scale
+
+    def _table_verify_ms(self, batch: int, total_tokens: float | np.ndarray) -> float | np.ndarray:
         """Interpolate linearly in tokens per sequence, then across the measured batch sizes."""
         sizes = sorted(self.verify)
         lo = max([b for b in sizes if b <= batch], default=sizes[0])
@@ -52,8 +79,7 @@ class CostModel:
         beyond = ys[-1] + slope * (total - xs[-1])  # extrapolate with the last slope
         return np.where(total > xs[-1], beyond, np.interp(total, xs, ys))
 
-    def draft_ms(self, n: int, length: int | None = None) -> float:
-        """n sequences drafting blocks of `length` positions (None: the longest measured)."""
+    def _table_draft_ms(self, n: int, length: int | None) -> float:
         if n == 0 or not self.draft:
             return 0.0
         sizes = sorted(self.draft)
@@ -78,6 +104,13 @@ class CostModel:
 
     def save(self, path: str | Path) -> None:
         Path(path).write_text(json.dumps(self.to_json(), indent=1))
+
+
+def _follow(scale: float, ratio: float, weight: float = 0.05) -> float:
+    """Exponential average in log space of live/table time ratios, bounded to [1/4, 4]: a single
+    stall (another process, a page fault) must not swing the policy."""
+    ratio = min(max(ratio, 0.25), 4.0)
+    return float(np.clip(np.exp((1 - weight) * np.log(scale) + weight * np.log(ratio)), 0.25, 4.0))
 
 
 def measure_costs(
@@ -112,15 +145,24 @@ def measure_costs(
                     cache.truncate(s, context)
 
             model.verify[b].append((b * k, _median_ms(verify, reps)))
+        _monotone(model.verify[b])
         if drafter is not None:
             anchors = [0] * b
             model.draft[b] = [(n, _median_ms(lambda: drafter.draft(target, slots[:b], anchors, length=n), reps))
                               for n in block_lengths(drafter.config.block_size)]
+            _monotone(model.draft[b])
     for s in slots:
         cache.truncate(s, 0)
         if drafter is not None:
             drafter.truncate(s, 0)
     return model
+
+
+def _monotone(points: list[tuple[int, float]]) -> None:
+    """More tokens never cost less: timing noise that says otherwise (a 2-token forward measured below
+    a 1-token one) is levelled, so the policy does not chase it."""
+    for i in range(1, len(points)):
+        points[i] = (points[i][0], max(points[i][1], points[i - 1][1]))
 
 
 def block_lengths(block_size: int) -> list[int]:
@@ -155,6 +197,17 @@ class AcceptanceStats:
         """Conditional acceptance per position, shrunk toward `prior` with `weight` pseudo-tries."""
         return (self.hits + weight * prior) / (self.tries + weight)
 
+    def chained_rates(self, first: float, weight: float) -> np.ndarray:
+        """Like `rates`, each position shrunk toward the estimate of the one before it (the first toward
+        `first`). A position never tried then inherits its predecessor's rate: acceptance does not fall
+        along a block (a draft that got this far is on track), and a fixed prior such as 0.5 would
+        make the policy never verify past the positions it has already seen, so never learn them."""
+        out = np.empty(len(self.tries))
+        prior = first
+        for j in range(len(out)):
+            prior = out[j] = (self.hits[j] + weight * prior) / (self.tries[j] + weight)
+        return out
+
 
 def ratio_to_rates(ratio: torch.Tensor, block_size: int, iters: int = 40) -> np.ndarray:
     """Turn the published head's accepted fraction (a+1)/B into a constant per-position rate alpha,
@@ -177,6 +230,7 @@ def choose_lengths(
     other_tokens: int,
     draft_ms: float,
     sunk_ms: float = 0.0,
+    other_expected: float | None = None,
 ) -> tuple[list[int], float]:
     """Per-sequence draft lengths maximising expected committed tokens per millisecond.
 
@@ -184,9 +238,11 @@ def choose_lengths(
     before it. The expected gain of verifying a (j+1)-th token is the product of the first j+1
     rates, non-increasing in j, so the best allocation of S verified tokens takes the S
     largest gains over all sequences; every S is tried. `other_tokens` are tokens that other
-    sequences put into the same forward. `draft_ms` is paid only if some k > 0 (deciding
-    whether to draft at all); `sunk_ms` is time every option pays (a draft already made).
-    Returns the lengths and the rate they promise.
+    sequences put into the same forward and `other_expected` the tokens they are expected to
+    commit (default: one each): the rate is the whole batch's, else drafts that slow the others
+    down would look cheap. `draft_ms` is paid only if some k > 0 (deciding whether to draft at
+    all); `sunk_ms` is time every option pays (a draft already made). Returns the lengths and the
+    rate they promise.
     """
     n = len(caps)
     gains = np.cumprod(rates, axis=1)
@@ -194,7 +250,8 @@ def choose_lengths(
     owner = np.repeat(np.arange(n), caps_a)
     value = gains[np.arange(gains.shape[1])[None, :] < caps_a[:, None]]  # row-major: matches `owner`
     order = np.argsort(-value, kind="stable")
-    expected = n + np.concatenate([[0.0], np.cumsum(value[order])])
+    others = batch - n if other_expected is None else other_expected
+    expected = others + n + np.concatenate([[0.0], np.cumsum(value[order])])
     s = np.arange(len(order) + 1)
     times = cost.verify_ms(batch, other_tokens + n + s) + sunk_ms + np.where(s > 0, draft_ms, 0.0)
     rates_per_ms = expected / times
@@ -221,8 +278,10 @@ class SequencePolicy:
     """What the controller remembers of one sequence."""
 
     stats: AcceptanceStats
+    copy: list[AcceptanceStats]  # of drafts copied from the context (prompt lookup), by the n-gram length matched
     probe_interval: int
     skipped: int = 0  # consecutive adaflash steps without drafting
+    copy_skipped: int = 0  # consecutive steps with a copy proposal left unverified
 
 
 class LengthController:
@@ -231,25 +290,70 @@ class LengthController:
     Before drafting (`choose_drafters`): from running per-position acceptance estimates, all
     adaflash sequences draft if drafting beats plain decoding once the draft's own cost is
     paid; otherwise only those due for a probe, so estimates follow the text. After drafting
-    (`lengths`): per-sequence k from the length head's prediction or the estimates.
+    (`lengths`): per-sequence k from the length head's prediction or the estimates. adaflash
+    sequences may instead verify a copy of the context's continuation (`prefers_copy`,
+    `copy_lengths`): on text that repeats itself a copy beats the drafter and costs no forward.
     """
 
-    def __init__(self, cost: CostModel | None, block_size: int, prior_weight: float = 4.0, probe_every: int = 8) -> None:
+    def __init__(self, cost: CostModel | None, block_size: int, prior_weight: float = 4.0, probe_every: int = 8,
+                 probe_share: float = 0.05, clock: Callable[[], float] = time.perf_counter) -> None:
         self.cost, self.block_size = cost, block_size
         self.prior_weight, self.probe_every = prior_weight, probe_every
+        self.probe_share, self.clock = probe_share, clock
+        self._probe_after = -np.inf  # clock time before which no probe may run
         self.global_stats = AcceptanceStats(block_size - 1)
+        self.global_copy = [AcceptanceStats(block_size - 1) for _ in range(ngram.MAX_N + 1)]
         self._decision: tuple[tuple, bool] | None = None  # (inputs, whether drafting pays) of the last choice
 
     def new_sequence(self) -> SequencePolicy:
-        return SequencePolicy(AcceptanceStats(self.block_size - 1), self.probe_every)
+        return SequencePolicy(AcceptanceStats(self.block_size - 1),
+                              [AcceptanceStats(self.block_size - 1) for _ in range(ngram.MAX_N + 1)], self.probe_every)
 
     def estimated_rates(self, seqs: list[SequencePolicy]) -> np.ndarray:
-        prior = self.global_stats.rates(np.full(self.block_size - 1, 0.5), 1.0)
+        prior = self.global_stats.chained_rates(0.5, 1.0)
         return np.stack([s.stats.rates(prior, self.prior_weight) for s in seqs])
 
+    def copy_rates(self, seqs: list[SequencePolicy], matched: list[int]) -> np.ndarray:
+        """Acceptance estimates of copies whose lookup matched `matched[i]` tokens (see `ngram.lookup`)."""
+        return np.stack([s.copy[n].rates(self.global_copy[n].chained_rates(0.5, 1.0), self.prior_weight)
+                         for s, n in zip(seqs, matched)])
+
+    def prefers_copy(self, seqs: list[SequencePolicy], matched: list[int], proposal_lens: list[int],
+                     caps: list[int]) -> list[bool]:
+        """Which sequences verify the context's continuation instead of asking the drafter: a copy costs
+        no drafter forward, so it wins whenever it is expected to commit at least as many tokens, except
+        for sequences due for a drafter probe (else a drafter never tried would never be learnt)."""
+        if not seqs:
+            return []
+        copied = np.cumsum(np.cumprod(self.copy_rates(seqs, matched), axis=1), axis=1)
+        drafted = np.cumsum(np.cumprod(self.estimated_rates(seqs), axis=1), axis=1)
+        out = []
+        for i, s in enumerate(seqs):
+            better = proposal_lens[i] > 0 and copied[i, proposal_lens[i] - 1] >= drafted[i, max(caps[i], 1) - 1]
+            out.append(bool(better) and s.skipped < s.probe_interval)
+            s.skipped += out[-1]
+        return out
+
+    def copy_lengths(self, seqs: list[SequencePolicy], matched: list[int], proposal_lens: list[int], batch: int,
+                     other_tokens: int, other_expected: float | None = None) -> tuple[list[int], list[float]]:
+        """How much of each copy proposal to verify (cost-aware, nothing to draft), and the tokens each
+        is expected to commit; a sequence whose copies have not been verified for `probe_every` steps
+        verifies one token, so its estimate follows the text."""
+        rates = self.copy_rates(seqs, matched)
+        ks, _ = choose_lengths(rates, proposal_lens, self.cost, batch, other_tokens, draft_ms=0.0,
+                               other_expected=other_expected)
+        for i, s in enumerate(seqs):
+            if ks[i] == 0 and proposal_lens[i] > 0:
+                s.copy_skipped += 1
+                if s.copy_skipped >= self.probe_every:
+                    ks[i] = 1
+            if ks[i] > 0:
+                s.copy_skipped = 0
+        gains = np.cumprod(rates, axis=1)
+        return ks, [1.0 + float(gains[i, :k].sum()) for i, k in enumerate(ks)]
 
     def choose_drafters(self, seqs: list[SequencePolicy], caps: list[int], batch: int, other_tokens: int,
-                        n_drafting: int) -> tuple[list[bool], int]:
+                        n_drafting: int, other_expected: float | None = None) -> tuple[list[bool], int]:
         """Which adaflash sequences draft this step, and the block length (anchor included) to draft;
         updates their skip counters.
 
@@ -257,12 +361,13 @@ class LengthController:
         common case when nothing is drafted) the last answer is reused: deciding must cost far
         less than the decode step it may save.
         """
-        key = (batch, other_tokens, n_drafting, tuple(caps), self.global_stats.version,
-               tuple(s.stats.version for s in seqs))
+        key = (batch, other_tokens, None if other_expected is None else round(other_expected, 1), n_drafting,
+               tuple(caps), self.cost.scales, self.global_stats.version, tuple(s.stats.version for s in seqs))
         if self._decision is None or self._decision[0] != key:
-            self._decision = (key, *self._plan(self.estimated_rates(seqs), caps, batch, other_tokens, n_drafting))
+            self._decision = (key, *self._plan(self.estimated_rates(seqs), caps, batch, other_tokens, n_drafting,
+                                               other_expected))
         _, pays, length = self._decision
-        chosen = [True] * len(seqs) if pays else [s.skipped >= s.probe_interval for s in seqs]
+        chosen = [True] * len(seqs) if pays else self._probes(seqs, length)
         for s, c in zip(seqs, chosen):
             s.skipped = 0 if c else s.skipped + 1
             if pays:
@@ -271,22 +376,37 @@ class LengthController:
                 s.probe_interval = min(2 * s.probe_interval, 128)
         return chosen, length
 
+    def _probes(self, seqs: list[SequencePolicy], length: int) -> list[bool]:
+        """Sequences due for a probe, if probing keeps to `probe_share` of the time: every probe costs a
+        drafter forward, and under load the sequences' schedules would together run one every step.
+        Due sequences that have to wait probe together later, in one forward."""
+        due = [s.skipped >= s.probe_interval for s in seqs]
+        if not any(due):
+            return due
+        now = self.clock()
+        if now < self._probe_after:
+            return [False] * len(seqs)
+        self._probe_after = now + self.cost.draft_ms(sum(due), length) / 1000 / self.probe_share
+        return due
+
     def _plan(self, rates: np.ndarray, caps: list[int], batch: int, other_tokens: int,
-              n_drafting: int) -> tuple[bool, int]:
+              n_drafting: int, other_expected: float | None) -> tuple[bool, int]:
         """Whether drafting beats plain decoding, and the block length that does best: the drafter's
         cost grows with the block, so under load a short block can pay where a full one cannot.
         When nothing pays, probes draft the shortest block."""
         best_rate, best_length = 0.0, None
         for length in block_lengths(self.block_size):
             ks, rate = choose_lengths(rates, [min(c, length - 1) for c in caps], self.cost, batch, other_tokens,
+                                      other_expected=other_expected,
                                       draft_ms=self.cost.draft_ms(n_drafting, length))
             if any(ks) and rate > best_rate:
                 best_rate, best_length = rate, length
         return best_length is not None, best_length or min(block_lengths(self.block_size))
 
-    def lengths(self, rates: np.ndarray, caps: list[int], batch: int, other_tokens: int, n_drafting: int) -> list[int]:
+    def lengths(self, rates: np.ndarray, caps: list[int], batch: int, other_tokens: int, n_drafting: int,
+                other_expected: float | None = None) -> list[int]:
         """k per drafted adaflash sequence; the draft is made, so its cost is paid whatever k is."""
-        ks, _ = choose_lengths(rates, caps, self.cost, batch, other_tokens, draft_ms=0.0,
+        ks, _ = choose_lengths(rates, caps, self.cost, batch, other_tokens, draft_ms=0.0, other_expected=other_expected,
                                sunk_ms=self.cost.draft_ms(n_drafting, rates.shape[1] + 1))
         return ks
 
@@ -304,10 +424,15 @@ class LengthController:
         """The published rule, with the head's ratio or, without a head, the one the estimates imply."""
         return published_length(ratio_from_rates(rates, self.block_size) if ratio is None else ratio, self.block_size, cap)
 
-    def observe(self, seq: SequencePolicy, draft_len: int, accepted: int) -> None:
-        """Record a verified draft. (adaflash probes back off in `choose_drafters`: what they find
-        matters only once the estimates say drafting pays, which resets them.)"""
+    def observe(self, seq: SequencePolicy, draft_len: int, accepted: int, matched: int = 0) -> None:
+        """Record a verified draft: drafted, or copied after a lookup that `matched` tokens. (adaflash
+        probes back off in `choose_drafters`: what they find matters only once the estimates say
+        drafting pays, which resets them.)"""
         if draft_len == 0:
+            return
+        if matched:
+            seq.copy[matched].update(draft_len, accepted)
+            self.global_copy[matched].update(draft_len, accepted)
             return
         seq.stats.update(draft_len, accepted)
         self.global_stats.update(draft_len, accepted)

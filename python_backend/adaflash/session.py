@@ -53,9 +53,11 @@ async def run_request(
         out_from, steps_from = len(seq.output), len(seq.steps)
         proposal: list[int] = []
         cap = draft_cap(request, len(seq.output), len(seq.tokens), controller.block_size, max_len)
+        copy, matched = ngram.lookup(seq.tokens, cap) if request.mode in ("ngram", "adaflash") else ([], 0)
+        copied = request.mode == "adaflash" and controller.prefers_copy([seq.policy], [matched], [len(copy)], [cap])[0]
         if request.mode == "ngram":
-            proposal = ngram.propose(seq.tokens, cap)
-        elif uses_drafter and cap > 0 and (length := _draft_length(controller, seq, cap, active())):
+            proposal = copy
+        elif not copied and uses_drafter and cap > 0 and (length := _draft_length(controller, seq, cap, active())):
             call = DraftCall(key, torch.cat(pending), seq.tokens[-1], request.mode, min(cap, length - 1),
                              controller.estimated_rates([seq.policy])[0])
             try:
@@ -63,11 +65,16 @@ async def run_request(
                 pending.clear()
             except Exception:  # noqa: BLE001 - any drafter failure: continue without it, output unchanged
                 uses_drafter = False
+        elif request.mode == "adaflash" and copy:  # copying is preferred, or drafting does not pay this step
+            n = max(active(), 1)
+            proposal = copy[:controller.copy_lengths([seq.policy], [matched], [len(copy)], n, n - 1)[0][0]]
+            copied = bool(proposal)
         res = await verify([seq.tokens[-1]] + proposal)
         if uses_drafter:
             pending.append(res.features)
-        controller.observe(seq.policy, len(proposal), res.accepted)
-        seq.steps.append(StepRecord(len(proposal), res.accepted, seq.commit(res.committed), res.expected_accepted))
+        controller.observe(seq.policy, len(proposal), res.accepted, matched=matched if copied else 0)
+        seq.steps.append(StepRecord(len(proposal), res.accepted, seq.commit(res.committed), res.expected_accepted,
+                                    copied=copied))
         await emit(seq, out_from, steps_from)
     return seq
 

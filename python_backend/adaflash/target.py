@@ -97,27 +97,50 @@ class KVCache:
 
 
 @dataclass
-class ForwardBatch:
-    """Where the new tokens of one ragged forward go: their slots, cache offsets, positions and mask."""
+class AttentionGroup:
+    """Sequences of one forward whose new-token counts round up to the same power of two: attention pads
+    queries to the longest in its call, so a 1-token sequence beside a 16-token one would cost 16x."""
 
+    tokens: Tensor | slice  # their rows in the packed [T] tokens (a slice when the group is the whole batch)
     slots: list[int]
-    starts: list[int]
     ragged: Ragged
+    kv_len: int
+    mask: Tensor  # [G, 1, Qmax, kv_len]
+
+
+@dataclass
+class ForwardBatch:
+    """Where the new tokens of one ragged forward go: their slots, cache positions and attention groups."""
+
     positions: Tensor  # [T]
     slot_of_token: Tensor  # [T]
-    kv_len: int
-    mask: Tensor  # [B, 1, Qmax, kv_len]
+    groups: list[AttentionGroup]
 
     @classmethod
     def build(cls, slots: list[int], starts: list[int], counts: list[int]) -> "ForwardBatch":
         ragged = Ragged.build(counts)
-        start_t = torch.tensor(starts, dtype=torch.long)
-        positions = start_t[ragged.seq_of_token] + ragged.row_of_token
-        kv_len = max(s + c for s, c in zip(starts, counts))
-        query_pos = start_t[:, None] + torch.arange(ragged.qmax)[None, :]  # [B, Qmax]
-        mask = torch.arange(kv_len)[None, None, :] <= query_pos[:, :, None]
-        slot_t = torch.tensor(slots, dtype=torch.long)
-        return cls(slots, starts, ragged, positions, slot_t[ragged.seq_of_token], kv_len, mask[:, None])
+        positions = torch.tensor(starts, dtype=torch.long)[ragged.seq_of_token] + ragged.row_of_token
+        slot_of_token = torch.tensor(slots, dtype=torch.long)[ragged.seq_of_token]
+        buckets: dict[int, list[int]] = {}
+        for row, c in enumerate(counts):
+            buckets.setdefault(1 << (c - 1).bit_length(), []).append(row)
+        groups = []
+        for rows in buckets.values():
+            if len(buckets) == 1:
+                tokens: Tensor | slice = slice(None)
+            else:
+                tokens = torch.cat([torch.arange(ragged.offsets[r], ragged.offsets[r] + counts[r]) for r in rows])
+            groups.append(_group(tokens, [slots[r] for r in rows], [starts[r] for r in rows], [counts[r] for r in rows]))
+        return cls(positions, slot_of_token, groups)
+
+
+def _group(tokens: Tensor | slice, slots: list[int], starts: list[int], counts: list[int]) -> AttentionGroup:
+    """Causal mask of new tokens over their slot's cache: query j of a sequence starting at s sees 0..s+j."""
+    ragged = Ragged.build(counts)
+    kv_len = max(s + c for s, c in zip(starts, counts))
+    query_pos = torch.tensor(starts, dtype=torch.long)[:, None] + torch.arange(ragged.qmax)[None, :]  # [G, Qmax]
+    mask = torch.arange(kv_len)[None, None, :] <= query_pos[:, :, None]
+    return AttentionGroup(tokens, slots, ragged, kv_len, mask[:, None])
 
 
 class Attention(nn.Module):
@@ -157,11 +180,12 @@ class Attention(nn.Module):
         q, k, v = self.qkv(x, cos, sin)
         k_cache[fb.slot_of_token, :, fb.positions] = k
         v_cache[fb.slot_of_token, :, fb.positions] = v
-        keys = gather_slots(k_cache, fb.slots, fb.kv_len)
-        values = gather_slots(v_cache, fb.slots, fb.kv_len)
-        qp = fb.ragged.pad(q).transpose(1, 2)  # [B, H, Qmax, hd]
-        out = attend(qp, keys, values, fb.mask, self.head_dim**-0.5)
-        out = fb.ragged.unpad(out.transpose(1, 2))  # [T, H, hd]
+        out = torch.empty_like(q)
+        for g in fb.groups:
+            keys = gather_slots(k_cache, g.slots, g.kv_len)
+            values = gather_slots(v_cache, g.slots, g.kv_len)
+            qp = g.ragged.pad(q[g.tokens]).transpose(1, 2)  # [G, H, Qmax, hd]
+            out[g.tokens] = g.ragged.unpad(attend(qp, keys, values, g.mask, self.head_dim**-0.5).transpose(1, 2))
         return self.o_proj(out.reshape(t, -1))
 
 
