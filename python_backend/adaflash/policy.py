@@ -11,7 +11,6 @@ lengths that maximise expected committed tokens per second for the whole batch; 
 from __future__ import annotations
 
 import json
-import statistics
 import time
 from dataclasses import dataclass, field
 from collections.abc import Callable
@@ -119,7 +118,7 @@ def measure_costs(
     max_batch: int,
     context: int = 128,
     tokens_per_seq: tuple[int, ...] = (1, 2, 4, 8, 16),
-    reps: int = 3,
+    reps: int = 4,
 ) -> CostModel:
     """Time batched verify forwards (and drafts) on the idle caches; every slot is left empty afterwards."""
     cache = target.cache
@@ -144,11 +143,11 @@ def measure_costs(
                 for s in slots[:b]:
                     cache.truncate(s, context)
 
-            model.verify[b].append((b * k, _median_ms(verify, reps)))
+            model.verify[b].append((b * k, _fastest_ms(verify, reps)))
         _monotone(model.verify[b])
         if drafter is not None:
             anchors = [0] * b
-            model.draft[b] = [(n, _median_ms(lambda: drafter.draft(target, slots[:b], anchors, length=n), reps))
+            model.draft[b] = [(n, _fastest_ms(lambda: drafter.draft(target, slots[:b], anchors, length=n), reps))
                               for n in block_lengths(drafter.config.block_size)]
             _monotone(model.draft[b])
     for s in slots:
@@ -170,14 +169,16 @@ def block_lengths(block_size: int) -> list[int]:
     return sorted({2**i for i in range(1, 8) if 2**i < block_size} | {block_size})
 
 
-def _median_ms(fn, reps: int) -> float:
+def _fastest_ms(fn, reps: int) -> float:
+    """The fastest of `reps` timed runs after a warm-up: noise on a shared machine only ever adds time,
+    and the live/table scale learnt while serving covers what the idle measurement misses."""
     fn()
     times = []
     for _ in range(reps):
         t0 = time.perf_counter()
         fn()
         times.append((time.perf_counter() - t0) * 1000)
-    return statistics.median(times)
+    return min(times)
 
 
 class AcceptanceStats:
