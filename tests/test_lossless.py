@@ -108,6 +108,16 @@ def test_mixed_modes_in_one_batch(trained_tiny, prompts, reference):
         check_records(seq)
 
 
+def test_adaflash_without_copies_drafts_only_with_the_drafter(trained_tiny, prompts, reference):
+    bundle = trained_tiny
+    engine = Engine(bundle.target, bundle.drafter, num_slots=16, max_len=MAX_LEN, cost_model=fixed_costs(),
+                    copies=False)
+    seqs = engine.generate([Request(p, MAX_TOKENS, mode="adaflash", stop_ids=()) for p in prompts], concurrency=16)
+    assert [s.output for s in seqs] == reference
+    steps = [st for s in seqs for st in s.steps]
+    assert not any(st.copied for st in steps) and any(st.accepted > 0 for st in steps)
+
+
 def test_small_prefill_budget_admits_over_several_steps(trained_tiny, prompts, reference):
     bundle = trained_tiny
     engine = Engine(bundle.target, bundle.drafter, num_slots=16, max_len=MAX_LEN, cost_model=fixed_costs(),

@@ -105,6 +105,15 @@ def summarize_domain(seqs: list[Sequence], reference: list[list[int]] | None) ->
     return figures
 
 
+@dataclass(frozen=True)
+class Contender:
+    """One row label of a throughput comparison: a mode run on an engine (which holds the drafter)."""
+
+    name: str
+    mode: str
+    engine: Engine
+
+
 def run_bench(
     engine: Engine,
     prompt_ids: list[list[int]],
@@ -115,23 +124,41 @@ def run_bench(
     sampling: SamplingParams,
     progress: bool = True,
 ) -> tuple[list[dict], bool]:
-    """Rows per (mode, concurrency); returns (rows, ok) where ok is False if any greedy output differed from ar.
+    """Rows per (mode, concurrency); returns (rows, ok) where ok is False if any greedy output differed from ar."""
+    contenders = [Contender(m, m, engine) for m in ["ar"] + [m for m in modes if m != "ar"]]
+    return compare(contenders, prompt_ids, domains, concurrencies, max_tokens, sampling, progress, label="mode")
 
-    Mode `ar` always runs (first): it is the reference for equality and speedups. All prompts
-    run as one mixed workload; per-domain figures are read from that same run.
+
+def compare(
+    contenders: list[Contender],
+    prompt_ids: list[list[int]],
+    domains: list[str | None],
+    concurrencies: list[int],
+    max_tokens: int,
+    sampling: SamplingParams,
+    progress: bool = True,
+    label: str = "mode",
+) -> tuple[list[dict], bool]:
+    """Rows per (contender, concurrency), the contender's name under `label`; returns (rows, ok), ok False
+    if any greedy output differed from ar's.
+
+    The first contender must be plain `ar`: at each concurrency it runs first and is the reference
+    for equality and speedups. All prompts run as one mixed workload; per-domain figures are read
+    from that same run.
     """
+    assert contenders[0].mode == "ar", "ar comes first: it is the reference"
     rows, ok = [], True
     for c in concurrencies:
         reference: list[list[int]] | None = None
-        for mode in ["ar"] + [m for m in modes if m != "ar"]:
-            reqs = [Request(ids, max_tokens, mode=mode, sampling=sampling) for ids in prompt_ids]
+        for ct in contenders:
+            reqs = [Request(ids, max_tokens, mode=ct.mode, sampling=sampling) for ids in prompt_ids]
             t0 = time.perf_counter()
-            seqs = engine.generate(reqs, concurrency=c)
+            seqs = ct.engine.generate(reqs, concurrency=c)
             wall = time.perf_counter() - t0
-            if mode == "ar":
+            if ct is contenders[0]:
                 reference = [s.output for s in seqs]
             ref = reference if sampling.greedy else None
-            row = {"mode": mode, "concurrency": c, **summarize(seqs, wall, ref)}
+            row = {label: ct.name, "concurrency": c, **summarize(seqs, wall, ref)}
             if any(d is not None for d in domains):
                 row["per_domain"] = {
                     d: summarize_domain([s for s, sd in zip(seqs, domains) if sd == d],
@@ -143,9 +170,9 @@ def run_bench(
                 _withhold_speed(row)
             rows.append(row)
             if progress:
-                print(f"c={c:<3} {mode:<19} tok/s={row['output_tokens_per_s']}  tau={row['tau']}  "
+                print(f"c={c:<3} {ct.name:<28} tok/s={row['output_tokens_per_s']}  tau={row['tau']}  "
                       f"draft={row['mean_draft_len']}  equal={row['greedy_equal_to_ar']}", flush=True)
-    _add_speedups(rows)
+    _add_speedups(rows, label, contenders[0].name)
     return rows, ok
 
 
@@ -156,8 +183,8 @@ def _withhold_speed(row: dict) -> None:
             figures["output_tokens_per_s"] = None
 
 
-def _add_speedups(rows: list[dict]) -> None:
-    ar = {r["concurrency"]: r["output_tokens_per_s"] for r in rows if r["mode"] == "ar"}
+def _add_speedups(rows: list[dict], label: str, reference: str) -> None:
+    ar = {r["concurrency"]: r["output_tokens_per_s"] for r in rows if r[label] == reference}
     for r in rows:
         base, mine = ar.get(r["concurrency"]), r["output_tokens_per_s"]
         r["speedup_vs_ar"] = round(mine / base, 4) if base and mine else None

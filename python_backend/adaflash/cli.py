@@ -82,7 +82,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     ids = encode_prompts(bundle.tokenizer, prompts, args.max_prompt_tokens)
     block = bundle.drafter.config.block_size if bundle.drafter else 16
     engine = Engine(bundle.target, bundle.drafter if needs_drafter else None, num_slots=max(args.concurrency),
-                    max_len=max(len(i) for i in ids) + args.max_tokens + block + 1)
+                    max_len=max(len(i) for i in ids) + args.max_tokens + block + 1, copies=not args.no_copies)
     sampling = SamplingParams(args.temperature, args.top_k, args.top_p, args.seed)
     rows, ok = run_bench(engine, ids, [p.domain for p in prompts], args.modes, args.concurrency, args.max_tokens, sampling)
     report = {
@@ -90,6 +90,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         "drafter": None if args.tiny_random else args.drafter,
         "num_prompts": len(prompts),
         "max_tokens": args.max_tokens,
+        "adaflash_copies": not args.no_copies,
         "temperature": args.temperature,
         "machine": {"cpu_threads": torch.get_num_threads(), "platform": platform.platform(), "torch": torch.__version__},
         "cost_model_ms": engine.cost.to_json() if engine.cost else None,
@@ -188,6 +189,8 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--per-domain", type=int, default=8)
     bench.add_argument("--max-prompt-tokens", type=int, default=512)
     bench.add_argument("--json", required=True, help="where to write the report")
+    bench.add_argument("--no-copies", action="store_true",
+                       help="adaflash drafts only with the drafter (no copies of the context): an ablation")
     bench.set_defaults(func=cmd_bench)
     ev = sub.add_parser("evaluate", help="per-domain perplexity, repetition and tau of the models on the eval sets")
     ev.add_argument("--model-dir", type=Path, default=Path("models/default"))

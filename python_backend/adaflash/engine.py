@@ -102,11 +102,14 @@ class Engine:
         prefill_tokens: int = 4096,
         prior_weight: float = 4.0,
         probe_every: int = 8,
+        copies: bool = True,
     ) -> None:
+        """`copies=False` keeps adaflash to its drafter (no copies of the context), to measure what each gives."""
         self.target, self.drafter = target, drafter
         self.block_size = drafter.config.block_size if drafter else 16
         self.max_len = max_len
         self.prefill_tokens = prefill_tokens
+        self.copies = copies
         self.capture = drafter.config.target_layer_ids if drafter else None
         if drafter is not None:
             drafter.check_target(target)
@@ -218,7 +221,7 @@ class Engine:
         """Decide the adaflash sequences that do not draft this step (filling `drafts`): those whose
         copy of the context is expected to do as well as the drafter verify it, the others draft if
         that pays and otherwise verify their copy as far as that pays. Returns the block length."""
-        proposals = {s.id: ngram.lookup(s.tokens, caps[s.id]) for s in ada}
+        proposals = {s.id: ngram.lookup(s.tokens, caps[s.id]) if self.copies else ([], 0) for s in ada}
         prefer = self.policy.prefers_copy([s.policy for s in ada], [proposals[s.id][1] for s in ada],
                                           [len(proposals[s.id][0]) for s in ada], [caps[s.id] for s in ada])
         self._copy(active, [s for s, p in zip(ada, prefer) if p], proposals, caps, drafts, copied)

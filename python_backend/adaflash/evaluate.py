@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from adaflash.bench import EVAL_SETS, eval_prompts, summarize
+from adaflash.bench import EVAL_SETS, Contender, compare, eval_prompts, summarize
 from adaflash.bundle import load_bundle
 from adaflash.drafter import DFlashDrafter
 from adaflash.engine import Engine, Request, Sequence
@@ -123,33 +123,18 @@ def evaluate(model_dir: Path, data_dir: Path, variants: list[Variant], per_domai
 
 def measure_throughput(model_dir: Path, target: Transformer, prompts: list[list[int]], spec: Throughput,
                        progress: bool) -> dict:
-    """Output tokens/s per variant and concurrency; ar runs first at each concurrency as the reference for
-    equality and ratios. Every engine has the same slots and length, so they can share the target's cache."""
+    """Output tokens/s per variant and concurrency (`bench.compare`). Every engine has the same slots and
+    length, so they can share the target's cache."""
     slots = max(spec.concurrencies)
-    engines = {}
-    rows = []
-    for c in spec.concurrencies:
-        reference = None
-        for v in [Variant("ar")] + [v for v in spec.variants if v.mode != "ar"]:
-            key = (v.drafter, v.block_size)
-            if key not in engines:
-                engines[key] = engine_for(model_dir, target, v, prompts, spec.max_tokens, slots)
-            t0 = time.perf_counter()
-            seqs = engines[key].generate([Request(p, spec.max_tokens, mode=v.mode) for p in prompts], c)
-            row = {"variant": v.name, "concurrency": c, **summarize(seqs, time.perf_counter() - t0, reference)}
-            if v.mode == "ar":
-                reference = [s.output for s in seqs]
-                row["greedy_equal_to_ar"] = True
-            if row["greedy_equal_to_ar"] is False:
-                row["output_tokens_per_s"] = None  # wrong output has no speed worth reporting
-            rows.append(row)
-            if progress:
-                print(f"c={c:<3} {v.name:<28} tok/s={row['output_tokens_per_s']} tau={row['tau']} "
-                      f"equal={row['greedy_equal_to_ar']}", flush=True)
-    ar = {r["concurrency"]: r["output_tokens_per_s"] for r in rows if r["variant"] == "ar"}
-    for r in rows:
-        mine = r["output_tokens_per_s"]
-        r["speedup_vs_ar"] = round(mine / ar[r["concurrency"]], 4) if mine else None
+    engines: dict[tuple, Engine] = {}
+    contenders = []
+    for v in [Variant("ar")] + [v for v in spec.variants if v.mode != "ar"]:
+        key = (v.drafter, v.block_size)
+        if key not in engines:
+            engines[key] = engine_for(model_dir, target, v, prompts, spec.max_tokens, slots)
+        contenders.append(Contender(v.name, v.mode, engines[key]))
+    rows, _ = compare(contenders, prompts, [None] * len(prompts), spec.concurrencies, spec.max_tokens,
+                      SamplingParams(), progress, label="variant")
     return {"max_tokens": spec.max_tokens, "prompts": len(prompts), "rows": rows}
 
 
