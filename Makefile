@@ -40,7 +40,8 @@ OPD_ARGS ?= --rounds 2 --prompts-per-domain 40 --steps 300
 evaluate: venv
 	$(BIN)/adaflash evaluate --model-dir models/default --data ../shared/data --per-domain 8 --concurrency 8 \
 		--variants ngram,dflash:drafter-dflash,dflash:drafter-dflash@8,dflash:drafter-osd,dflash:drafter \
-		--throughput-variants ngram,dflash:drafter-dflash,adaflash-published:drafter,adaflash:drafter
+		--throughput-variants ngram,dflash:drafter-dflash,adaflash-published:drafter,adaflash:drafter \
+		--json bench-out/evaluate.json
 
 # The same pipeline at toy scale on the committed corpus fixture (tests/test_pretrain.py runs it too).
 models-smoke: venv
@@ -54,8 +55,8 @@ test: venv
 bench: venv
 	mkdir -p bench-out
 	test ! -d models/default/drafter || $(BIN)/adaflash bench --model-dir models/default --eval-data ../shared/data \
-		--per-domain 16 --modes ar,adaflash-published,adaflash --concurrency 1,8,32,64 --max-tokens 128 \
-		--json bench-out/engine-default.json
+		--per-domain 16 --modes ar,ngram,dflash,adaflash-published,adaflash --concurrency 1,8,32,64 \
+		--max-tokens 128 --json bench-out/engine-copy.json
 	$(BIN)/adaflash bench --tiny-random --modes ar,ngram,dflash,adaflash,adaflash-published --concurrency 1,4,16 --json bench-out/engine-tiny.json
 	$(BIN)/python clients/bench_runner.py --json bench-out/runner-vs-transformers.json
 
