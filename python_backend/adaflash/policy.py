@@ -316,14 +316,15 @@ class LengthController:
 
     def copy_rates(self, seqs: list[SequencePolicy], matched: list[int]) -> np.ndarray:
         """Acceptance estimates of copies whose lookup matched `matched[i]` tokens (see `ngram.lookup`)."""
-        return np.stack([s.copy[n].rates(self.global_copy[n].chained_rates(0.5, 1.0), self.prior_weight)
-                         for s, n in zip(seqs, matched)])
+        priors = {n: self.global_copy[n].chained_rates(0.5, 1.0) for n in set(matched)}
+        return np.stack([s.copy[n].rates(priors[n], self.prior_weight) for s, n in zip(seqs, matched)])
 
     def prefers_copy(self, seqs: list[SequencePolicy], matched: list[int], proposal_lens: list[int],
                      caps: list[int]) -> list[bool]:
         """Which sequences verify the context's continuation instead of asking the drafter: a copy costs
         no drafter forward, so it wins whenever it is expected to commit at least as many tokens, except
-        for sequences due for a drafter probe (else a drafter never tried would never be learnt)."""
+        for sequences due for a drafter probe (else a drafter never tried would never be learnt). A
+        sequence that copies counts the step as one without drafting, toward its next probe."""
         if not seqs:
             return []
         copied = np.cumsum(np.cumprod(self.copy_rates(seqs, matched), axis=1), axis=1)
