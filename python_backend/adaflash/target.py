@@ -124,19 +124,19 @@ class ForwardBatch:
         buckets: dict[int, list[int]] = {}
         for row, c in enumerate(counts):
             buckets.setdefault(1 << (c - 1).bit_length(), []).append(row)
+        if len(buckets) == 1:  # the common case: one group, the whole batch
+            return cls(positions, slot_of_token, [_group(slice(None), slots, starts, ragged)])
         groups = []
         for rows in buckets.values():
-            if len(buckets) == 1:
-                tokens: Tensor | slice = slice(None)
-            else:
-                tokens = torch.cat([torch.arange(ragged.offsets[r], ragged.offsets[r] + counts[r]) for r in rows])
-            groups.append(_group(tokens, [slots[r] for r in rows], [starts[r] for r in rows], [counts[r] for r in rows]))
+            tokens = torch.cat([torch.arange(ragged.offsets[r], ragged.offsets[r] + counts[r]) for r in rows])
+            groups.append(_group(tokens, [slots[r] for r in rows], [starts[r] for r in rows],
+                                 Ragged.build([counts[r] for r in rows])))
         return cls(positions, slot_of_token, groups)
 
 
-def _group(tokens: Tensor | slice, slots: list[int], starts: list[int], counts: list[int]) -> AttentionGroup:
+def _group(tokens: Tensor | slice, slots: list[int], starts: list[int], ragged: Ragged) -> AttentionGroup:
     """Causal mask of new tokens over their slot's cache: query j of a sequence starting at s sees 0..s+j."""
-    ragged = Ragged.build(counts)
+    counts = ragged.counts
     kv_len = max(s + c for s, c in zip(starts, counts))
     query_pos = torch.tensor(starts, dtype=torch.long)[:, None] + torch.arange(ragged.qmax)[None, :]  # [G, Qmax]
     mask = torch.arange(kv_len)[None, None, :] <= query_pos[:, :, None]
