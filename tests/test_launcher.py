@@ -13,6 +13,7 @@ import pytest
 import tritonclient.grpc as grpcclient
 
 from adaflash_server import ServerConfig, TritonServer, TritonServerError, find_bundled_server
+from adaflash_server.launcher import TARGET_SPIN_COUNT, openmp_wait_env
 
 CONFIG = """\
 name: "echo"
@@ -33,6 +34,25 @@ class TritonPythonModel:
             pb_utils.InferenceResponse([pb_utils.Tensor("OUT", pb_utils.get_input_tensor_by_name(r, "IN").as_numpy())])
             for r in requests
         ]
+"""
+
+
+SPIN_MODEL = """\
+import os
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+from adaflash_server.launcher import spin_target_threads
+
+PASSIVE = os.environ.get("OMP_WAIT_POLICY") == "PASSIVE"  # what every model process starts with
+spin_target_threads()
+SPIN = int(os.environ.get("GOMP_SPINCOUNT", "-1"))  # what the target's process runs with
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        seen = np.array([int(PASSIVE), SPIN], dtype=np.int32)
+        return [pb_utils.InferenceResponse([pb_utils.Tensor("OUT", seen)]) for _ in requests]
 """
 
 
@@ -94,6 +114,25 @@ def test_serves_infers_exports_metrics_and_stops(tmp_path: Path) -> None:
     assert all(port_is_free(p) for p in ports)
     assert server.stop() is None  # idempotent
     assert "successfully loaded 'echo'" in server.log_path.read_text()
+
+
+@pytest.mark.parametrize("chosen, expected", [(None, [1, TARGET_SPIN_COUNT]), ("1234", [0, 1234])],
+                         ids=["default", "caller"])
+def test_model_processes_get_their_openmp_wait_settings(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                   chosen: str | None, expected: list[int]) -> None:
+    """Idle OpenMP threads of model processes sleep, the target's spin briefly (its served forwards were
+    2.3x slower with sleeping threads), and a caller's own OpenMP setting is left alone."""
+    monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
+    monkeypatch.delenv("GOMP_SPINCOUNT", raising=False)
+    if chosen is not None:
+        monkeypatch.setenv("GOMP_SPINCOUNT", chosen)
+    with TritonServer(ServerConfig(echo_repository(tmp_path / "repo", model=SPIN_MODEL), state_dir=tmp_path / "s")) as server:
+        client = grpcclient.InferenceServerClient(server.grpc_url)
+        inp = grpcclient.InferInput("IN", [1], "INT32")
+        inp.set_data_from_numpy(np.zeros(1, dtype=np.int32))
+        assert client.infer("echo", [inp]).as_numpy("OUT").tolist() == expected
+        client.close()
+    assert openmp_wait_env({"OMP_WAIT_POLICY": "PASSIVE"}) == {}
 
 
 @pytest.mark.parametrize(

@@ -8,11 +8,14 @@ import json
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
+from adaflash_server.launcher import spin_target_threads
 
-from adaflash.drafter import DrafterConfig
-from adaflash.sampling import SamplingParams
-from adaflash.services import TargetService
-from adaflash.target import Transformer
+spin_target_threads()  # before torch loads: the target's idle OpenMP threads spin briefly instead of sleeping
+
+from adaflash.drafter import DrafterConfig  # noqa: E402
+from adaflash.sampling import SamplingParams  # noqa: E402
+from adaflash.services import TargetService  # noqa: E402
+from adaflash.target import Transformer  # noqa: E402
 
 PREFILL, VERIFY, RELEASE = 0, 1, 2
 
