@@ -133,8 +133,8 @@ def server_command(server_root: Path, backends: Path, config: ServerConfig) -> l
     return cmd + list(config.extra_args)
 
 
-# The target's idle OpenMP threads spin this many iterations (about 0.7 ms here) before they sleep.
-TARGET_SPIN_COUNT = 30_000
+# The target's idle OpenMP threads spin this many iterations (about 75 us here) before they sleep.
+TARGET_SPIN_COUNT = 3_000
 TARGET_SPIN_VAR = "ADAFLASH_TARGET_GOMP_SPINCOUNT"
 
 
@@ -147,10 +147,11 @@ def openmp_wait_env(env: dict[str, str]) -> dict[str, str]:
     region) take the cores from the process computing. Threads that sleep at once must be woken for
     each of a forward's ~150 parallel regions: the served target's decode step took 2.3x its
     in-process time (9.5 vs 4 ms, default models, 2 cores). So the target, whose forward is on every
-    step's path, spins a little longer than the gaps inside a forward (`spin_target_threads`).
-    Measured on the default models (`adaflash` mode, tokens/s through gRPC): all sleeping 103-112 at
-    concurrency 1 and 224-230 at 32; all spinning 0.7 ms 166-189 and 185; the target alone spinning
-    160-162 and 214-218.
+    step's path, spins just longer than most gaps inside a forward (`spin_target_threads`).
+    Measured (default models, `adaflash sweep`, 20 s per level, ar / adaflash output tokens/s, runs
+    interleaved): all sleeping 70-77 / 164-172 at concurrency 1 and 179-189 / 340-373 at 32; the
+    target spinning 0.7 ms 123-127 / 227-247 and 162-183 / 318-324; spinning 75 us (this setting)
+    109-114 / 194-197 and 174-180 / 338-362.
     """
     if "OMP_WAIT_POLICY" in env or "GOMP_SPINCOUNT" in env:
         return {}
