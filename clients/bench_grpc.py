@@ -27,13 +27,13 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from adaflash.bench import load_prompts
-from adaflash.bundle import Bundle, load_bundle
-from adaflash.engine import MODES, Engine, Request, Sequence
-from adaflash.policy import CostModel
+from adaflash.evaluation.bench import load_prompts
+from adaflash.models.bundle import Bundle, load_bundle
+from adaflash.decoding.engine import MODES, Engine, Request, Sequence
+from adaflash.decoding.policy import CostModel
 from adaflash_client import AdaFlashClient, Completion, GenerationParams
 from adaflash_server.launcher import ServerConfig, TritonServer
-from adaflash_server.repository import RepositoryConfig, build_repository, tiny_model_dir
+from adaflash_build.repository import RepositoryConfig, build_repository, tiny_model_dir
 
 PROMPT_CHARS = 300  # prompts keep their last characters, well inside max_prompt_tokens
 WARMUP_TOKENS = 4

@@ -1,6 +1,6 @@
 """Time the lean target runner against Hugging Face transformers on the steps the engine issues most.
 
-Why: `adaflash.target.Transformer` exists so that a decode step (1 new token) and a verify step
+Why: `adaflash.models.target.Transformer` exists so that a decode step (1 new token) and a verify step
 (k+1 new tokens) against a warm KV cache cost less than the general-purpose transformers forward.
 This script measures both on the same checkpoint and the same inputs (fp32, CPU, default torch
 threads) and checks that they return the same logits, so a speedup cannot come from computing
@@ -28,7 +28,7 @@ import transformers
 from torch import Tensor
 from transformers import AutoModelForCausalLM, DynamicCache, Qwen3Config, Qwen3ForCausalLM
 
-from adaflash.target import Transformer
+from adaflash.models.target import Transformer
 
 # Shape of the project's planned default target model.
 DEFAULT_SHAPE = dict(

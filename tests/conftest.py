@@ -5,12 +5,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from adaflash.bundle import Bundle, tiny_random_bundle
-from adaflash.engine import Engine, Request
-from adaflash.policy import CostModel
-from adaflash.sampling import SamplingParams
-from adaflash.target import Transformer
-from adaflash.train_dflash import fit_drafter
+from adaflash.models.bundle import Bundle, tiny_random_bundle
+from adaflash.decoding.engine import Engine, Request
+from adaflash.decoding.policy import CostModel
+from adaflash.decoding.sampling import SamplingParams
+from adaflash.models.target import Transformer
+from adaflash.training.dflash import fit_drafter
 
 # The models here are tiny: intra-op threads buy nothing, and on a shared 2-core machine they make
 # every forward wait on busy cores (training then runs ten times slower). One thread keeps runs steady.

@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from adaflash.api import encode, parse_inputs, text_delta
-from adaflash.engine import MODES
-from adaflash.tokenizer import byte_tokenizer
+from adaflash.serving.api import encode, parse_inputs, text_delta
+from adaflash.decoding.engine import MODES
+from adaflash.models.tokenizer import byte_tokenizer
 
 
 def _tensors(**kw):

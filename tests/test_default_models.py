@@ -13,14 +13,14 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from adaflash.bench import eval_prompts
-from adaflash.bundle import load_bundle
-from adaflash.drafter import DFlashDrafter
-from adaflash.engine import Engine, Request
-from adaflash.target import Transformer
+from adaflash.evaluation.bench import eval_prompts
+from adaflash.models.bundle import load_bundle
+from adaflash.models.drafter import DFlashDrafter
+from adaflash.decoding.engine import Engine, Request
+from adaflash.models.target import Transformer
 from adaflash_client import AdaFlashClient, GenerationParams
 from adaflash_server.launcher import ServerConfig, TritonServer
-from adaflash_server.repository import RepositoryConfig, build_repository
+from adaflash_build.repository import RepositoryConfig, build_repository
 
 MODELS = Path(__file__).resolve().parent.parent / "models" / "default"
 DRAFTERS = ("drafter", "drafter-dflash", "drafter-osd")

@@ -10,11 +10,11 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from adaflash.bundle import tiny_random_bundle
-from adaflash.drafter import DFlashDrafter, DrafterConfig, default_target_layer_ids
-from adaflash.layers import RopeConfig
-from adaflash.target import Transformer
-from adaflash.train_dflash import target_features
+from adaflash.models.bundle import tiny_random_bundle
+from adaflash.models.drafter import DFlashDrafter, DrafterConfig, default_target_layer_ids
+from adaflash.models.layers import RopeConfig
+from adaflash.models.target import Transformer
+from adaflash.training.dflash import target_features
 
 CONFIGS = Path("/work/shared/reference/configs")
 TOL = 1e-5

@@ -5,10 +5,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from adaflash.bundle import save_bundle
+from adaflash.models.bundle import save_bundle
 from adaflash.cli import main
-from adaflash.evaluate import MARK_BEGIN, MARK_END, is_repetitive
-from adaflash.pretrain import DOMAINS
+from adaflash.evaluation.evaluate import MARK_BEGIN, MARK_END, is_repetitive
+from adaflash.training.pretrain import DOMAINS
 
 CORPUS = Path(__file__).parent / "fixtures" / "corpus"
 

@@ -7,8 +7,8 @@ import math
 import pytest
 import torch
 
-from adaflash.drafter import DFlashDrafter
-from adaflash.train_heads import calibration, collect_blocks, fit_heads, head_losses, with_heads
+from adaflash.models.drafter import DFlashDrafter
+from adaflash.training.heads import calibration, collect_blocks, fit_heads, head_losses, with_heads
 
 from conftest import random_prompts, self_generated
 

@@ -10,14 +10,14 @@ import pytest
 import torch
 import tritonclient.grpc as grpcclient
 
-from adaflash.bench import load_prompts
-from adaflash.bundle import load_bundle, save_bundle
+from adaflash.evaluation.bench import load_prompts
+from adaflash.models.bundle import load_bundle, save_bundle
 from adaflash.cli import main
-from adaflash.drafter import DFlashDrafter
-from adaflash.engine import Engine, Request
+from adaflash.models.drafter import DFlashDrafter
+from adaflash.decoding.engine import Engine, Request
 from adaflash_client import AdaFlashClient, GenerationParams
 from adaflash_server.launcher import ServerConfig, TritonServer
-from adaflash_server.repository import RepositoryConfig, build_repository, drafter_models, publish_drafter
+from adaflash_build.repository import RepositoryConfig, build_repository, drafter_models, publish_drafter
 
 MAX_TOKENS = 200
 

@@ -7,11 +7,11 @@ import dataclasses
 import pytest
 import torch
 
-from adaflash.drafter import DFlashDrafter
-from adaflash.engine import DRAFTER_MODES, MODES, Engine, Request
-from adaflash.sampling import SamplingParams
-from adaflash.target import Transformer
-from adaflash.train_dflash import target_features
+from adaflash.models.drafter import DFlashDrafter
+from adaflash.decoding.engine import DRAFTER_MODES, MODES, Engine, Request
+from adaflash.decoding.sampling import SamplingParams
+from adaflash.models.target import Transformer
+from adaflash.training.dflash import target_features
 
 from conftest import clone_target, fixed_costs, random_prompts
 

@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from adaflash.ngram import propose
+from adaflash.decoding.ngram import propose
 
 
 def reference_propose(tokens: list[int], k: int, max_n: int = 3, min_n: int = 1) -> list[int]:

@@ -10,9 +10,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from adaflash.bundle import load_bundle, save_bundle
-from adaflash.train_dflash import anchored_blocks, fit_drafter, target_features
-from adaflash.train_opd import DistillConfig, distill_loss, main, teacher_logits
+from adaflash.models.bundle import load_bundle, save_bundle
+from adaflash.training.dflash import anchored_blocks, fit_drafter, target_features
+from adaflash.training.opd import DistillConfig, distill_loss, main, teacher_logits
 
 from conftest import random_prompts, self_generated
 

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from adaflash.policy import CostModel, LengthController, choose_lengths, published_length, ratio_to_rates
+from adaflash.decoding.policy import CostModel, LengthController, choose_lengths, published_length, ratio_to_rates
 from conftest import fixed_costs
 
 

@@ -9,13 +9,13 @@ import torch
 from tokenizers import Tokenizer
 from transformers import AutoModelForCausalLM
 
-from adaflash.bundle import load_bundle, tiny_random_bundle
-from adaflash.engine import Engine, Request
-from adaflash.pretrain import DOMAINS, PretrainConfig, main, pretrain, tokenize_corpus, train_tokenizer
-from adaflash.target import Transformer
-from adaflash.tokenizer import BYTE_SPECIALS
-from adaflash.train_dflash import fit_drafter
-from adaflash.train_dflash import main as train_drafter_main
+from adaflash.models.bundle import load_bundle, tiny_random_bundle
+from adaflash.decoding.engine import Engine, Request
+from adaflash.training.pretrain import DOMAINS, PretrainConfig, main, pretrain, tokenize_corpus, train_tokenizer
+from adaflash.models.target import Transformer
+from adaflash.models.tokenizer import BYTE_SPECIALS
+from adaflash.training.dflash import fit_drafter
+from adaflash.training.dflash import main as train_drafter_main
 
 CORPUS = Path(__file__).parent / "fixtures" / "corpus"
 TOY = json.loads((Path(__file__).parent / "fixtures" / "pretrain-toy.json").read_text())

@@ -8,12 +8,12 @@ import pytest
 import torch
 from scipy.stats import chisquare
 
-from adaflash.bundle import tiny_random_bundle
-from adaflash.engine import MODES, Engine, Request
-from adaflash.policy import CostModel
-from adaflash.sampling import SamplingParams, target_probs, verify_greedy, verify_sampled
-from adaflash.target import Transformer
-from adaflash.train_dflash import fit_drafter
+from adaflash.models.bundle import tiny_random_bundle
+from adaflash.decoding.engine import MODES, Engine, Request
+from adaflash.decoding.policy import CostModel
+from adaflash.decoding.sampling import SamplingParams, target_probs, verify_greedy, verify_sampled
+from adaflash.models.target import Transformer
+from adaflash.training.dflash import fit_drafter
 
 from conftest import clone_target, fixed_costs, random_prompts, self_generated
 

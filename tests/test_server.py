@@ -13,13 +13,13 @@ import pytest
 import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
-from adaflash.bench import load_prompts
-from adaflash.bundle import load_bundle, save_bundle
-from adaflash.engine import MODES, Engine, Request
-from adaflash.sampling import SamplingParams
+from adaflash.evaluation.bench import load_prompts
+from adaflash.models.bundle import load_bundle, save_bundle
+from adaflash.decoding.engine import MODES, Engine, Request
+from adaflash.decoding.sampling import SamplingParams
 from adaflash_client import AdaFlashClient, GenerationError, GenerationParams
 from adaflash_server.launcher import ServerConfig, TritonServer
-from adaflash_server.repository import RepositoryConfig, build_repository
+from adaflash_build.repository import RepositoryConfig, build_repository
 
 MAX_TOKENS = 24
 MAX_PROMPT = 160

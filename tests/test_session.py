@@ -1,4 +1,4 @@
-"""The per-request loop that servers run (adaflash.session) over the keyed services equals the engine."""
+"""The per-request loop that servers run (adaflash.serving.session) over the keyed services equals the engine."""
 
 from __future__ import annotations
 
@@ -6,10 +6,10 @@ import asyncio
 
 import pytest
 
-from adaflash.engine import MODES, Engine, Request
-from adaflash.policy import LengthController
-from adaflash.services import DrafterService, TargetService
-from adaflash.session import run_request
+from adaflash.decoding.engine import MODES, Engine, Request
+from adaflash.decoding.policy import LengthController
+from adaflash.serving.hosts import DrafterService, TargetService
+from adaflash.serving.session import run_request
 
 from conftest import clone_target, fixed_costs, random_prompts
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM
 
-from adaflash.target import Transformer
+from adaflash.models.target import Transformer
 
 TOL = 1e-4
 

@@ -541,7 +541,7 @@ def warm_up(args: argparse.Namespace, url: str) -> None:
 
 def _start_server(args: argparse.Namespace):
     from adaflash_server.launcher import ServerConfig, TritonServer
-    from adaflash_server.repository import RepositoryConfig, build_repository, tiny_model_dir
+    from adaflash_build.repository import RepositoryConfig, build_repository, tiny_model_dir
 
     if args.model_dir:
         model_dir = args.model_dir

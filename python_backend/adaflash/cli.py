@@ -10,11 +10,11 @@ from pathlib import Path
 
 import torch
 
-from adaflash.bench import encode_prompts, eval_set_prompts, load_prompts, run_bench
-from adaflash.bundle import Bundle, load_bundle, tiny_random_bundle
-from adaflash.engine import MODES, Engine, Request
-from adaflash.evaluate import Throughput, evaluate, markdown, parse_variants, replace_section
-from adaflash.sampling import SamplingParams
+from adaflash.evaluation.bench import encode_prompts, eval_set_prompts, load_prompts, run_bench
+from adaflash.models.bundle import Bundle, load_bundle, tiny_random_bundle
+from adaflash.decoding.engine import MODES, Engine, Request
+from adaflash.evaluation.evaluate import Throughput, evaluate, markdown, parse_variants, replace_section
+from adaflash.decoding.sampling import SamplingParams
 
 
 def _add_model_args(p: argparse.ArgumentParser) -> None:

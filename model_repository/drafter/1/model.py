@@ -14,10 +14,10 @@ import numpy as np
 import torch
 import triton_python_backend_utils as pb_utils
 
-from adaflash.drafter import DFlashDrafter
-from adaflash.policy import CostModel, LengthController
-from adaflash.services import DraftCall, DrafterService
-from adaflash.target import Transformer
+from adaflash.models.drafter import DFlashDrafter
+from adaflash.decoding.policy import CostModel, LengthController
+from adaflash.serving.hosts import DraftCall, DrafterService
+from adaflash.models.target import Transformer
 
 DRAFT, RELEASE = 1, 2
 

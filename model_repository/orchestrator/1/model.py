@@ -14,14 +14,14 @@ import numpy as np
 import torch
 import triton_python_backend_utils as pb_utils
 
-from adaflash.drafter import DrafterConfig
-from adaflash.engine import Request, validate_request
-from adaflash.policy import CostModel, LengthController
-from adaflash.sampling import SamplingParams
-from adaflash.session import run_request
-from adaflash.target import TargetConfig
-from adaflash.target_ops import StepResult
-from adaflash_server.repository import DRAFTER_NAME
+from adaflash.models.drafter import DrafterConfig
+from adaflash.decoding.engine import Request, validate_request
+from adaflash.decoding.policy import CostModel, LengthController
+from adaflash.decoding.sampling import SamplingParams
+from adaflash.serving.session import run_request
+from adaflash.models.target import TargetConfig
+from adaflash.decoding.steps import StepResult
+from adaflash_build.repository import DRAFTER_NAME
 
 PREFILL, VERIFY, RELEASE, DRAFT = 0, 1, 2, 1
 START, END = pb_utils.TRITONSERVER_REQUEST_FLAG_SEQUENCE_START, pb_utils.TRITONSERVER_REQUEST_FLAG_SEQUENCE_END

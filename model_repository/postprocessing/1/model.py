@@ -11,8 +11,8 @@ import numpy as np
 import torch
 import triton_python_backend_utils as pb_utils
 
-from adaflash.api import text_delta
-from adaflash.tokenizer import load_tokenizer
+from adaflash.serving.api import text_delta
+from adaflash.models.tokenizer import load_tokenizer
 
 PASS_THROUGH = ("num_output_tokens", "target_forwards", "accepted_per_step", "draft_len_per_step", "finish_reason")
 

@@ -6,9 +6,9 @@ import numpy as np
 import torch
 import triton_python_backend_utils as pb_utils
 
-from adaflash.api import encode, parse_inputs
-from adaflash.target import TargetConfig
-from adaflash.tokenizer import load_tokenizer
+from adaflash.serving.api import encode, parse_inputs
+from adaflash.models.target import TargetConfig
+from adaflash.models.tokenizer import load_tokenizer
 
 OPTIONAL = ("stream", "temperature", "top_k", "top_p", "random_seed", "end_id", "stop_words", "spec_mode", "max_draft")
 

@@ -12,10 +12,10 @@ from adaflash_server.launcher import spin_target_threads
 
 spin_target_threads()  # before torch loads: the target's idle OpenMP threads spin briefly instead of sleeping
 
-from adaflash.drafter import DrafterConfig  # noqa: E402
-from adaflash.sampling import SamplingParams  # noqa: E402
-from adaflash.services import TargetService  # noqa: E402
-from adaflash.target import Transformer  # noqa: E402
+from adaflash.models.drafter import DrafterConfig  # noqa: E402
+from adaflash.decoding.sampling import SamplingParams  # noqa: E402
+from adaflash.serving.hosts import TargetService  # noqa: E402
+from adaflash.models.target import Transformer  # noqa: E402
 
 PREFILL, VERIFY, RELEASE = 0, 1, 2
 

@@ -11,8 +11,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from adaflash.sampling import SamplingParams, sample, target_probs, verify_greedy, verify_sampled
-from adaflash.target import Transformer
+from adaflash.decoding.sampling import SamplingParams, sample, target_probs, verify_greedy, verify_sampled
+from adaflash.models.target import Transformer
 
 
 @dataclass

@@ -13,11 +13,11 @@ from collections.abc import Awaitable, Callable, Hashable
 
 import torch
 
-from adaflash import ngram
-from adaflash.engine import DRAFTER_MODES, Request, Sequence, StepRecord, draft_cap
-from adaflash.policy import LengthController
-from adaflash.services import DraftCall
-from adaflash.target_ops import StepResult
+from adaflash.decoding import ngram
+from adaflash.decoding.engine import DRAFTER_MODES, Request, Sequence, StepRecord, draft_cap
+from adaflash.decoding.policy import LengthController
+from adaflash.serving.hosts import DraftCall
+from adaflash.decoding.steps import StepResult
 
 Prefill = Callable[[list[int]], Awaitable[StepResult]]
 Verify = Callable[[list[int]], Awaitable[StepResult]]

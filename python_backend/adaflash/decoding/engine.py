@@ -17,12 +17,12 @@ from itertools import count
 
 import torch
 
-from adaflash import ngram
-from adaflash.drafter import DFlashDrafter
-from adaflash.policy import CostModel, LengthController, SequencePolicy, measure_costs
-from adaflash.sampling import SamplingParams
-from adaflash.target import Transformer
-from adaflash.target_ops import StepResult, prefill_batch, verify_batch
+from adaflash.decoding import ngram
+from adaflash.models.drafter import DFlashDrafter
+from adaflash.decoding.policy import CostModel, LengthController, SequencePolicy, measure_costs
+from adaflash.decoding.sampling import SamplingParams
+from adaflash.models.target import Transformer
+from adaflash.decoding.steps import StepResult, prefill_batch, verify_batch
 
 MODES = ("ar", "ngram", "dflash", "adaflash", "adaflash-published")
 DRAFTER_MODES = ("dflash", "adaflash", "adaflash-published")

@@ -27,9 +27,9 @@ import torch.nn.functional as F
 from tokenizers import Tokenizer
 from torch import Tensor
 
-from adaflash.drafter import DFlashDrafter
-from adaflash.target import Transformer
-from adaflash.train_dflash import (BlockLoss, add_data_arguments, anchored_blocks, fit_drafter, regenerate,
+from adaflash.models.drafter import DFlashDrafter
+from adaflash.models.target import Transformer
+from adaflash.training.dflash import (BlockLoss, add_data_arguments, anchored_blocks, fit_drafter, regenerate,
                                    training_prompts)
 
 KINDS = ("reverse", "forward")

@@ -15,11 +15,11 @@ import string
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
-from adaflash.bundle import load_bundle, save_bundle, tiny_random_bundle
-from adaflash.drafter import DrafterConfig
-from adaflash.engine import DRAFTER_MODES, MODES
-from adaflash.policy import measure_costs
-from adaflash.target import TargetConfig
+from adaflash.models.bundle import load_bundle, save_bundle, tiny_random_bundle
+from adaflash.models.drafter import DrafterConfig
+from adaflash.decoding.engine import DRAFTER_MODES, MODES
+from adaflash.decoding.policy import measure_costs
+from adaflash.models.target import TargetConfig
 
 TEMPLATES = Path(__file__).resolve().parents[2] / "model_repository"
 MODELS = ("preprocessing", "postprocessing", "orchestrator", "target", "drafter", "adaflash")

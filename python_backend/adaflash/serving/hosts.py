@@ -15,11 +15,11 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from adaflash.drafter import DFlashDrafter
-from adaflash.policy import LengthController
-from adaflash.sampling import SamplingParams
-from adaflash.target import Transformer
-from adaflash.target_ops import StepResult, prefill_batch, verify_batch
+from adaflash.models.drafter import DFlashDrafter
+from adaflash.decoding.policy import LengthController
+from adaflash.decoding.sampling import SamplingParams
+from adaflash.models.target import Transformer
+from adaflash.decoding.steps import StepResult, prefill_batch, verify_batch
 
 
 class SlotTable:

@@ -11,7 +11,7 @@ from dataclasses import asdict, fields
 from pathlib import Path
 
 from adaflash_server.launcher import ServerConfig, TritonServer
-from adaflash_server.repository import (RepositoryConfig, build_repository, drafter_models, publish_drafter,
+from adaflash_build.repository import (RepositoryConfig, build_repository, drafter_models, publish_drafter,
                                         tiny_model_dir)
 
 DEFAULT_MODELS = Path("models/default")

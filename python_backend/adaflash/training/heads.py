@@ -24,9 +24,9 @@ import torch.nn.functional as F
 from torch import Tensor
 from tqdm import tqdm
 
-from adaflash.drafter import DFlashDrafter, LengthHead, PositionHead
-from adaflash.target import Transformer
-from adaflash.train_dflash import anchored_blocks, sample_anchors, target_features
+from adaflash.models.drafter import DFlashDrafter, LengthHead, PositionHead
+from adaflash.models.target import Transformer
+from adaflash.training.dflash import anchored_blocks, sample_anchors, target_features
 
 
 @dataclass

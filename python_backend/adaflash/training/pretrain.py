@@ -23,9 +23,9 @@ import torch.nn.functional as F
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from tqdm import tqdm
 
-from adaflash.layers import RopeConfig
-from adaflash.target import TargetConfig, Transformer
-from adaflash.tokenizer import BYTE_SPECIALS
+from adaflash.models.layers import RopeConfig
+from adaflash.models.target import TargetConfig, Transformer
+from adaflash.models.tokenizer import BYTE_SPECIALS
 
 DOMAINS = ("chat", "code", "math", "multilingual", "prose")
 PROMPT_DOMAINS = ("chat", "math")  # prompt/response records; the others are running text

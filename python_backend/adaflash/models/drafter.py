@@ -19,8 +19,8 @@ import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 
-from adaflash.layers import MLP, RMSNorm, RopeConfig, apply_rope, attend, gather_slots, rope_cos_sin
-from adaflash.target import Transformer
+from adaflash.models.layers import MLP, RMSNorm, RopeConfig, apply_rope, attend, gather_slots, rope_cos_sin
+from adaflash.models.target import Transformer
 
 
 def default_target_layer_ids(num_target_layers: int, num_draft_layers: int) -> list[int]:

@@ -12,10 +12,10 @@ from pathlib import Path
 import torch
 from tokenizers import Tokenizer
 
-from adaflash.drafter import DFlashDrafter, DrafterConfig
-from adaflash.layers import RopeConfig
-from adaflash.target import TargetConfig, Transformer
-from adaflash.tokenizer import BYTE_SPECIALS, byte_tokenizer, load_tokenizer
+from adaflash.models.drafter import DFlashDrafter, DrafterConfig
+from adaflash.models.layers import RopeConfig
+from adaflash.models.target import TargetConfig, Transformer
+from adaflash.models.tokenizer import BYTE_SPECIALS, byte_tokenizer, load_tokenizer
 
 
 @dataclass

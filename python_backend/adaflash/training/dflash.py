@@ -24,12 +24,12 @@ from tokenizers import Tokenizer
 from torch import Tensor
 from tqdm import tqdm
 
-from adaflash.drafter import DFlashDrafter, DrafterConfig
-from adaflash.engine import Engine, Request, Sequence
-from adaflash.pretrain import DOMAINS, PROMPT_DOMAINS, as_prompt, documents
-from adaflash.sampling import SamplingParams
-from adaflash.target import Transformer
-from adaflash.tokenizer import BYTE_SPECIALS
+from adaflash.models.drafter import DFlashDrafter, DrafterConfig
+from adaflash.decoding.engine import Engine, Request, Sequence
+from adaflash.training.pretrain import DOMAINS, PROMPT_DOMAINS, as_prompt, documents
+from adaflash.decoding.sampling import SamplingParams
+from adaflash.models.target import Transformer
+from adaflash.models.tokenizer import BYTE_SPECIALS
 
 PUBLISHED_GAMMA = {16: 7.0, 10: 5.0, 8: 4.0}
 

@@ -15,9 +15,9 @@ from pathlib import Path
 
 from tokenizers import Tokenizer
 
-from adaflash.engine import Engine, Request, Sequence
-from adaflash.pretrain import DOMAINS, PROMPT_DOMAINS, as_prompt
-from adaflash.sampling import SamplingParams
+from adaflash.decoding.engine import Engine, Request, Sequence
+from adaflash.training.pretrain import DOMAINS, PROMPT_DOMAINS, as_prompt
+from adaflash.decoding.sampling import SamplingParams
 
 
 @dataclass

@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 
-from adaflash.layers import MLP, Ragged, RMSNorm, RopeConfig, apply_rope, attend, gather_slots, rope_cos_sin
+from adaflash.models.layers import MLP, Ragged, RMSNorm, RopeConfig, apply_rope, attend, gather_slots, rope_cos_sin
 
 
 @dataclass

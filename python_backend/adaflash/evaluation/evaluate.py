@@ -15,13 +15,13 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from adaflash.bench import EVAL_SETS, Contender, compare, eval_prompts, summarize
-from adaflash.bundle import load_bundle
-from adaflash.drafter import DFlashDrafter
-from adaflash.engine import Engine, Request, Sequence
-from adaflash.pretrain import DOMAINS, heldout_loss
-from adaflash.sampling import SamplingParams
-from adaflash.target import Transformer
+from adaflash.evaluation.bench import EVAL_SETS, Contender, compare, eval_prompts, summarize
+from adaflash.models.bundle import load_bundle
+from adaflash.models.drafter import DFlashDrafter
+from adaflash.decoding.engine import Engine, Request, Sequence
+from adaflash.training.pretrain import DOMAINS, heldout_loss
+from adaflash.decoding.sampling import SamplingParams
+from adaflash.models.target import Transformer
 
 MARK_BEGIN, MARK_END = "<!-- adaflash evaluate: begin -->", "<!-- adaflash evaluate: end -->"
 

@@ -20,11 +20,11 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from adaflash import ngram
+from adaflash.decoding import ngram
 
 if TYPE_CHECKING:
-    from adaflash.drafter import DFlashDrafter, Draft
-    from adaflash.target import Transformer
+    from adaflash.models.drafter import DFlashDrafter, Draft
+    from adaflash.models.target import Transformer
 
 
 @dataclass
