@@ -27,10 +27,13 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from adaflash.evaluation.bench import load_prompts
+from adaflash.cli_args import csv_list
+from adaflash.evaluation.prompts import load_prompts
 from adaflash.models.bundle import Bundle, load_bundle
-from adaflash.decoding.engine import MODES, Engine, Request, Sequence
-from adaflash.decoding.policy import CostModel
+from adaflash.decoding.engine import Engine
+from adaflash.decoding.modes import MODE_NAMES
+from adaflash.decoding.sequence import Request, Sequence
+from adaflash.decoding.costs import CostModel
 from adaflash_client import AdaFlashClient, Completion, GenerationParams
 from adaflash_server.launcher import ServerConfig, TritonServer
 from adaflash_build.repository import RepositoryConfig, build_repository, tiny_model_dir
@@ -56,8 +59,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--model-dir", type=Path, help="folder with target/ and drafter/ (default: tiny random models)")
     p.add_argument("--drafter", default="drafter", help="drafter folder name in --model-dir ('' for none)")
     p.add_argument("--url", help="HOST:PORT of a running server (default: start one on free ports)")
-    p.add_argument("--mode", default="adaflash", choices=MODES)
-    p.add_argument("--concurrency", default="1,16", help="comma-separated concurrencies")
+    p.add_argument("--mode", default="adaflash", choices=MODE_NAMES)
+    p.add_argument("--concurrency", type=csv_list(int), default=[1, 16], help="comma-separated concurrencies")
     p.add_argument("--num-prompts", type=int, default=20)
     p.add_argument("--prompts", type=Path, help="JSON lines with `prompt` (default: the packaged sample prompts)")
     p.add_argument("--max-tokens", type=int, default=64)
@@ -162,7 +165,7 @@ def print_table(rows: list[dict]) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    concurrencies = [int(c) for c in args.concurrency.split(",")]
+    concurrencies = args.concurrency
     drafter = args.drafter or None
     prompts = load_texts(args.prompts, args.num_prompts)
     with tempfile.TemporaryDirectory(prefix="bench-grpc-") as tmp:

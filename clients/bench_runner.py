@@ -97,13 +97,13 @@ class Contender:
 def prime_runner(runner: Transformer, contexts: Tensor, new: Tensor) -> Contender:
     """Prefill one slot per sequence; each step appends the new tokens with `forward`."""
     batch, context = contexts.shape
-    cache = runner.allocate_cache(num_slots=batch, max_len=context + new.shape[1])
+    cache = runner.new_cache(num_slots=batch, max_len=context + new.shape[1])
     slots = list(range(batch))
-    runner.forward(slots, contexts.tolist())
+    runner.forward(cache, slots, contexts.tolist())
     new_tokens = new.tolist()
 
     def step() -> Tensor:
-        return runner.forward(slots, new_tokens).logits
+        return runner.forward(cache, slots, new_tokens).logits
 
     def reset() -> None:
         for slot in slots:

@@ -1,13 +1,24 @@
-"""The served contract without a server: input checks name the field; streamed text never splits a character."""
+"""The served contract without a server: input checks name the field, payloads survive their wire
+encoding, streamed text never splits a character."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from adaflash.serving.api import encode, parse_inputs, text_delta
-from adaflash.decoding.engine import MODES
+import torch
+
+from adaflash.decoding.modes import MODE_NAMES
+from adaflash.decoding.sampling import SamplingParams
+from adaflash.decoding.sequence import Request, Sequence, StepRecord
+from adaflash.decoding.steps import StepResult
 from adaflash.models.tokenizer import byte_tokenizer
+from adaflash.serving import protocol
+from adaflash.serving.api import encode, text_delta
+from adaflash.serving.protocol import RequestLimits, parse_request
+
+LIMITS = RequestLimits(max_output_tokens=100, modes=MODE_NAMES, default_mode="adaflash")
+AR = RequestLimits(max_output_tokens=100, modes=MODE_NAMES, default_mode="ar")
 
 
 def _tensors(**kw):
@@ -17,11 +28,13 @@ def _tensors(**kw):
 
 
 def test_defaults_and_overrides():
-    got = parse_inputs(_tensors(), "adaflash", MODES, 100)
-    assert (got.prompt, got.max_tokens, got.spec_mode, got.temperature, got.top_p) == ("hello", 8, "adaflash", 0.0, 1.0)
-    got = parse_inputs(_tensors(spec_mode=np.array([[b"ngram"]], dtype=object), top_k=np.array([[5]]),
-                                random_seed=np.array([[7]], dtype=np.uint64)), "adaflash", MODES, 100)
-    assert (got.spec_mode, got.top_k, got.seed) == ("ngram", 5, 7)
+    got = parse_request(_tensors(), LIMITS)
+    assert got == {"text_input": "hello", "max_tokens": 8, "stream": False, "temperature": 0.0, "top_k": 0,
+                   "top_p": 1.0, "random_seed": 0, "end_id": None, "stop_words": (), "spec_mode": "adaflash",
+                   "max_draft": None}
+    got = parse_request(_tensors(spec_mode=np.array([[b"ngram"]], dtype=object), top_k=np.array([[5]]),
+                                 random_seed=np.array([[7]], dtype=np.uint64)), LIMITS)
+    assert (got["spec_mode"], got["top_k"], got["random_seed"]) == ("ngram", 5, 7)
 
 
 @pytest.mark.parametrize("field,value", [
@@ -29,22 +42,23 @@ def test_defaults_and_overrides():
     ("temperature", np.array([[np.nan]])), ("top_p", np.array([[0.0]])), ("top_k", np.array([[-1]])),
     ("spec_mode", np.array([[b"medusa"]], dtype=object)), ("text_input", np.array([[b"\xc3"]], dtype=object)),
     ("text_input", np.array([[b""]], dtype=object)), ("max_draft", np.array([[-2]])),
+    ("max_draft", np.array([[protocol.UNSET]])), ("top_k", np.array([[1, 2]])),
 ])
 def test_bad_values_name_their_field(field, value):
     with pytest.raises(ValueError, match=f"^{field}:"):
-        parse_inputs(_tensors(**{field: value}), "adaflash", MODES, 100)
+        parse_request(_tensors(**{field: value}), LIMITS)
 
 
 def test_stop_words_and_end_id():
     tok = byte_tokenizer()
-    inputs = parse_inputs(_tensors(stop_words=np.array([[b"\n", b"."]], dtype=object)), "ar", MODES, 100)
+    inputs = parse_request(_tensors(stop_words=np.array([[b"\n", b"."]], dtype=object)), AR)
     ids, stops = encode(tok, inputs, 64, tok.get_vocab_size(), [256])
     assert stops == [256, tok.encode("\n").ids[0], tok.encode(".").ids[0]] and ids == tok.encode("hello").ids
     with pytest.raises(ValueError, match="^stop_words:"):
-        encode(tok, parse_inputs(_tensors(stop_words=np.array([[b"\xc3\xa9"]], dtype=object)), "ar", MODES, 100),
+        encode(tok, parse_request(_tensors(stop_words=np.array([[b"\xc3\xa9"]], dtype=object)), AR),
                64, tok.get_vocab_size(), [256])
     with pytest.raises(ValueError, match="^text_input:"):
-        encode(tok, parse_inputs(_tensors(text_input=np.array([[b"x" * 65]], dtype=object)), "ar", MODES, 100),
+        encode(tok, parse_request(_tensors(text_input=np.array([[b"x" * 65]], dtype=object)), AR),
                64, tok.get_vocab_size(), [256])
 
 
@@ -61,3 +75,124 @@ def test_streamed_deltas_never_split_a_character_and_add_up_to_the_text():
     assert any(d == "" for d in deltas)  # held back while a multi-byte character was incomplete
     # Bytes that never form a character are sent as replacement characters, at the latest at the end.
     assert text_delta(tok, ids[:1] + [tok.encode("é").ids[0]], 1, final=True) == "\ufffd"
+
+
+def _forwarded(tensors):
+    """What the ensemble hands the orchestrator: preprocessing's `out_<name>` outputs as `<name>`."""
+    return {name.removeprefix("out_"): value for name, value in tensors.items()}
+
+
+def test_a_parsed_request_reaches_the_orchestrator_as_the_engine_request():
+    values = parse_request(_tensors(temperature=np.array([[0.5]], dtype=np.float32), top_k=np.array([[3]]),
+                                    random_seed=np.array([[9]], dtype=np.uint64),
+                                    stream=np.array([[True]]), max_draft=np.array([[2]])), LIMITS)
+    got = protocol.decode_generation(_forwarded(protocol.encode_generation([5, 6], [0, 7], values)))
+    assert (got.request.prompt_ids, got.request.max_tokens, got.request.mode, got.request.max_draft) == ([5, 6], 8,
+                                                                                                        "adaflash", 2)
+    assert got.request.sampling == SamplingParams(temperature=0.5, top_k=3, top_p=1.0, seed=9)
+    assert got.stop_ids == {0, 7} and got.stream is True
+
+
+def test_an_unset_max_draft_is_none_on_both_sides_of_the_wire():
+    values = parse_request(_tensors(), LIMITS)
+    tensors = protocol.encode_generation([5], [0], values)
+    assert values["max_draft"] is None and int(tensors["out_max_draft"].reshape(-1)[0]) == protocol.UNSET
+    assert protocol.decode_generation(_forwarded(tensors)).request.max_draft is None
+
+
+def test_a_generation_request_missing_a_tensor_names_it():
+    tensors = _forwarded(protocol.encode_generation([5], [0], parse_request(_tensors(), LIMITS)))
+    del tensors["spec_mode"]
+    with pytest.raises(ValueError, match="^spec_mode: required"):
+        protocol.decode_generation(tensors)
+
+
+def test_target_calls_and_results_round_trip():
+    sampling = SamplingParams(temperature=1.0, top_k=50, top_p=0.5, seed=123)
+    call = protocol.decode_target_call(protocol.encode_target_call(protocol.TargetCall(protocol.Op.PREFILL, [1, 2],
+                                                                                       sampling)))
+    assert (call.op, call.tokens, call.sampling) == (protocol.Op.PREFILL, [1, 2], sampling)
+    verify = protocol.decode_target_call(protocol.encode_target_call(protocol.TargetCall(protocol.Op.VERIFY, [3])))
+    assert (verify.op, verify.tokens, verify.sampling) == (protocol.Op.VERIFY, [3], None)
+    release = protocol.decode_target_call(protocol.encode_release())
+    assert (release.op, release.tokens) == (protocol.Op.RELEASE, [])
+    features = torch.arange(6, dtype=torch.float32).reshape(3, 2)
+    result = protocol.decode_target_result(protocol.encode_target_result(StepResult([4, 5], 1, 0.75, features)), 2)
+    assert (result.committed, result.accepted, result.expected_accepted) == ([4, 5], 1, 0.75)
+    assert torch.equal(result.features, features)
+    plain = protocol.encode_target_result(StepResult([4], 0, 0.0, None))
+    assert protocol.decode_target_result(plain, 0).features is None
+
+
+def test_bad_target_calls_name_their_field():
+    with pytest.raises(ValueError, match="^op: unknown operation 3"):
+        protocol.decode_target_call(protocol.encode_target_call(protocol.TargetCall(protocol.Op.DRAFT, [])))
+    tensors = protocol.encode_target_call(protocol.TargetCall(protocol.Op.PREFILL, [1], SamplingParams()))
+    tensors["top_p"] = np.array([[0.0]], dtype=np.float32)
+    with pytest.raises(ValueError, match="top_p"):
+        protocol.decode_target_call(tensors)
+
+
+def test_draft_calls_and_drafts_round_trip():
+    call = protocol.DraftCall(key=7, features=torch.ones(2, 4), anchor=11, mode="adaflash", cap=5, length=6,
+                              rates=np.array([0.9, 0.5, 0.25]))
+    tensors = protocol.encode_draft_call(call, batch_hint=3)
+    got = protocol.decode_draft_call(tensors, key=7)
+    assert (got.key, got.anchor, got.mode, got.cap, got.length) == (7, 11, "adaflash", 5, 6)
+    assert torch.equal(got.features, call.features) and np.allclose(got.rates, call.rates)
+    assert protocol.decode_batch_hint(tensors) == 3
+    empty = protocol.decode_draft_call(protocol.encode_draft_call(
+        protocol.DraftCall(7, torch.zeros(0, 4), 11, "dflash", 5, 16, np.zeros(15)), 1), key=7)
+    assert empty.features.shape == (0, 4)
+    assert protocol.decode_draft(protocol.encode_draft([8, 9])) == [8, 9]
+    assert protocol.names(protocol.DRAFTER_RESULT) == ["draft"]
+
+
+def test_step_responses_reach_the_client_as_text_and_statistics():
+    seq = Sequence(id=42, request=Request([1], 4), tokens=[1, 2, 3], generator=None, stop_ids=frozenset(),
+                   output=[2, 3], steps=[StepRecord(2, 1, 2)], finish_reason="length")
+    tensors = protocol.encode_step_response(seq, sent_len=1, steps_from=0, final=True)
+    step = protocol.decode_step_response(tensors)
+    assert (step.output_ids, step.sent_len, step.final, step.sequence_id) == ([2, 3], 1, True, 42)
+    out = protocol.encode_text_response("hé", tensors)
+    assert protocol.names(protocol.MODEL_TENSORS["postprocessing"][1]) == list(out)
+    assert out["text_output"].reshape(-1)[0].decode() == "hé"
+    assert out["out_finish_reason"].reshape(-1)[0] == b"length" and out["out_accepted_per_step"].tolist() == [[1]]
+    assert protocol.decode_cancel(protocol.encode_cancel(42)) == 42 and protocol.decode_cancel(tensors) is None
+
+
+def test_every_encoded_payload_matches_its_declaration():
+    """What the encoders write is what the model configs (written from the declarations) promise."""
+    values = parse_request(_tensors(), LIMITS)
+    seq = Sequence(id=1, request=Request([1], 4), tokens=[1, 2], generator=None, stop_ids=frozenset(), output=[2])
+    step = protocol.encode_step_response(seq, 0, 0, False)
+    payloads = {
+        ("preprocessing", 1): protocol.encode_generation([1], [0], values),
+        ("orchestrator", 1): step,
+        ("postprocessing", 1): protocol.encode_text_response("x", step),
+        ("target", 0): protocol.encode_target_call(protocol.TargetCall(protocol.Op.PREFILL, [1], SamplingParams())),
+        ("target", 1): protocol.encode_target_result(StepResult([1], 0, 0.0, torch.zeros(1, 2))),
+        ("drafter", 0): protocol.encode_draft_call(protocol.DraftCall(1, torch.zeros(1, 2), 1, "dflash", 1, 2,
+                                                                      np.zeros(1)), 1),
+        ("drafter", 1): protocol.encode_draft([1]),
+    }
+    for (model, side), tensors in payloads.items():
+        specs = {s.name: s for s in protocol.MODEL_TENSORS[model][side]}
+        assert set(tensors) <= set(specs), (model, side)
+        for name, value in tensors.items():
+            assert value.dtype == specs[name].dtype and value.ndim == 1 + len(specs[name].dims), (model, name)
+
+
+@pytest.mark.parametrize("names,oldest_first", [
+    (["drafter_10", "target", "drafter", "drafter_2", ".staging-drafter_3"], ["drafter", "drafter_2", "drafter_10"]),
+    (["target"], []),
+])
+def test_drafter_models_are_ordered_by_their_number(names, oldest_first):
+    assert protocol.drafter_models_in(names) == oldest_first
+    assert protocol.next_drafter_name("drafter") == "drafter_2"
+    assert protocol.next_drafter_name("drafter_10") == "drafter_11"
+
+
+def test_model_parameters_are_plain_strings():
+    config = {"parameters": {"max_len": {"string_value": "2048"}, "target_dir": {"string_value": "/m"}}}
+    assert protocol.model_parameters(config) == {"max_len": "2048", "target_dir": "/m"}

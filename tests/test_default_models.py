@@ -13,7 +13,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from adaflash.evaluation.bench import eval_prompts
+from adaflash.evaluation.prompts import eval_prompts
 from adaflash.models.bundle import load_bundle
 from adaflash.models.drafter import DFlashDrafter
 from adaflash.decoding.engine import Engine, Request
@@ -33,8 +33,7 @@ def test_target_logits_match_transformers():
     runner = Transformer.from_pretrained(MODELS / "target")
     with torch.no_grad():
         ref = hf(ids).logits[0]
-    runner.allocate_cache(1, 64)
-    ours = runner.forward([0], [ids[0].tolist()], logit_rows=torch.arange(ids.shape[1])).logits
+    ours = runner.forward(runner.new_cache(1, 64), [0], [ids[0].tolist()], logit_rows=torch.arange(ids.shape[1])).logits
     assert (ours - ref).abs().max().item() < 1e-3
 
 

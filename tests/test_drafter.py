@@ -223,7 +223,7 @@ def _cached_vs_uncached(length_head: bool):
     seqs = {3: torch.randint(0, 256, (40,), generator=g).tolist(), 1: torch.randint(0, 256, (25,), generator=g).tolist()}
     feats = {s: target_features(target, toks, ids) for s, toks in seqs.items()}
     chunks = {3: [12, 1, 17], 1: [0, 10, 7]}  # uneven, ragged, one empty; contexts of 30 and 17 positions
-    drafter.allocate_cache(num_slots=5, max_len=64)
+    cache = drafter.new_cache(num_slots=5, max_len=64)
     done = {s: 0 for s in seqs}
     for c in range(3):
         parts, counts = [], []
@@ -232,15 +232,15 @@ def _cached_vs_uncached(length_head: bool):
             parts.append(feats[s][done[s] : done[s] + n])
             counts.append(n)
             done[s] += n
-        drafter.append_context(list(seqs), torch.cat(parts), counts)
-    assert drafter.cache.lengths[3] == 30 and drafter.cache.lengths[1] == 17
-    return target, drafter, seqs, feats, done
+        drafter.append_context(cache, list(seqs), torch.cat(parts), counts)
+    assert cache.lengths[3] == 30 and cache.lengths[1] == 17
+    return target, drafter, cache, seqs, feats, done
 
 
-def _compare(target, drafter, seqs, feats, ctx):
+def _compare(target, drafter, cache, seqs, feats, ctx):
     slots = list(seqs)
     anchors = [seqs[s][ctx[s]] for s in slots]
-    cached = drafter.draft(target, slots, anchors)
+    cached = drafter.draft(target, cache, slots, anchors)
     assert cached.tokens.shape == (len(slots), drafter.config.block_size - 1)
     for i, s in enumerate(slots):
         ref = drafter.draft_uncached(target, feats[s][: ctx[s]], anchors[i])
@@ -250,25 +250,25 @@ def _compare(target, drafter, seqs, feats, ctx):
 
 
 def test_cached_draft_equals_recomputation():
-    target, drafter, seqs, feats, ctx = _cached_vs_uncached(length_head=False)
-    cached = _compare(target, drafter, seqs, feats, ctx)
+    target, drafter, cache, seqs, feats, ctx = _cached_vs_uncached(length_head=False)
+    cached = _compare(target, drafter, cache, seqs, feats, ctx)
     assert cached.accept_ratio is None
     # The drafts depend on the context: another slot's context gives other hidden states.
     other = drafter.draft_uncached(target, feats[1][: ctx[1]], seqs[3][ctx[3]])
     assert (other.hidden[0] - cached.hidden[0]).abs().max().item() > 1e-3
     # Truncating a slot (rejected tokens) and appending again equals recomputation on the new context.
-    drafter.truncate(3, 22)
+    cache.truncate(3, 22)
     new = torch.tensor([7, 8, 9, 10])
     seqs[3] = seqs[3][:22] + new.tolist() + seqs[3][26:]
     feats[3] = target_features(target, seqs[3], drafter.config.target_layer_ids)
-    drafter.append_context([3], feats[3][22:26], [4])
+    drafter.append_context(cache, [3], feats[3][22:26], [4])
     ctx[3] = 26
-    _compare(target, drafter, seqs, feats, ctx)
+    _compare(target, drafter, cache, seqs, feats, ctx)
 
 
 def test_cached_draft_equals_recomputation_with_length_head():
-    target, drafter, seqs, feats, ctx = _cached_vs_uncached(length_head=True)
-    cached = _compare(target, drafter, seqs, feats, ctx)
+    target, drafter, cache, seqs, feats, ctx = _cached_vs_uncached(length_head=True)
+    cached = _compare(target, drafter, cache, seqs, feats, ctx)
     assert cached.accept_ratio is not None and cached.accept_ratio.shape == (2,)
     for i, s in enumerate(seqs):
         ref = drafter.draft_uncached(target, feats[s][: ctx[s]], seqs[s][ctx[s]])
@@ -291,16 +291,16 @@ def test_check_target_rejects_other_hidden_size():
 
 def test_a_shorter_block_drafts_as_a_drafter_run_at_that_block_size():
     """adaflash drafts shorter blocks under load: the same draft as the drafter run at that block size."""
-    target, drafter, seqs, feats, ctx = _cached_vs_uncached(length_head=False)
+    target, drafter, cache, seqs, feats, ctx = _cached_vs_uncached(length_head=False)
     slots = list(seqs)
     anchors = [seqs[s][ctx[s]] for s in slots]
-    short = drafter.draft(target, slots, anchors, length=4)
+    short = drafter.draft(target, cache, slots, anchors, block_length=4)
     assert short.tokens.shape == (2, 3) and short.hidden.shape[:2] == (2, 4)
-    full = drafter.draft(target, slots, anchors)
+    full = drafter.draft(target, cache, slots, anchors)
     drafter.config = dataclasses.replace(drafter.config, block_size=4)
-    at_four = drafter.draft(target, slots, anchors)
+    at_four = drafter.draft(target, cache, slots, anchors)
     assert torch.equal(short.tokens, at_four.tokens)
     assert (short.hidden - at_four.hidden).abs().max().item() <= TOL
     assert (short.hidden - full.hidden[:, :4]).abs().max().item() > 1e-4  # the later masks do take part
-    with pytest.raises(ValueError, match="draft length"):
-        drafter.draft(target, slots, anchors, length=5)
+    with pytest.raises(ValueError, match="block_length"):
+        drafter.draft(target, cache, slots, anchors, block_length=5)

@@ -8,7 +8,7 @@ from pathlib import Path
 from adaflash.models.bundle import save_bundle
 from adaflash.cli import main
 from adaflash.evaluation.evaluate import MARK_BEGIN, MARK_END, is_repetitive
-from adaflash.training.pretrain import DOMAINS
+from adaflash.training.corpus import DOMAINS
 
 CORPUS = Path(__file__).parent / "fixtures" / "corpus"
 

@@ -10,7 +10,7 @@ import torch
 from adaflash.models.drafter import DFlashDrafter
 from adaflash.training.heads import calibration, collect_blocks, fit_heads, head_losses, with_heads
 
-from conftest import random_prompts, self_generated
+from helpers import random_prompts, self_generated
 
 
 @pytest.fixture(scope="module")
@@ -48,7 +48,7 @@ def test_position_head_beats_base_rates_on_held_out_text(trained_heads):
     def log_loss(p: torch.Tensor) -> float:
         return float(-(correct * p.log() + (1 - correct) * (1 - p).log())[reached].mean())
 
-    assert log_loss(rates) < 0.97 * log_loss(base)  # measured: 0.94 of it on this tiny drafter
+    assert log_loss(rates) < 0.97 * log_loss(base)  # better by a clear margin, not a tie
 
 
 def test_calibration_report_compares_predicted_with_observed(trained_heads):

@@ -10,7 +10,7 @@ import pytest
 import torch
 import tritonclient.grpc as grpcclient
 
-from adaflash.evaluation.bench import load_prompts
+from adaflash.evaluation.prompts import load_prompts
 from adaflash.models.bundle import load_bundle, save_bundle
 from adaflash.cli import main
 from adaflash.models.drafter import DFlashDrafter
@@ -18,8 +18,11 @@ from adaflash.decoding.engine import Engine, Request
 from adaflash_client import AdaFlashClient, GenerationParams
 from adaflash_server.launcher import ServerConfig, TritonServer
 from adaflash_build.repository import RepositoryConfig, build_repository, drafter_models, publish_drafter
+from helpers import wait_until
 
 MAX_TOKENS = 200
+REQUEST_TIMEOUT_S = 120
+POLL_TIMEOUT_S = REQUEST_TIMEOUT_S + 60  # a stuck request reports its own timeout before a poll gives up
 
 
 def _drafts(client: grpcclient.InferenceServerClient, model: str) -> int:
@@ -50,7 +53,7 @@ def test_published_drafter_takes_over_without_dropping_requests(trained_tiny, tm
         stop = threading.Event()
 
         def traffic(prompt: str) -> None:
-            client = AdaFlashClient(server.grpc_url, timeout_s=120)
+            client = AdaFlashClient(server.grpc_url, timeout_s=REQUEST_TIMEOUT_S)
             while not stop.is_set():
                 started = time.monotonic()
                 try:
@@ -61,12 +64,13 @@ def test_published_drafter_takes_over_without_dropping_requests(trained_tiny, tm
                     return
                 results.append((prompt, text, started, time.monotonic()))
 
-        threads = [threading.Thread(target=traffic, args=(p,)) for p in prompts]
+        # Daemons: a failing assertion leaves them running, and the test process must not wait on them.
+        threads = [threading.Thread(target=traffic, args=(p,), daemon=True) for p in prompts]
         for t in threads:
             t.start()
         control = grpcclient.InferenceServerClient(server.grpc_url)
-        while len(results) < 8:
-            time.sleep(0.05)
+        wait_until(lambda: errors or len(results) >= 8, POLL_TIMEOUT_S, "8 requests to finish before the swap")
+        assert not errors, errors
         swap_started = time.monotonic()
         v1_before = _drafts(control, "drafter")
         assert main(["publish-drafter", str(model_dir / "drafter-v2"), "--repository", str(repo),
@@ -76,12 +80,13 @@ def test_published_drafter_takes_over_without_dropping_requests(trained_tiny, tm
         assert control.is_model_ready("drafter_2") and control.is_model_ready("drafter")
         assert _drafts(control, "drafter") >= v1_before  # the running drafter was not reloaded
         v2_at_swap = _drafts(control, "drafter_2")
-        while not any(start > swapped for _, _, start, _ in results):
-            time.sleep(0.05)
+        wait_until(lambda: errors or any(start > swapped for _, _, start, _ in results), POLL_TIMEOUT_S,
+                   "a request started after the swap to finish")
         time.sleep(1.0)
         stop.set()
         for t in threads:
-            t.join(timeout=120)
+            t.join(timeout=REQUEST_TIMEOUT_S)
+        assert not any(t.is_alive() for t in threads), "a traffic thread's last request never finished"
 
         assert not errors, errors
         assert all(text == reference[p] for p, text, _, _ in results)

@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 
+from adaflash.serving.threads import TARGET_SPIN_COUNT, openmp_wait_env
 from adaflash_server import ServerConfig, TritonServer, TritonServerError, find_bundled_server
-from adaflash_server.launcher import TARGET_SPIN_COUNT, openmp_wait_env
 
 CONFIG = """\
 name: "echo"
@@ -42,7 +42,7 @@ import os
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
-from adaflash_server.launcher import spin_target_threads
+from adaflash.serving.threads import spin_target_threads
 
 PASSIVE = os.environ.get("OMP_WAIT_POLICY") == "PASSIVE"  # what every model process starts with
 spin_target_threads()
@@ -120,8 +120,9 @@ def test_serves_infers_exports_metrics_and_stops(tmp_path: Path) -> None:
                          ids=["default", "caller"])
 def test_model_processes_get_their_openmp_wait_settings(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                    chosen: str | None, expected: list[int]) -> None:
-    """Idle OpenMP threads of model processes sleep, the target's spin briefly (its served forwards were
-    2.3x slower with sleeping threads), and a caller's own OpenMP setting is left alone."""
+    """Idle OpenMP threads of model processes sleep, the target's spin briefly (waking sleeping threads for
+    every parallel region slowed its served forwards; docs/results.md), and a caller's own OpenMP setting
+    is left alone."""
     monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
     monkeypatch.delenv("GOMP_SPINCOUNT", raising=False)
     if chosen is not None:

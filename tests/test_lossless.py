@@ -8,12 +8,14 @@ import pytest
 import torch
 
 from adaflash.models.drafter import DFlashDrafter
-from adaflash.decoding.engine import DRAFTER_MODES, MODES, Engine, Request
+from adaflash.decoding.engine import Engine
+from adaflash.decoding.modes import DRAFTER_MODE_NAMES, MODE_NAMES
+from adaflash.decoding.sequence import Request
 from adaflash.decoding.sampling import SamplingParams
 from adaflash.models.target import Transformer
 from adaflash.training.dflash import target_features
 
-from conftest import clone_target, fixed_costs, random_prompts
+from helpers import clone_target, fixed_costs, random_prompts
 
 N_PROMPTS = 50
 MAX_TOKENS = 40
@@ -23,9 +25,9 @@ MAX_LEN = 30 + MAX_TOKENS + 16 + 10  # longest prompt + max_tokens + block + sla
 def greedy_reference(target: Transformer, prompt: list[int], max_tokens: int, stop_ids=()) -> list[int]:
     """Plain greedy decoding on the target's slot 0, one token per forward, the prompt included
     (independent of the engine and of multi-token forwards)."""
-    target.allocate_cache(1, len(prompt) + max_tokens + 1)
+    cache = target.new_cache(1, len(prompt) + max_tokens + 1)
     for tok in prompt:
-        logits = target.forward([0], [[tok]]).logits[0]
+        logits = target.forward(cache, [0], [[tok]]).logits[0]
     out: list[int] = []
     while True:
         tok = int(logits.argmax())
@@ -34,7 +36,7 @@ def greedy_reference(target: Transformer, prompt: list[int], max_tokens: int, st
         out.append(tok)
         if len(out) == max_tokens:
             return out
-        logits = target.forward([0], [[tok]]).logits[0]
+        logits = target.forward(cache, [0], [[tok]]).logits[0]
 
 
 @pytest.fixture(scope="module")
@@ -56,7 +58,7 @@ def check_records(seq) -> None:
 
 
 @pytest.mark.parametrize("concurrency", [1, 4, 16])
-@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("mode", MODE_NAMES)
 def test_greedy_lossless(trained_tiny, prompts, reference, mode, concurrency):
     bundle = trained_tiny
     engine = Engine(bundle.target, bundle.drafter, num_slots=16, max_len=MAX_LEN, cost_model=fixed_costs())
@@ -100,7 +102,7 @@ def test_greedy_lossless(trained_tiny, prompts, reference, mode, concurrency):
 def test_mixed_modes_in_one_batch(trained_tiny, prompts, reference):
     bundle = trained_tiny
     engine = Engine(bundle.target, bundle.drafter, num_slots=16, max_len=MAX_LEN, cost_model=fixed_costs())
-    reqs = [Request(prompt_ids=p, max_tokens=MAX_TOKENS, mode=MODES[i % len(MODES)], stop_ids=())
+    reqs = [Request(prompt_ids=p, max_tokens=MAX_TOKENS, mode=MODE_NAMES[i % len(MODE_NAMES)], stop_ids=())
             for i, p in enumerate(prompts)]
     seqs = engine.generate(reqs, concurrency=16)
     for seq, ref in zip(seqs, reference):
@@ -122,7 +124,7 @@ def test_small_prefill_budget_admits_over_several_steps(trained_tiny, prompts, r
     bundle = trained_tiny
     engine = Engine(bundle.target, bundle.drafter, num_slots=16, max_len=MAX_LEN, cost_model=fixed_costs(),
                     prefill_tokens=24)
-    seqs = [engine.submit(Request(p, MAX_TOKENS, mode=MODES[i % len(MODES)], stop_ids=())) for i, p in enumerate(prompts[:16])]
+    seqs = [engine.submit(Request(p, MAX_TOKENS, mode=MODE_NAMES[i % len(MODE_NAMES)], stop_ids=())) for i, p in enumerate(prompts[:16])]
     engine.step()
     assert 0 < len(engine.running) < 16 and engine.waiting  # the budget split the admissions
     while engine.has_work:
@@ -189,7 +191,7 @@ def stop_inside_a_draft(seq) -> int | None:
     return None
 
 
-@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("mode", MODE_NAMES)
 def test_stop_token_and_max_tokens(trained_tiny, prompts, reference, mode):
     bundle = trained_tiny
     engine = Engine(bundle.target, bundle.drafter, num_slots=16, max_len=MAX_LEN, cost_model=fixed_costs())
@@ -276,7 +278,7 @@ def test_bad_requests_raise_value_error_naming_the_field(trained_tiny, prompts, 
             engine.submit(req)
     assert not engine.has_work
     plain = Engine(bundle.target, None, num_slots=4, max_len=MAX_LEN)
-    for mode in DRAFTER_MODES:
+    for mode in DRAFTER_MODE_NAMES:
         with pytest.raises(ValueError, match="mode"):
             plain.submit(Request(prompt_ids=prompts[0], max_tokens=10, mode=mode))
     # Neither engine is left in a bad state: valid requests still run and are exact.
@@ -308,7 +310,7 @@ def test_cancel_running_and_waiting(trained_tiny, prompts, reference):
     while engine.has_work:
         engine.step()
     assert seqs[0].output == cut == reference[0][: len(cut)]
-    assert all(n == 0 for n in bundle.target.cache.lengths) and all(n == 0 for n in bundle.drafter.cache.lengths)
+    assert all(n == 0 for n in engine.cache.lengths) and all(n == 0 for n in engine.context.lengths)
     assert waiting.output == [] and waiting.steps == []
     assert seqs[1].output == reference[1] and seqs[2].output == reference[2]
     assert late.output == reference[4]
@@ -334,14 +336,14 @@ def test_engine_caches_follow_the_committed_tokens(trained_tiny, prompts):
     while engine.has_work:
         engine.step()
         for slot, seq in engine.running.items():
-            assert engine.target.cache.lengths[slot] == len(seq.tokens) - 1
+            assert engine.cache.lengths[slot] == len(seq.tokens) - 1
             if seq.request.mode not in ("dflash", "adaflash", "adaflash-published"):
                 continue
             engine.flush_context([seq])  # features reach the drafter lazily, before it drafts
-            assert drafter.cache.lengths[slot] == len(seq.tokens) - 1
+            assert engine.context.lengths[slot] == len(seq.tokens) - 1
             feats = target_features(twin, seq.tokens, drafter.config.target_layer_ids)[:-1]
             ref = drafter.draft_uncached(twin, feats, seq.tokens[-1])
-            got = drafter.draft(bundle.target, [slot], [seq.tokens[-1]])
+            got = drafter.draft(bundle.target, engine.context, [slot], [seq.tokens[-1]])
             assert (got.hidden - ref.hidden).abs().max().item() <= 1e-4
             assert torch.equal(got.tokens, ref.tokens)
             checked += 1

@@ -14,7 +14,7 @@ from adaflash.models.bundle import load_bundle, save_bundle
 from adaflash.training.dflash import anchored_blocks, fit_drafter, target_features
 from adaflash.training.opd import DistillConfig, distill_loss, main, teacher_logits
 
-from conftest import random_prompts, self_generated
+from helpers import random_prompts, self_generated
 
 CORPUS = Path(__file__).parent / "fixtures" / "corpus"
 

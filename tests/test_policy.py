@@ -8,8 +8,9 @@ import numpy as np
 import pytest
 import torch
 
-from adaflash.decoding.policy import CostModel, LengthController, choose_lengths, published_length, ratio_to_rates
-from conftest import fixed_costs
+from adaflash.decoding.costs import CostModel
+from adaflash.decoding.policy import LengthController, choose_lengths, published_length, ratio_to_rates
+from helpers import fixed_costs
 
 
 def flat_costs(batch: int) -> CostModel:

@@ -11,7 +11,8 @@ from transformers import AutoModelForCausalLM
 
 from adaflash.models.bundle import load_bundle, tiny_random_bundle
 from adaflash.decoding.engine import Engine, Request
-from adaflash.training.pretrain import DOMAINS, PretrainConfig, main, pretrain, tokenize_corpus, train_tokenizer
+from adaflash.training.corpus import DOMAINS
+from adaflash.training.pretrain import PretrainConfig, main, pretrain, tokenize_corpus, train_tokenizer
 from adaflash.models.target import Transformer
 from adaflash.models.tokenizer import BYTE_SPECIALS
 from adaflash.training.dflash import fit_drafter

@@ -9,13 +9,15 @@ import torch
 from scipy.stats import chisquare
 
 from adaflash.models.bundle import tiny_random_bundle
-from adaflash.decoding.engine import MODES, Engine, Request
-from adaflash.decoding.policy import CostModel
+from adaflash.decoding.engine import Engine
+from adaflash.decoding.modes import MODE_NAMES
+from adaflash.decoding.sequence import Request
+from adaflash.decoding.costs import CostModel
 from adaflash.decoding.sampling import SamplingParams, target_probs, verify_greedy, verify_sampled
 from adaflash.models.target import Transformer
 from adaflash.training.dflash import fit_drafter
 
-from conftest import clone_target, fixed_costs, random_prompts, self_generated
+from helpers import clone_target, fixed_costs, random_prompts, self_generated
 
 V = 8  # vocabulary of the small bundle; id 7 is its mask token
 PROMPT = [1, 2, 3, 1, 2, 3, 4, 1, 2]
@@ -25,7 +27,7 @@ DEPTH = 3  # joint distribution of the first DEPTH generated tokens
 # joint come out of accept / reject / resample chains, not only the bonus token).
 MAX_TOKENS = DEPTH + 1
 ALPHA = 0.001
-DRAFT_MODES = [m for m in MODES if m != "ar"]
+DRAFT_MODES = [m for m in MODE_NAMES if m != "ar"]
 
 
 @pytest.fixture(scope="module")
@@ -44,10 +46,10 @@ def exact_joint(target: Transformer, prompt: list[int], params: SamplingParams, 
     prefixes: list[tuple[int, ...]] = [()]
     for d in range(depth):
         n = len(prefixes)
-        twin.allocate_cache(n, len(prompt) + depth)
+        cache = twin.new_cache(n, len(prompt) + depth)
         seq_len = len(prompt) + d
         rows = torch.arange(1, n + 1) * seq_len - 1
-        logits = twin.forward(list(range(n)), [prompt + list(p) for p in prefixes], logit_rows=rows).logits
+        logits = twin.forward(cache, list(range(n)), [prompt + list(p) for p in prefixes], logit_rows=rows).logits
         probs = target_probs(logits, params).double().numpy()
         dist = (dist[:, None] * probs).reshape(-1)
         prefixes = [p + (t,) for p in prefixes for t in range(V)]
@@ -81,7 +83,7 @@ def sample_run(bundle, mode: str, params: dict) -> list:
     key = (id(bundle), mode, tuple(sorted(params.items())))
     if key not in _runs:
         engine = Engine(bundle.target, bundle.drafter, num_slots=16, max_len=32, cost_model=CHEAP_DRAFTS)
-        first_seed = MODES.index(mode) * N_SAMPLES  # independent samples per mode
+        first_seed = MODE_NAMES.index(mode) * N_SAMPLES  # independent samples per mode
         reqs = [Request(prompt_ids=PROMPT, max_tokens=MAX_TOKENS, mode=mode, stop_ids=(),
                         sampling=SamplingParams(seed=first_seed + i, **params)) for i in range(N_SAMPLES)]
         _runs[key] = engine.generate(reqs, concurrency=16)
@@ -92,7 +94,7 @@ def draft_tokens_tried(seqs) -> int:
     return sum(min(st.accepted + 1, st.draft_len) for s in seqs for st in s.steps)
 
 
-@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("mode", MODE_NAMES)
 def test_first_tokens_follow_the_target_distribution(small, mode):
     seqs = sample_run(small, mode, {"temperature": 1.0})
     assert all(len(s.output) == MAX_TOKENS and s.finish_reason == "length" for s in seqs)

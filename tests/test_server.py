@@ -13,9 +13,11 @@ import pytest
 import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
-from adaflash.evaluation.bench import load_prompts
+from adaflash.evaluation.prompts import load_prompts
 from adaflash.models.bundle import load_bundle, save_bundle
-from adaflash.decoding.engine import MODES, Engine, Request
+from adaflash.decoding.engine import Engine
+from adaflash.decoding.modes import MODE_NAMES
+from adaflash.decoding.sequence import Request
 from adaflash.decoding.sampling import SamplingParams
 from adaflash_client import AdaFlashClient, GenerationError, GenerationParams
 from adaflash_server.launcher import ServerConfig, TritonServer
@@ -71,7 +73,7 @@ def _wait_until_idle(server, timeout_s: float = 60.0) -> float:
 
 
 @pytest.mark.parametrize("concurrency", [1, 16])
-@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("mode", MODE_NAMES)
 def test_greedy_text_equals_in_process_decoding(served, prompts, reference, mode, concurrency):
     params = GenerationParams(max_tokens=MAX_TOKENS, spec_mode=mode)
     with _client(served) as client, ThreadPoolExecutor(concurrency) as pool:

@@ -6,12 +6,15 @@ import asyncio
 
 import pytest
 
-from adaflash.decoding.engine import MODES, Engine, Request
+from adaflash.decoding.engine import Engine
+from adaflash.decoding.modes import MODE_NAMES
+from adaflash.decoding.sequence import Request
+from adaflash.decoding.planner import Planner
 from adaflash.decoding.policy import LengthController
-from adaflash.serving.hosts import DrafterService, TargetService
+from adaflash.serving.slots import DrafterSlots, TargetSlots
 from adaflash.serving.session import run_request
 
-from conftest import clone_target, fixed_costs, random_prompts
+from helpers import clone_target, fixed_costs, random_prompts
 
 MAX_TOKENS = 32
 MAX_LEN = 30 + MAX_TOKENS + 16 + 10
@@ -21,8 +24,8 @@ def serve_all(bundle, requests: list[Request], drafter_fails: bool = False):
     """Run every request as its own asyncio task against in-process services, as a server would."""
     target = clone_target(bundle.target)
     controller = LengthController(fixed_costs(), bundle.drafter.config.block_size)
-    tsvc = TargetService(target, num_slots=len(requests), max_len=MAX_LEN, capture=bundle.drafter.config.target_layer_ids)
-    dsvc = DrafterService(bundle.drafter, target, len(requests), MAX_LEN, controller)
+    tsvc = TargetSlots(target, num_slots=len(requests), max_len=MAX_LEN, capture=bundle.drafter.config.target_layer_ids)
+    dsvc = DrafterSlots(bundle.drafter, target, len(requests), MAX_LEN, controller)
     emitted: dict[int, list[int]] = {}
 
     async def one(key: int, req: Request):
@@ -37,14 +40,14 @@ def serve_all(bundle, requests: list[Request], drafter_fails: bool = False):
         async def draft(call):
             if drafter_fails:
                 raise RuntimeError("drafter down")
-            return dsvc.draft([call], batch=len(requests))[0][0]
+            return dsvc.draft([call], batch=len(requests))[0]
 
         async def emit(seq, out_from, steps_from):
             emitted.setdefault(key, []).extend(seq.output[out_from:])
             await asyncio.sleep(0)
 
         try:
-            return await run_request(key, req, frozenset(), controller, MAX_LEN, prefill, verify, draft, emit,
+            return await run_request(key, req, frozenset(), Planner(controller), MAX_LEN, prefill, verify, draft, emit,
                                      cancelled=lambda: False, active=lambda: len(requests))
         finally:
             tsvc.release(key)
@@ -58,7 +61,7 @@ def serve_all(bundle, requests: list[Request], drafter_fails: bool = False):
     return seqs, emitted
 
 
-@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("mode", MODE_NAMES)
 def test_served_loop_equals_engine(trained_tiny, mode):
     prompts = random_prompts(12, seed=11)
     engine = Engine(clone_target(trained_tiny.target), trained_tiny.drafter, num_slots=12, max_len=MAX_LEN,

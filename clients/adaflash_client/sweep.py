@@ -39,18 +39,17 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
-from adaflash_client.client import SPEC_MODES
+from adaflash.cli_args import DEFAULT_MODEL_DIR, csv_list, split_csv
+from adaflash.decoding.modes import MODE_NAMES
 
 DEFAULT_MODES = ["ar", "ngram", "dflash", "adaflash"]
 DEFAULT_CONCURRENCY = [1, 2, 4, 8, 16, 32, 64]
 LOCUSTFILE = Path(__file__).resolve().parents[1] / "locust" / "locustfile.py"
-DEFAULT_MODELS = Path("models/default")
 
 TIDY_FIELDS = [
     "mode", "concurrency", "requests", "errors", "duration_s", "requests_per_s", "output_tokens",
@@ -60,16 +59,11 @@ TIDY_FIELDS = [
 ]
 
 
-def _csv_list(kind, allowed: tuple[str, ...] | None = None) -> Callable[[str], list]:
-    def parse(text: str) -> list:
-        items = [kind(x) for x in text.split(",") if x.strip()]
-        if not items:
-            raise argparse.ArgumentTypeError("empty list")
-        if allowed is not None and (bad := [x for x in items if x not in allowed]):
-            raise argparse.ArgumentTypeError(f"unknown {bad}; choose from {', '.join(allowed)}")
-        return items
-
-    return parse
+def register(sub: argparse._SubParsersAction) -> None:
+    """The `adaflash sweep` command (entry point `adaflash.commands`)."""
+    p = sub.add_parser("sweep", help="Locust load per spec_mode and concurrency: CSVs, plots, Markdown report")
+    add_arguments(p)
+    p.set_defaults(func=run)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -77,7 +71,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     target = p.add_argument_group("server (default: start one on free ports, like `adaflash serve`)")
     target.add_argument("--url", help="HOST:PORT of a running server's gRPC endpoint")
     target.add_argument("--metrics-url", help="its Prometheus metrics URL, to sample adaflash_active_sequences")
-    target.add_argument("--model-dir", type=Path, help=f"models for the started server (default: {DEFAULT_MODELS}, "
+    target.add_argument("--model-dir", type=Path, help=f"models for the started server (default: {DEFAULT_MODEL_DIR}, "
                         "else the tiny random models)")
     target.add_argument("--tiny-random", action="store_true", help="start the server on the seeded tiny random models")
     target.add_argument("--drafter", default="drafter", help="drafter folder name in the model folder ('' for none)")
@@ -86,9 +80,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     target.add_argument("--max-active", type=int, help="the started server's max_active (default: max(64, levels))")
 
     load = p.add_argument_group("load")
-    load.add_argument("--modes", type=_csv_list(str, SPEC_MODES), default=DEFAULT_MODES,
+    load.add_argument("--modes", type=csv_list(str, MODE_NAMES), default=DEFAULT_MODES,
                       help=f"comma-separated spec_modes (default: {','.join(DEFAULT_MODES)})")
-    load.add_argument("--concurrency", type=_csv_list(int), default=DEFAULT_CONCURRENCY,
+    load.add_argument("--concurrency", type=csv_list(int), default=DEFAULT_CONCURRENCY,
                       help="comma-separated levels: Locust users, each with one request in flight")
     load.add_argument("--duration", type=float,
                       help="seconds of load per level (default 30; with --requests, the cap: default 600)")
@@ -519,7 +513,7 @@ def warm_up(args: argparse.Namespace, url: str) -> None:
     from adaflash_client.client import AdaFlashClient, GenerationError, GenerationParams
 
     prompt_sets = _load_prompt_sets(args.locustfile)
-    by_domain = prompt_sets.load_prompt_set(args.prompts, [d for d in args.domains.split(",") if d.strip()],
+    by_domain = prompt_sets.load_prompt_set(args.prompts, split_csv(args.domains),
                                             args.max_prompt_chars)
     longest = max((p.text for group in by_domain.values() for p in group), key=len)
     with AdaFlashClient(url, timeout_s=args.request_timeout) as client:
@@ -540,18 +534,11 @@ def warm_up(args: argparse.Namespace, url: str) -> None:
 
 
 def _start_server(args: argparse.Namespace):
+    from adaflash_build.repository import RepositoryConfig, build_repository
     from adaflash_server.launcher import ServerConfig, TritonServer
-    from adaflash_build.repository import RepositoryConfig, build_repository, tiny_model_dir
+    from adaflash_server.serve import model_dir_to_serve
 
-    if args.model_dir:
-        model_dir = args.model_dir
-    elif not args.tiny_random and (DEFAULT_MODELS / "target" / "config.json").exists():
-        model_dir = DEFAULT_MODELS
-    else:
-        if not args.tiny_random:
-            print(f"{DEFAULT_MODELS} does not exist yet: the sweep serves the seeded tiny random models "
-                  "(their text is noise; use --model-dir for real models)", file=sys.stderr, flush=True)
-        model_dir = tiny_model_dir(args.state_dir)
+    model_dir = model_dir_to_serve(args.model_dir, args.tiny_random, args.state_dir)
     active = args.max_active or max(64, max(args.concurrency))
     cfg = RepositoryConfig(max_active=active, max_batch_size=active)
     print(f"building the model repository for {model_dir} and starting Triton", file=sys.stderr, flush=True)

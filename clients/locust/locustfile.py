@@ -49,6 +49,7 @@ if monkey.is_module_patched("threading"):  # not when LOCUST_SKIP_MONKEY_PATCH i
 
 import tritonclient.grpc as grpcclient  # noqa: E402
 
+from adaflash.cli_args import split_csv  # noqa: E402
 from adaflash_client.client import SPEC_MODES, AdaFlashClient, GenerationError, GenerationParams  # noqa: E402
 from prompt_sets import PromptSampler, load_prompt_set, parse_weights  # noqa: E402 (this folder is on sys.path)
 
@@ -121,7 +122,7 @@ def _on_init(environment, **_kw) -> None:
     opts = environment.parsed_options
     if opts is None:  # run_single_user / library use without our arguments
         return
-    by_domain = load_prompt_set(opts.prompts, [d for d in opts.domains.split(",") if d.strip()],
+    by_domain = load_prompt_set(opts.prompts, split_csv(opts.domains),
                                 opts.max_prompt_chars)
     LOAD.sampler_args = (by_domain, parse_weights(opts.domain_weights))
     if opts.records:

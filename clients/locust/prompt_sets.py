@@ -14,33 +14,20 @@ random, so a small domain is not drowned by a large one.
 
 from __future__ import annotations
 
-import json
 import random
-from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
-
-@dataclass(frozen=True)
-class Prompt:
-    text: str
-    domain: str
-    id: str
+from adaflash.cli_args import split_csv
+from adaflash.evaluation.prompts import SAMPLE_PROMPTS, Prompt, read_jsonl
 
 
 def _from_file(path: Path) -> list[Prompt]:
+    """A file's prompts; a prompt whose source names no domain or id takes the file's name."""
     if path.suffix == ".txt":
         lines = [line for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
         return [Prompt(line.replace("\\n", "\n"), path.stem, f"{path.stem}-{i}") for i, line in enumerate(lines)]
-    prompts = []
-    for i, line in enumerate(path.read_text(encoding="utf-8").splitlines()):
-        if not line.strip():
-            continue
-        row = json.loads(line)
-        if "prompt" not in row:
-            raise ValueError(f"{path}: line {i + 1} has no 'prompt' field")
-        prompts.append(Prompt(row["prompt"], str(row.get("domain") or path.stem), str(row.get("id", f"{path.stem}-{i}"))))
-    return prompts
+    return read_jsonl(path, domain=path.stem, id_prefix=f"{path.stem}-")
 
 
 def load_prompt_set(sources: list[str | Path] | None = None, domains: list[str] | None = None,
@@ -59,8 +46,7 @@ def load_prompt_set(sources: list[str | Path] | None = None, domains: list[str] 
     if files:
         prompts = [p for f in files for p in _from_file(f)]
     else:
-        sample = resources.files("adaflash").joinpath("data/sample_prompts.jsonl")
-        with resources.as_file(sample) as path:
+        with resources.as_file(SAMPLE_PROMPTS) as path:
             prompts = _from_file(Path(path))
     if max_chars:
         prompts = [Prompt(p.text[-max_chars:], p.domain, p.id) for p in prompts]
@@ -81,10 +67,9 @@ def load_prompt_set(sources: list[str | Path] | None = None, domains: list[str] 
 def parse_weights(text: str | None) -> dict[str, float]:
     """"chat=2,code=1" -> {"chat": 2.0, "code": 1.0}; domains not named keep weight 1."""
     weights = {}
-    for item in (text or "").split(","):
-        if item.strip():
-            name, _, value = item.partition("=")
-            weights[name.strip()] = float(value)
+    for item in split_csv(text):
+        name, _, value = item.partition("=")
+        weights[name.strip()] = float(value)
     return weights
 
 

@@ -17,6 +17,8 @@ from __future__ import annotations
 
 from locust import LoadTestShape, events
 
+from adaflash.cli_args import split_csv
+
 
 @events.init_command_line_parser.add_listener
 def _add_arguments(parser) -> None:
@@ -26,7 +28,7 @@ def _add_arguments(parser) -> None:
 
 
 def parse_levels(text: str) -> list[int]:
-    levels = [int(x) for x in text.split(",") if x.strip()]
+    levels = [int(x) for x in split_csv(text)]
     if not levels or min(levels) < 1:
         raise ValueError(f"--step-users needs positive user counts, got {text!r}")
     return levels

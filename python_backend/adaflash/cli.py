@@ -1,4 +1,11 @@
-"""`adaflash` command line: generate one completion, or benchmark modes and concurrencies."""
+"""`adaflash` command line.
+
+The core's commands: `generate` (one completion), `bench` (modes x concurrencies in process),
+`evaluate` (quality and speed of the models on the evaluation sets). Commands of the other
+packages register through the `adaflash.commands` entry points (`serve` and `publish-drafter`
+from adaflash_server, `sweep` from adaflash_client), so the core imports neither; one whose
+optional extra is not installed is left out.
+"""
 
 from __future__ import annotations
 
@@ -6,13 +13,17 @@ import argparse
 import json
 import platform
 import sys
+from importlib.metadata import entry_points
 from pathlib import Path
 
 import torch
 
+from adaflash.cli_args import DEFAULT_MODEL_DIR, csv_list
 from adaflash.evaluation.bench import encode_prompts, eval_set_prompts, load_prompts, run_bench
 from adaflash.models.bundle import Bundle, load_bundle, tiny_random_bundle
-from adaflash.decoding.engine import MODES, Engine, Request
+from adaflash.decoding.engine import Engine
+from adaflash.decoding.modes import MODE_NAMES, get_mode
+from adaflash.decoding.sequence import Request
 from adaflash.evaluation.evaluate import Throughput, evaluate, markdown, parse_variants, replace_section
 from adaflash.decoding.sampling import SamplingParams
 
@@ -35,20 +46,8 @@ def _bundle(args: argparse.Namespace, needs_drafter: bool) -> Bundle:
     return load_bundle(args.model_dir, args.drafter if needs_drafter else None)
 
 
-def _csv(kind, allowed: tuple[str, ...] | None = None):
-    def parse(text: str) -> list:
-        items = [kind(x) for x in text.split(",") if x.strip()]
-        if allowed is not None:
-            bad = [x for x in items if x not in allowed]
-            if bad:
-                raise argparse.ArgumentTypeError(f"unknown {bad}; choose from {', '.join(allowed)}")
-        return items
-
-    return parse
-
-
 def cmd_generate(args: argparse.Namespace) -> int:
-    bundle = _bundle(args, needs_drafter=args.mode not in ("ar", "ngram"))
+    bundle = _bundle(args, needs_drafter=get_mode(args.mode).drafter)
     ids = bundle.tokenizer.encode(args.prompt).ids
     engine = Engine(bundle.target, bundle.drafter, num_slots=1, max_len=len(ids) + args.max_tokens + 64)
     sampling = SamplingParams(args.temperature, args.top_k, args.top_p, args.seed)
@@ -73,7 +72,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    needs_drafter = any(m not in ("ar", "ngram") for m in args.modes)
+    needs_drafter = any(get_mode(m).drafter for m in args.modes)
     bundle = _bundle(args, needs_drafter)
     if args.eval_data:
         prompts = eval_set_prompts(args.eval_data, args.per_domain)
@@ -124,47 +123,14 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_serve(args: argparse.Namespace) -> int:
-    """Serving lives outside the core (it needs Triton); imported only when asked for."""
-    from adaflash_server.serve import run
-
-    return run(args)
-
-
-def cmd_publish(args: argparse.Namespace) -> int:
-    from adaflash_server.serve import publish
-
-    return publish(args)
-
-
-def _add_serve(sub) -> None:
-    try:
-        from adaflash_server.serve import add_arguments, add_publish_arguments
-    except ImportError:
-        return  # installed without the serving extra
-    serve = sub.add_parser("serve", help="serve the models with Triton over gRPC (builds the model repository)")
-    add_arguments(serve)
-    serve.set_defaults(func=cmd_serve)
-    pub = sub.add_parser("publish-drafter", help="hot-swap the drafter of a running server (next model version)")
-    add_publish_arguments(pub)
-    pub.set_defaults(func=cmd_publish)
-
-
-def cmd_sweep(args: argparse.Namespace) -> int:
-    """Load sweeps live outside the core (they need Locust and the gRPC client); imported only when asked for."""
-    from adaflash_client.sweep import run
-
-    return run(args)
-
-
-def _add_sweep(sub) -> None:
-    try:
-        from adaflash_client.sweep import add_arguments
-    except ImportError:
-        return  # installed without the client
-    sweep = sub.add_parser("sweep", help="Locust load per spec_mode and concurrency: CSVs, plots, Markdown report")
-    add_arguments(sweep)
-    sweep.set_defaults(func=cmd_sweep)
+def _add_plugins(sub: argparse._SubParsersAction) -> None:
+    """The commands other packages register; one whose optional extra is missing fails to import and is left out."""
+    for entry in entry_points(group="adaflash.commands"):
+        try:
+            register = entry.load()
+        except ImportError:
+            continue
+        register(sub)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -173,15 +139,15 @@ def build_parser() -> argparse.ArgumentParser:
 
     gen = sub.add_parser("generate", help="generate one completion and print it")
     _add_model_args(gen)
-    gen.add_argument("--mode", choices=MODES, default="adaflash")
+    gen.add_argument("--mode", choices=MODE_NAMES, default="adaflash")
     gen.add_argument("--prompt", required=True)
     gen.add_argument("--json", action="store_true", help="print one JSON object with text and statistics")
     gen.set_defaults(func=cmd_generate)
 
     bench = sub.add_parser("bench", help="throughput, tau and greedy equality per mode and concurrency")
     _add_model_args(bench)
-    bench.add_argument("--modes", type=_csv(str, MODES), default=["ar", "ngram", "dflash", "adaflash"])
-    bench.add_argument("--concurrency", type=_csv(int), default=[1, 8, 32])
+    bench.add_argument("--modes", type=csv_list(str, MODE_NAMES), default=["ar", "ngram", "dflash", "adaflash"])
+    bench.add_argument("--concurrency", type=csv_list(int), default=[1, 8, 32])
     bench.add_argument("--prompts", type=Path, help="JSON lines with 'prompt' (and optional 'id', 'domain')")
     bench.add_argument("--num-prompts", type=int)
     bench.add_argument("--eval-data", type=Path,
@@ -193,29 +159,28 @@ def build_parser() -> argparse.ArgumentParser:
                        help="adaflash drafts only with the drafter (no copies of the context): an ablation")
     bench.set_defaults(func=cmd_bench)
     ev = sub.add_parser("evaluate", help="per-domain perplexity, repetition and tau of the models on the eval sets")
-    ev.add_argument("--model-dir", type=Path, default=Path("models/default"))
+    ev.add_argument("--model-dir", type=Path, default=DEFAULT_MODEL_DIR)
     ev.add_argument("--data", type=Path, default=Path("../shared/data"), help="holds eval/ (the shared data folder)")
     ev.add_argument("--drafter", default="drafter", help="drafter used by variants that name none")
     ev.add_argument("--variants", default="ngram,dflash,dflash@8",
                     help="comma list of mode[:drafter][@block_size]; ar always runs as the reference")
     ev.add_argument("--per-domain", type=int, default=10, help="prompts per domain")
     ev.add_argument("--max-tokens", type=int, default=256)
-    ev.add_argument("--temperatures", type=_csv(float), default=[0.0, 1.0])
+    ev.add_argument("--temperatures", type=csv_list(float), default=[0.0, 1.0])
     ev.add_argument("--concurrency", type=int, default=1)
     ev.add_argument("--max-prompt-tokens", type=int, default=512)
     ev.add_argument("--seed", type=int, default=0)
     ev.add_argument("--throughput-variants", default="",
                     help="also measure greedy speed of these variants (same syntax; e.g. "
                          "ngram,dflash:drafter-dflash,adaflash-published,adaflash)")
-    ev.add_argument("--throughput-concurrency", type=_csv(int), default=[1, 8, 32, 64])
+    ev.add_argument("--throughput-concurrency", type=csv_list(int), default=[1, 8, 32, 64])
     ev.add_argument("--throughput-max-tokens", type=int, default=128)
     ev.add_argument("--throughput-per-domain", type=int, default=16, help="prompts per domain for the speed runs")
     ev.add_argument("--json", default="bench-out/evaluate.json")
     ev.add_argument("--results", default="docs/results.md",
                     help="Markdown file whose evaluation section is replaced ('' to skip)")
     ev.set_defaults(func=cmd_evaluate)
-    _add_serve(sub)
-    _add_sweep(sub)
+    _add_plugins(sub)
     return parser
 
 

@@ -1,25 +1,42 @@
-"""`adaflash serve`: build the model repository for a model folder, start Triton, say how to call it.
+"""`adaflash serve`: build the model repository for a model folder, start Triton, say how to call it;
+`adaflash publish-drafter`: hot-swap the drafter of a running server.
 
 Without a model folder it serves `models/default` when that exists, otherwise the seeded
-tiny random models (and says so), so a fresh clone serves something at once.
+tiny random models (and says so), so a fresh clone serves something at once. Both commands
+reach the `adaflash` CLI through the `adaflash.commands` entry points (`register`, `register_publish`).
 """
 
 from __future__ import annotations
 
 import argparse
+import sys
 from dataclasses import asdict, fields
 from pathlib import Path
 
-from adaflash_server.launcher import ServerConfig, TritonServer
+from adaflash.cli_args import DEFAULT_MODEL_DIR
 from adaflash_build.repository import (RepositoryConfig, build_repository, drafter_models, publish_drafter,
                                         tiny_model_dir)
+from adaflash_server.launcher import ServerConfig, TritonServer
 
-DEFAULT_MODELS = Path("models/default")
+
+def register(sub: argparse._SubParsersAction) -> None:
+    """The `adaflash serve` command (entry point `adaflash.commands`)."""
+    p = sub.add_parser("serve", help="serve the models with Triton over gRPC (builds the model repository)")
+    add_arguments(p)
+    p.set_defaults(func=run)
+
+
+def register_publish(sub: argparse._SubParsersAction) -> None:
+    """The `adaflash publish-drafter` command (entry point `adaflash.commands`)."""
+    p = sub.add_parser("publish-drafter", help="hot-swap the drafter of a running server: adds it as a new drafter "
+                                                "model `drafter_<n>`, which serves new requests")
+    add_publish_arguments(p)
+    p.set_defaults(func=publish)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     src = p.add_mutually_exclusive_group()
-    src.add_argument("--model-dir", type=Path, help=f"folder with target/ and drafters (default: {DEFAULT_MODELS})")
+    src.add_argument("--model-dir", type=Path, help=f"folder with target/ and drafters (default: {DEFAULT_MODEL_DIR})")
     src.add_argument("--tiny-random", action="store_true", help="serve seeded tiny random models")
     p.add_argument("--drafter", default="drafter", help="drafter folder name in the model folder ('' for none)")
     p.add_argument("--state-dir", type=Path, default=Path(".serve"), help="generated repository, logs, tiny models")
@@ -31,19 +48,21 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         p.add_argument(f"--{f.name.replace('_', '-')}", type=type(f.default), default=f.default)
 
 
-def _model_dir(args: argparse.Namespace) -> Path:
-    if args.model_dir:
-        return args.model_dir
-    if not args.tiny_random and (DEFAULT_MODELS / "target" / "config.json").exists():
-        return DEFAULT_MODELS
-    if not args.tiny_random:
-        print(f"{DEFAULT_MODELS} does not exist yet: serving the seeded tiny random models instead "
-              "(their text is noise; use --model-dir for real models)", flush=True)
-    return tiny_model_dir(args.state_dir)
+def model_dir_to_serve(model_dir: Path | None, tiny_random: bool, state_dir: Path) -> Path:
+    """`model_dir` when given; else DEFAULT_MODEL_DIR when it holds a target; else the seeded tiny random
+    models (written under `state_dir`), saying so unless they were asked for."""
+    if model_dir:
+        return model_dir
+    if not tiny_random and (DEFAULT_MODEL_DIR / "target" / "config.json").exists():
+        return DEFAULT_MODEL_DIR
+    if not tiny_random:
+        print(f"{DEFAULT_MODEL_DIR} does not exist yet: serving the seeded tiny random models instead "
+              "(their text is noise; use --model-dir for real models)", file=sys.stderr, flush=True)
+    return tiny_model_dir(state_dir)
 
 
 def run(args: argparse.Namespace) -> int:
-    model_dir = _model_dir(args)
+    model_dir = model_dir_to_serve(args.model_dir, args.tiny_random, args.state_dir)
     cfg = RepositoryConfig(**{k: getattr(args, k) for k in asdict(RepositoryConfig())})
     print(f"building the model repository for {model_dir} (measuring this machine's verify costs)", flush=True)
     repo = build_repository(args.state_dir / "model_repository", model_dir, args.drafter or None, cfg, args.cost_table)

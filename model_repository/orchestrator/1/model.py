@@ -2,7 +2,8 @@
 
 The loop itself is the core's `run_request`; this file turns its calls into BLS requests
 (correlation id = the request's sequence id, START on a model's first call, END on release)
-and its steps into streamed responses, and keeps the Prometheus metrics.
+and its steps into streamed responses, and keeps the Prometheus metrics. Every payload is
+encoded and decoded by protocol.py.
 """
 
 import asyncio
@@ -10,42 +11,47 @@ import itertools
 import json
 import os
 
-import numpy as np
 import torch
 import triton_python_backend_utils as pb_utils
 
+from adaflash.decoding.costs import CostModel
+from adaflash.decoding.planner import Planner
+from adaflash.decoding.policy import LengthController
+from adaflash.decoding.sequence import validate_request
 from adaflash.models.drafter import DrafterConfig
-from adaflash.decoding.engine import Request, validate_request
-from adaflash.decoding.policy import CostModel, LengthController
-from adaflash.decoding.sampling import SamplingParams
-from adaflash.serving.session import run_request
 from adaflash.models.target import TargetConfig
-from adaflash.decoding.steps import StepResult
-from adaflash_build.repository import DRAFTER_NAME
+from adaflash.serving import protocol
+from adaflash.serving.protocol import Op, TargetCall
+from adaflash.serving.session import run_request
 
-PREFILL, VERIFY, RELEASE, DRAFT = 0, 1, 2, 1
 START, END = pb_utils.TRITONSERVER_REQUEST_FLAG_SEQUENCE_START, pb_utils.TRITONSERVER_REQUEST_FLAG_SEQUENCE_END
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 STEP_BUCKETS = [float(b) for b in range(17)]
-INPUTS = ("input_ids", "stop_ids", "max_tokens", "stream", "temperature", "top_k", "top_p", "random_seed",
-          "spec_mode", "max_draft")
+INPUTS, _ = protocol.MODEL_TENSORS[protocol.ORCHESTRATOR]
+TARGET_OUTPUTS = protocol.names(protocol.TARGET_RESULT)
+DRAFTER_OUTPUTS = protocol.names(protocol.DRAFTER_RESULT)
 
 
-def _scalar(request, name):
-    return pb_utils.get_input_tensor_by_name(request, name).as_numpy().reshape(-1)[0]
+def _inputs(request):
+    found = ((s.name, pb_utils.get_input_tensor_by_name(request, s.name)) for s in INPUTS)
+    return {name: t.as_numpy() for name, t in found if t is not None}
 
 
-def _tensor(name, value, dtype):
-    return pb_utils.Tensor(name, np.asarray(value, dtype=dtype).reshape(1, -1))
+def _response(tensors):
+    return pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor(n, v) for n, v in tensors.items()])
+
+
+def _error(message, code):
+    return pb_utils.InferenceResponse(error=pb_utils.TritonError(message, code))
 
 
 class BlsError(RuntimeError):
     pass
 
 
-async def _call(model, inputs, outputs, key, flags, timeout):
-    request = pb_utils.InferenceRequest(model_name=model, inputs=inputs, requested_output_names=outputs,
-                                        correlation_id=key, flags=flags)
+async def _call(model, tensors, outputs, key, flags, timeout):
+    request = pb_utils.InferenceRequest(model_name=model, inputs=[pb_utils.Tensor(n, v) for n, v in tensors.items()],
+                                        requested_output_names=outputs, correlation_id=key, flags=flags)
     try:
         response = await asyncio.wait_for(request.async_exec(), timeout)
     except asyncio.TimeoutError:
@@ -53,13 +59,6 @@ async def _call(model, inputs, outputs, key, flags, timeout):
     if response.has_error():
         raise BlsError(f"{model}: {response.error().message()}")
     return {name: pb_utils.get_output_tensor_by_name(response, name).as_numpy() for name in outputs}
-
-
-def _step_result(out, feature_width):
-    feats = out["features"].reshape(-1, feature_width) if feature_width else None
-    return StepResult(committed=out["committed"].reshape(-1).tolist(), accepted=int(out["accepted"].reshape(-1)[0]),
-                      expected_accepted=float(out["expected_accepted"].reshape(-1)[0]),
-                      features=None if feats is None else torch.from_numpy(np.ascontiguousarray(feats)))
 
 
 class Metrics:
@@ -82,12 +81,20 @@ class Metrics:
             self._series[key] = family.Metric(labels=labels, **extra)
         return self._series[key]
 
+    def count(self, seq):
+        mode = seq.request.mode
+        self.series(self.requests, spec_mode=mode, finish_reason=seq.finish_reason or "").increment(1)
+        self.series(self.tokens, spec_mode=mode).increment(len(seq.output))
+        self.series(self.forwards, spec_mode=mode).increment(1 + len(seq.steps))
+        for s in seq.steps:
+            self.series(self.accepted, spec_mode=mode).observe(s.accepted)
+            self.series(self.drafted, spec_mode=mode).observe(s.draft_len)
+
 
 class TritonPythonModel:
     def initialize(self, args):
         torch.set_num_threads(1)  # bookkeeping only: leave the cores to the target and the drafter
-        config = json.loads(args["model_config"])
-        params = {k: v["string_value"] for k, v in config["parameters"].items()}
+        params = protocol.model_parameters(json.loads(args["model_config"]))
         with open(f"{params['target_dir']}/config.json") as f:
             self.target_config = TargetConfig.from_hf(json.load(f))
         self.has_drafter = bool(params["drafter_dir"])
@@ -99,7 +106,7 @@ class TritonPythonModel:
             self.feature_width = len(dcfg.target_layer_ids) * dcfg.hidden_size
             with open(params["cost_table"]) as f:
                 cost = CostModel.from_json(json.load(f))
-        self.controller = LengthController(cost, block_size)
+        self.planner = Planner(LengthController(cost, block_size))
         self.max_len = int(params["max_len"])
         self.max_active = int(params["max_active"])
         self.drafter_timeout = float(params["drafter_timeout_s"])
@@ -114,44 +121,30 @@ class TritonPythonModel:
         await asyncio.gather(*(self._serve(r) for r in requests))
         return None
 
-    def _parse(self, request):
-        missing = [n for n in INPUTS if pb_utils.get_input_tensor_by_name(request, n) is None]
-        if missing:
-            raise ValueError(f"{missing[0]}: required")
-        stream = bool(_scalar(request, "stream"))
-        mode = _scalar(request, "spec_mode").decode()
-        max_draft = int(_scalar(request, "max_draft"))
-        req = Request(
-            prompt_ids=pb_utils.get_input_tensor_by_name(request, "input_ids").as_numpy().reshape(-1).tolist(),
-            max_tokens=int(_scalar(request, "max_tokens")),
-            mode=mode,
-            sampling=SamplingParams(float(_scalar(request, "temperature")), int(_scalar(request, "top_k")),
-                                    float(_scalar(request, "top_p")), int(_scalar(request, "random_seed"))),
-            max_draft=None if max_draft < 0 else max_draft,
-        )
-        validate_request(req, self.target_config.vocab_size, self.max_len, self.controller.block_size,
+    def _parse(self, tensors):
+        generation = protocol.decode_generation(tensors)
+        validate_request(generation.request, self.target_config.vocab_size, self.max_len, self.planner.block_size,
                          self.has_drafter)
-        stops = frozenset(pb_utils.get_input_tensor_by_name(request, "stop_ids").as_numpy().reshape(-1).tolist())
-        return req, stops, stream
+        return generation
 
     async def _serve(self, request):
         sender = request.get_response_sender()
-        cancel = pb_utils.get_input_tensor_by_name(request, "cancel_sequence")
+        tensors = _inputs(request)
+        cancel = protocol.decode_cancel(tensors)
         if cancel is not None:
-            self.cancelled.add(int(cancel.as_numpy().reshape(-1)[0]))
+            self.cancelled.add(cancel)
             sender.send(flags=FINAL)
             return
         try:
-            req, stops, stream = self._parse(request)
+            generation = self._parse(tensors)
         except ValueError as exc:
-            error = pb_utils.TritonError(f"INVALID_ARGUMENT: {exc}", pb_utils.TritonError.INVALID_ARG)
-            sender.send(pb_utils.InferenceResponse(error=error), flags=FINAL)
+            sender.send(_error(f"INVALID_ARGUMENT: {exc}", pb_utils.TritonError.INVALID_ARG), flags=FINAL)
             return
         if self.active >= self.max_active:
             message = f"UNAVAILABLE: server at capacity: {self.active} active sequences (max_active {self.max_active})"
-            sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(message, pb_utils.TritonError.UNAVAILABLE)),
-                        flags=FINAL)
+            sender.send(_error(message, pb_utils.TritonError.UNAVAILABLE), flags=FINAL)
             return
+        req, stream = generation.request, generation.stream
         key = next(self.ids)
         opened = {"target": False, "drafter": False, "drafter_model": self._drafter_model()}
         self.active += 1
@@ -160,9 +153,9 @@ class TritonPythonModel:
         sent = [0]
         try:
             seq = await run_request(
-                key, req, stops, self.controller, self.max_len,
-                prefill=lambda tokens: self._prefill(key, req, tokens, opened),
-                verify=lambda feed: self._verify(key, feed),
+                key, req, generation.stop_ids, self.planner, self.max_len,
+                prefill=lambda tokens: self._target(key, TargetCall(Op.PREFILL, tokens, req.sampling), opened),
+                verify=lambda feed: self._target(key, TargetCall(Op.VERIFY, feed), opened),
                 draft=(lambda call: self._draft(call, opened)) if self.has_drafter else None,
                 emit=lambda s, out_from, steps_from: self._emit(sender, s, stream, sent, steps_from),
                 cancelled=lambda: key in self.cancelled or sender.is_cancelled(),
@@ -171,95 +164,50 @@ class TritonPythonModel:
             if seq.finish_reason == "cancelled":
                 sender.send(flags=FINAL)
             elif not stream:
-                self._send(sender, seq, 0, 0, final=True)
-            self._count(seq)
+                sender.send(_response(protocol.encode_step_response(seq, 0, 0, final=True)), flags=FINAL)
+            self.metrics.count(seq)
         except Exception as exc:  # noqa: BLE001 - report any failure to the client instead of hanging it
-            error = pb_utils.TritonError(f"generation failed: {exc}", pb_utils.TritonError.INTERNAL)
-            sender.send(pb_utils.InferenceResponse(error=error), flags=FINAL)
+            sender.send(_error(f"generation failed: {exc}", pb_utils.TritonError.INTERNAL), flags=FINAL)
         finally:
             self.cancelled.discard(key)
             self.active -= 1
             gauge.increment(-1)
             await self._release(key, opened)
 
-    async def _prefill(self, key, req, tokens, opened):
-        sp = req.sampling
-        inputs = [
-            _tensor("op", [PREFILL], np.int32), _tensor("tokens", tokens, np.int32),
-            _tensor("temperature", [sp.temperature], np.float32), _tensor("top_k", [sp.top_k], np.int32),
-            _tensor("top_p", [sp.top_p], np.float32), _tensor("random_seed", [sp.seed], np.uint64),
-        ]
-        out = await _call("target", inputs, ["committed", "accepted", "expected_accepted", "features"], key, START,
+    async def _target(self, key, call, opened):
+        flags = START if call.op is Op.PREFILL else 0
+        out = await _call(protocol.TARGET, protocol.encode_target_call(call), TARGET_OUTPUTS, key, flags,
                           self.target_timeout)
         opened["target"] = True
-        return _step_result(out, self.feature_width)
-
-    async def _verify(self, key, feed):
-        inputs = [_tensor("op", [VERIFY], np.int32), _tensor("tokens", feed, np.int32)]
-        out = await _call("target", inputs, ["committed", "accepted", "expected_accepted", "features"], key, 0,
-                          self.target_timeout)
-        return _step_result(out, self.feature_width)
+        return protocol.decode_target_result(out, self.feature_width)
 
     async def _draft(self, call, opened):
-        inputs = [
-            _tensor("op", [DRAFT], np.int32),
-            pb_utils.Tensor("features", call.features.numpy().astype(np.float32)[None]),
-            _tensor("anchor", [call.anchor], np.int32), _tensor("spec_mode", [call.mode.encode()], object),
-            _tensor("cap", [call.cap], np.int32), _tensor("rates", call.rates, np.float32),
-            _tensor("batch_hint", [self.active], np.int32),
-        ]
         flags = 0 if opened["drafter"] else START
         opened["drafter"] = True
-        out = await _call(opened["drafter_model"], inputs, ["draft", "head_ratio"], call.key, flags,
-                          self.drafter_timeout)
-        return out["draft"].reshape(-1).tolist()
+        out = await _call(opened["drafter_model"], protocol.encode_draft_call(call, self.active), DRAFTER_OUTPUTS,
+                          call.key, flags, self.drafter_timeout)
+        return protocol.decode_draft(out)
 
     def _drafter_model(self):
         """The newest loaded drafter (`drafter`, or a published `drafter_<n>`): a request keeps it to the
         end, because the drafter's per-sequence context lives in that model."""
         if not self.has_drafter:
             return None
-        found = [(int(m.group(1) or 1), name) for name in os.listdir(self.repository)
-                 if (m := DRAFTER_NAME.fullmatch(name))]
-        ready = (name for _, name in sorted(found, reverse=True) if pb_utils.is_model_ready(name))
-        return next(ready, "drafter")
+        newest_first = reversed(protocol.drafter_models_in(os.listdir(self.repository)))
+        return next((name for name in newest_first if pb_utils.is_model_ready(name)), "drafter")
 
     async def _release(self, key, opened):
         """END the sequence in each model that saw it: frees its cache slot and Triton's sequence slot."""
-        inputs = {"target": [_tensor("op", [RELEASE], np.int32), _tensor("tokens", [], np.int32)],
-                  "drafter": [_tensor("op", [RELEASE], np.int32)]}
         for model in ("target", "drafter"):
             if opened[model]:
-                name = opened["drafter_model"] if model == "drafter" else model
+                name = opened["drafter_model"] if model == "drafter" else protocol.TARGET
                 try:
-                    await _call(name, inputs[model], [], key, END, self.target_timeout)
+                    await _call(name, protocol.encode_release(), [], key, END, self.target_timeout)
                 except Exception as exc:  # noqa: BLE001 - the models also reclaim idle sequences themselves
                     pb_utils.Logger.log_error(f"releasing sequence {key} in {name} failed: {exc}")
 
     async def _emit(self, sender, seq, stream, sent, steps_from):
         if stream and not sender.is_cancelled():
-            self._send(sender, seq, sent[0], steps_from, final=seq.finished)
+            sender.send(_response(protocol.encode_step_response(seq, sent[0], steps_from, seq.finished)),
+                        flags=FINAL if seq.finished else 0)
             sent[0] = len(seq.output)
-
-    def _send(self, sender, seq, sent_len, steps_from, final):
-        steps = seq.steps[steps_from:]
-        out = [
-            _tensor("output_ids", seq.output, np.int32), _tensor("sent_len", [sent_len], np.int32),
-            _tensor("is_final", [final], bool), _tensor("num_output_tokens", [len(seq.output)], np.int32),
-            _tensor("target_forwards", [1 + len(seq.steps)], np.int32),
-            _tensor("accepted_per_step", [s.accepted for s in steps], np.int32),
-            _tensor("draft_len_per_step", [s.draft_len for s in steps], np.int32),
-            _tensor("finish_reason", [(seq.finish_reason or "").encode()], object),
-            _tensor("sequence_id", [seq.id], np.uint64),
-        ]
-        sender.send(pb_utils.InferenceResponse(output_tensors=out), flags=FINAL if final else 0)
-
-    def _count(self, seq):
-        mode = seq.request.mode
-        m = self.metrics
-        m.series(m.requests, spec_mode=mode, finish_reason=seq.finish_reason or "").increment(1)
-        m.series(m.tokens, spec_mode=mode).increment(len(seq.output))
-        m.series(m.forwards, spec_mode=mode).increment(1 + len(seq.steps))
-        for s in seq.steps:
-            m.series(m.accepted, spec_mode=mode).observe(s.accepted)
-            m.series(m.drafted, spec_mode=mode).observe(s.draft_len)

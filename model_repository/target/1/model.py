@@ -1,92 +1,77 @@
 """The target LLM: prefill and verify calls of many sequences batched into one forward each.
 
-Calls carry `op` (0 prefill, 1 verify, 2 release) and the sequence's correlation id; the
-core's TargetService keeps each sequence's KV slot and sampling generator under that id.
+Calls carry an `op` and the sequence's correlation id; the core's TargetSlots keeps each
+sequence's KV slot and sampling generator under that id. The payloads are protocol.py's.
 """
 
 import json
 
-import numpy as np
 import triton_python_backend_utils as pb_utils
-from adaflash_server.launcher import spin_target_threads
+
+from adaflash.serving.threads import spin_target_threads
 
 spin_target_threads()  # before torch loads: the target's idle OpenMP threads spin briefly instead of sleeping
 
 from adaflash.models.drafter import DrafterConfig  # noqa: E402
-from adaflash.decoding.sampling import SamplingParams  # noqa: E402
-from adaflash.serving.hosts import TargetService  # noqa: E402
 from adaflash.models.target import Transformer  # noqa: E402
+from adaflash.serving import protocol  # noqa: E402
+from adaflash.serving.protocol import Op  # noqa: E402
+from adaflash.serving.slots import TargetSlots  # noqa: E402
 
-PREFILL, VERIFY, RELEASE = 0, 1, 2
-
-
-def _get(request, name, default=None):
-    t = pb_utils.get_input_tensor_by_name(request, name)
-    return default if t is None else t.as_numpy().reshape(-1)
+INPUTS, _ = protocol.MODEL_TENSORS[protocol.TARGET]
 
 
-def _error(message, unavailable=False):
+def _inputs(request):
+    found = ((s.name, pb_utils.get_input_tensor_by_name(request, s.name)) for s in INPUTS)
+    return {name: t.as_numpy() for name, t in found if t is not None}
+
+
+def _response(tensors):
+    return pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor(n, v) for n, v in tensors.items()])
+
+
+def _error(exc, unavailable=False):
     code = pb_utils.TritonError.UNAVAILABLE if unavailable else pb_utils.TritonError.INVALID_ARG
-    return pb_utils.InferenceResponse(error=pb_utils.TritonError(message, code))
+    return pb_utils.InferenceResponse(error=pb_utils.TritonError(str(exc), code))
 
 
 class TritonPythonModel:
     def initialize(self, args):
         config = json.loads(args["model_config"])
-        params = {k: v["string_value"] for k, v in config["parameters"].items()}
-        target = Transformer.from_pretrained(params["target_dir"])
+        params = protocol.model_parameters(config)
         capture = None
         if params["drafter_dir"]:
             with open(f"{params['drafter_dir']}/config.json") as f:
                 capture = DrafterConfig.from_hf(json.load(f)).target_layer_ids
-        self.service = TargetService(target, config["max_batch_size"], int(params["max_len"]), capture,
-                                     float(params["idle_timeout_s"]))
+        self.slots = TargetSlots(Transformer.from_pretrained(params["target_dir"]), config["max_batch_size"],
+                                 int(params["max_len"]), capture, float(params["idle_timeout_s"]))
 
     def execute(self, requests):
-        self.service.release_stale()
+        self.slots.release_stale()
         responses = [None] * len(requests)
-        batches = {PREFILL: [], VERIFY: []}
+        batches = {Op.PREFILL: [], Op.VERIFY: []}
         for i, request in enumerate(requests):
             key = request.correlation_id()
-            op = int(_get(request, "op")[0])
-            tokens = _get(request, "tokens", np.zeros(0, np.int32)).tolist()
             try:
-                if op == PREFILL:
-                    sampling = SamplingParams(
-                        temperature=float(_get(request, "temperature", [0.0])[0]),
-                        top_k=int(_get(request, "top_k", [0])[0]),
-                        top_p=float(_get(request, "top_p", [1.0])[0]),
-                        seed=int(_get(request, "random_seed", [0])[0]),
-                    )
-                    sampling.validate()
-                    self.service.open(key, tokens, sampling)
-                elif op == VERIFY:
-                    self.service.check_verify(key, tokens)
-                elif op == RELEASE:
-                    self.service.release(key)
-                    responses[i] = pb_utils.InferenceResponse(output_tensors=[])
-                    continue
+                call = protocol.decode_target_call(_inputs(request))
+                if call.op is Op.PREFILL:
+                    self.slots.open(key, call.tokens, call.sampling)
+                elif call.op is Op.VERIFY:
+                    self.slots.check_verify(key, call.tokens)
                 else:
-                    raise ValueError(f"op: unknown operation {op}")
+                    self.slots.release(key)
+                    responses[i] = _response({})
+                    continue
             except (ValueError, KeyError) as exc:
-                responses[i] = _error(str(exc))
+                responses[i] = _error(exc)
                 continue
-            except RuntimeError as exc:
-                responses[i] = _error(str(exc), unavailable=True)
+            except RuntimeError as exc:  # no free slot
+                responses[i] = _error(exc, unavailable=True)
                 continue
-            batches[op].append((i, key, tokens))
-        for op, run in ((PREFILL, self.service.prefill), (VERIFY, self.service.verify)):
+            batches[call.op].append((i, key, call.tokens))
+        for op, run in ((Op.PREFILL, self.slots.prefill), (Op.VERIFY, self.slots.verify)):
             if batches[op]:
                 results = run([(key, tokens) for _, key, tokens in batches[op]])
-                for (i, _, _), res in zip(batches[op], results):
-                    responses[i] = self._response(res)
+                for (i, _, _), result in zip(batches[op], results):
+                    responses[i] = _response(protocol.encode_target_result(result))
         return responses
-
-    def _response(self, res):
-        feats = np.zeros((0, 0), np.float32) if res.features is None else res.features.numpy()
-        return pb_utils.InferenceResponse(output_tensors=[
-            pb_utils.Tensor("committed", np.array([res.committed], dtype=np.int32)),
-            pb_utils.Tensor("accepted", np.array([[res.accepted]], dtype=np.int32)),
-            pb_utils.Tensor("expected_accepted", np.array([[res.expected_accepted]], dtype=np.float32)),
-            pb_utils.Tensor("features", feats[None].astype(np.float32)),
-        ])

@@ -1,185 +1,25 @@
 """Draft-length policies: the cost-aware AdaFlash policy and the published threshold rule.
 
-Speculation pays when the tokens it commits outweigh the extra verify cost. Alone, a
-16-token verify costs about as much as a 1-token decode; under load the forward is
-compute-bound and every verified draft token costs time. The cost-aware policy measures
-T(batch, tokens) on the running machine and, each step, picks the per-sequence draft
-lengths that maximise expected committed tokens per second for the whole batch; k = 0
-(plain decoding) is always a candidate, so it never plans to be slower than `ar`.
+The cost-aware policy picks, each step, the per-sequence draft lengths that maximise expected
+committed tokens per second for the whole batch, from the measured costs (`costs.CostModel`);
+k = 0 (plain decoding) is always a candidate, so it never plans to be slower than `ar`.
 """
 
 from __future__ import annotations
 
-import json
 import time
-from dataclasses import dataclass, field
 from collections.abc import Callable
-from pathlib import Path
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
 from adaflash.decoding import ngram
+from adaflash.decoding.costs import CostModel, block_lengths
 
 if TYPE_CHECKING:
-    from adaflash.models.drafter import DFlashDrafter, Draft
-    from adaflash.models.target import Transformer
-
-
-@dataclass
-class CostModel:
-    """Measured milliseconds: verify[b] = [(total_tokens, ms), ...] for b sequences; draft[b] =
-    [(block_length, ms), ...] for one drafter forward of b sequences over blocks of that many
-    positions (anchor included): a shorter block costs the drafter less."""
-
-    verify: dict[int, list[tuple[int, float]]] = field(default_factory=dict)
-    draft: dict[int, list[tuple[int, float]]] = field(default_factory=dict)
-    verify_scale: float = 1.0  # live time / table time, learnt by `observe_*` (contexts grow, machines vary)
-    draft_scale: float = 1.0
-
-    def observe_verify(self, batch: int, total_tokens: int, ms: float) -> None:
-        """Fold a timed verify forward into `verify_scale`."""
-        self.verify_scale = _follow(self.verify_scale, ms / float(self._table_verify_ms(batch, total_tokens)))
-
-    def observe_draft(self, n: int, length: int, ms: float) -> None:
-        """Fold a timed drafter forward into `draft_scale`."""
-        table = self._table_draft_ms(n, length)
-        if table > 0:
-            self.draft_scale = _follow(self.draft_scale, ms / table)
-
-    @property
-    def scales(self) -> tuple[float, float]:
-        """The scales rounded to 5%: decisions taken under the same rounded scales can be reused."""
-        return round(np.log(self.verify_scale) / np.log(1.05)), round(np.log(self.draft_scale) / np.log(1.05))
-
-    def verify_ms(self, batch: int, total_tokens: float | np.ndarray) -> float | np.ndarray:
-        return self._table_verify_ms(batch, total_tokens) * self.verify_scale
-
-    def draft_ms(self, n: int, length: int | None = None) -> float:
-        """n sequences drafting blocks of `length` positions (None: the longest measured)."""
-        return self._table_draft_ms(n, length) * self.draft_scale
-
-    def _table_verify_ms(self, batch: int, total_tokens: float | np.ndarray) -> float | np.ndarray:
-        """Interpolate linearly in tokens per sequence, then across the measured batch sizes."""
-        sizes = sorted(self.verify)
-        lo = max([b for b in sizes if b <= batch], default=sizes[0])
-        hi = min([b for b in sizes if b >= batch], default=sizes[-1])
-        per_seq = np.asarray(total_tokens, dtype=float) / batch
-        t_lo = self._at(lo, per_seq * lo)
-        if hi == lo:
-            return t_lo * batch / lo if batch > lo else t_lo
-        w = (batch - lo) / (hi - lo)
-        return (1 - w) * t_lo + w * self._at(hi, per_seq * hi)
-
-    def _at(self, batch: int, total: np.ndarray) -> np.ndarray:
-        xs, ys = np.array(self.verify[batch], dtype=float).T
-        slope = (ys[-1] - ys[-2]) / (xs[-1] - xs[-2]) if len(xs) > 1 else ys[-1] / xs[-1]
-        beyond = ys[-1] + slope * (total - xs[-1])  # extrapolate with the last slope
-        return np.where(total > xs[-1], beyond, np.interp(total, xs, ys))
-
-    def _table_draft_ms(self, n: int, length: int | None) -> float:
-        if n == 0 or not self.draft:
-            return 0.0
-        sizes = sorted(self.draft)
-
-        def at(b: int) -> float:
-            xs, ys = np.array(self.draft[b], dtype=float).T
-            return float(np.interp(xs[-1] if length is None else length, xs, ys))
-
-        if n > sizes[-1]:
-            return at(sizes[-1]) * n / sizes[-1]
-        return float(np.interp(n, sizes, [at(b) for b in sizes]))
-
-    def to_json(self) -> dict:
-        return {"verify_ms": {str(b): pts for b, pts in self.verify.items()}, "draft_ms": {str(b): v for b, v in self.draft.items()}}
-
-    @classmethod
-    def from_json(cls, d: dict) -> "CostModel":
-        return cls(
-            verify={int(b): [tuple(p) for p in pts] for b, pts in d["verify_ms"].items()},
-            draft={int(b): [tuple(p) for p in pts] for b, pts in d.get("draft_ms", {}).items()},
-        )
-
-    def save(self, path: str | Path) -> None:
-        Path(path).write_text(json.dumps(self.to_json(), indent=1))
-
-
-def _follow(scale: float, ratio: float, weight: float = 0.05) -> float:
-    """Exponential average in log space of live/table time ratios, bounded to [1/4, 4]: a single
-    stall (another process, a page fault) must not swing the policy."""
-    ratio = min(max(ratio, 0.25), 4.0)
-    return float(np.clip(np.exp((1 - weight) * np.log(scale) + weight * np.log(ratio)), 0.25, 4.0))
-
-
-def measure_costs(
-    target: "Transformer",
-    drafter: "DFlashDrafter | None",
-    max_batch: int,
-    context: int = 128,
-    tokens_per_seq: tuple[int, ...] = (1, 2, 4, 8, 16),
-    reps: int = 4,
-) -> CostModel:
-    """Time batched verify forwards (and drafts) on the idle caches; every slot is left empty afterwards."""
-    cache = target.cache
-    assert cache is not None and all(n == 0 for n in cache.lengths[:max_batch]), "measure on free slots"
-    context = min(context, cache.max_len - max(tokens_per_seq) - 1)
-    g = torch.Generator().manual_seed(0)
-    vocab = target.config.vocab_size
-    slots = list(range(max_batch))
-    target.forward(slots, torch.randint(0, vocab, (max_batch, context), generator=g).tolist(), logit_rows=torch.tensor([0]))
-    if drafter is not None:
-        width = drafter.fc.weight.shape[1]
-        drafter.append_context(slots, torch.randn(max_batch * context, width, generator=g), [context] * max_batch)
-    batches = sorted({1, max_batch} | {2**i for i in range(20) if 2**i < max_batch})
-    model = CostModel()
-    for b in batches:
-        model.verify[b] = []
-        for k in tokens_per_seq:
-            toks = torch.randint(0, vocab, (b, k), generator=g).tolist()
-
-            def verify() -> None:
-                target.forward(slots[:b], toks)
-                for s in slots[:b]:
-                    cache.truncate(s, context)
-
-            model.verify[b].append((b * k, _fastest_ms(verify, reps)))
-        _monotone(model.verify[b])
-        if drafter is not None:
-            anchors = [0] * b
-            model.draft[b] = [(n, _fastest_ms(lambda: drafter.draft(target, slots[:b], anchors, length=n), reps))
-                              for n in block_lengths(drafter.config.block_size)]
-            _monotone(model.draft[b])
-    for s in slots:
-        cache.truncate(s, 0)
-        if drafter is not None:
-            drafter.truncate(s, 0)
-    return model
-
-
-def _monotone(points: list[tuple[int, float]]) -> None:
-    """More tokens never cost less: timing noise that says otherwise (a 2-token forward measured below
-    a 1-token one) is levelled, so the policy does not chase it."""
-    for i in range(1, len(points)):
-        points[i] = (points[i][0], max(points[i][1], points[i - 1][1]))
-
-
-def block_lengths(block_size: int) -> list[int]:
-    """Block lengths (anchor included) the adaflash policy may draft: powers of two, and the full block."""
-    return sorted({2**i for i in range(1, 8) if 2**i < block_size} | {block_size})
-
-
-def _fastest_ms(fn, reps: int) -> float:
-    """The fastest of `reps` timed runs after a warm-up: noise on a shared machine only ever adds time,
-    and the live/table scale learnt while serving covers what the idle measurement misses."""
-    fn()
-    times = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        fn()
-        times.append((time.perf_counter() - t0) * 1000)
-    return min(times)
-
+    from adaflash.models.drafter import Draft
 
 class AcceptanceStats:
     """Counts of tries and hits per draft position: position j is tried only when 1..j-1 were accepted."""
@@ -275,7 +115,7 @@ def published_length(ratio: float, block_size: int, cap: int) -> int:
 
 
 @dataclass
-class SequencePolicy:
+class PolicyState:
     """What the controller remembers of one sequence."""
 
     stats: AcceptanceStats
@@ -306,20 +146,20 @@ class LengthController:
         self.global_copy = [AcceptanceStats(block_size - 1) for _ in range(ngram.MAX_N + 1)]
         self._decision: tuple[tuple, bool] | None = None  # (inputs, whether drafting pays) of the last choice
 
-    def new_sequence(self) -> SequencePolicy:
-        return SequencePolicy(AcceptanceStats(self.block_size - 1),
+    def new_sequence(self) -> PolicyState:
+        return PolicyState(AcceptanceStats(self.block_size - 1),
                               [AcceptanceStats(self.block_size - 1) for _ in range(ngram.MAX_N + 1)], self.probe_every)
 
-    def estimated_rates(self, seqs: list[SequencePolicy]) -> np.ndarray:
+    def estimated_rates(self, seqs: list[PolicyState]) -> np.ndarray:
         prior = self.global_stats.chained_rates(0.5, 1.0)
         return np.stack([s.stats.rates(prior, self.prior_weight) for s in seqs])
 
-    def copy_rates(self, seqs: list[SequencePolicy], matched: list[int]) -> np.ndarray:
+    def copy_rates(self, seqs: list[PolicyState], matched: list[int]) -> np.ndarray:
         """Acceptance estimates of copies whose lookup matched `matched[i]` tokens (see `ngram.lookup`)."""
         priors = {n: self.global_copy[n].chained_rates(0.5, 1.0) for n in set(matched)}
         return np.stack([s.copy[n].rates(priors[n], self.prior_weight) for s, n in zip(seqs, matched)])
 
-    def prefers_copy(self, seqs: list[SequencePolicy], matched: list[int], proposal_lens: list[int],
+    def prefers_copy(self, seqs: list[PolicyState], matched: list[int], proposal_lens: list[int],
                      caps: list[int]) -> list[bool]:
         """Which sequences verify the context's continuation instead of asking the drafter: a copy costs
         no drafter forward, so it wins whenever it is expected to commit at least as many tokens, except
@@ -336,7 +176,7 @@ class LengthController:
             s.skipped += out[-1]
         return out
 
-    def copy_lengths(self, seqs: list[SequencePolicy], matched: list[int], proposal_lens: list[int], batch: int,
+    def copy_lengths(self, seqs: list[PolicyState], matched: list[int], proposal_lens: list[int], batch: int,
                      other_tokens: int, other_expected: float | None = None) -> tuple[list[int], list[float]]:
         """How much of each copy proposal to verify (cost-aware, nothing to draft), and the tokens each
         is expected to commit; a sequence whose copies have not been verified for `probe_every` steps
@@ -354,7 +194,7 @@ class LengthController:
         gains = np.cumprod(rates, axis=1)
         return ks, [1.0 + float(gains[i, :k].sum()) for i, k in enumerate(ks)]
 
-    def choose_drafters(self, seqs: list[SequencePolicy], caps: list[int], batch: int, other_tokens: int,
+    def choose_drafters(self, seqs: list[PolicyState], caps: list[int], batch: int, other_tokens: int,
                         n_drafting: int, other_expected: float | None = None) -> tuple[list[bool], int]:
         """Which adaflash sequences draft this step, and the block length (anchor included) to draft;
         updates their skip counters.
@@ -378,7 +218,7 @@ class LengthController:
                 s.probe_interval = min(2 * s.probe_interval, 128)
         return chosen, length
 
-    def _probes(self, seqs: list[SequencePolicy], length: int) -> list[bool]:
+    def _probes(self, seqs: list[PolicyState], length: int) -> list[bool]:
         """Sequences due for a probe, if probing keeps to `probe_share` of the time: every probe costs a
         drafter forward, and under load the sequences' schedules would together run one every step.
         Due sequences that have to wait probe together later, in one forward."""
@@ -426,7 +266,7 @@ class LengthController:
         """The published rule, with the head's ratio or, without a head, the one the estimates imply."""
         return published_length(ratio_from_rates(rates, self.block_size) if ratio is None else ratio, self.block_size, cap)
 
-    def observe(self, seq: SequencePolicy, draft_len: int, accepted: int, matched: int = 0) -> None:
+    def observe(self, seq: PolicyState, draft_len: int, accepted: int, matched: int = 0) -> None:
         """Record a verified draft: drafted, or copied after a lookup that `matched` tokens. (adaflash
         probes back off in `choose_drafters`: what they find matters only once the estimates say
         drafting pays, which resets them.)"""

@@ -12,6 +12,7 @@ import numpy as np
 import torch
 
 from adaflash.decoding.sampling import SamplingParams, sample, target_probs, verify_greedy, verify_sampled
+from adaflash.models.cache import KVCache
 from adaflash.models.target import Transformer
 
 
@@ -23,12 +24,12 @@ class StepResult:
     features: torch.Tensor | None  # target features of the positions now committed, for the drafter
 
 
-def prefill_batch(target: Transformer, slots: list[int], prompts: list[list[int]], sampling: list[SamplingParams],
+def prefill_batch(target: Transformer, cache: KVCache, slots: list[int], prompts: list[list[int]], sampling: list[SamplingParams],
                   generators: list[torch.Generator], capture: list[int] | None) -> list[StepResult]:
     """Fill each slot with its prompt and pick the first token; features cover every prompt position."""
     counts = [len(p) for p in prompts]
     ends = np.cumsum(counts)
-    out = target.forward(slots, prompts, logit_rows=torch.tensor(ends - 1), capture_layers=capture)
+    out = target.forward(cache, slots, prompts, logit_rows=torch.tensor(ends - 1), capture_layers=capture)
     results = []
     for i, (sp, g) in enumerate(zip(sampling, generators)):
         logits = out.logits[i]
@@ -38,11 +39,11 @@ def prefill_batch(target: Transformer, slots: list[int], prompts: list[list[int]
     return results
 
 
-def verify_batch(target: Transformer, slots: list[int], feeds: list[list[int]], sampling: list[SamplingParams],
+def verify_batch(target: Transformer, cache: KVCache, slots: list[int], feeds: list[list[int]], sampling: list[SamplingParams],
                  generators: list[torch.Generator], capture: list[int] | None) -> list[StepResult]:
     """feeds[b] = [anchor] + draft. Verify every draft, then roll each slot back to its accepted length."""
-    starts = [target.cache.lengths[s] for s in slots]
-    out = target.forward(slots, feeds, capture_layers=capture)
+    starts = [cache.lengths[s] for s in slots]
+    out = target.forward(cache, slots, feeds, capture_layers=capture)
     greedy_ids = out.logits.argmax(-1).tolist()
     results, row = [], 0
     for slot, start, feed, sp, g in zip(slots, starts, feeds, sampling, generators):
@@ -53,7 +54,7 @@ def verify_batch(target: Transformer, slots: list[int], feeds: list[list[int]], 
         else:
             committed, expected = verify_sampled(feed[1:], target_probs(out.logits[row : row + n], sp), g)
         accepted = len(committed) - 1
-        target.cache.truncate(slot, start + accepted + 1)
+        cache.truncate(slot, start + accepted + 1)
         feats = None if out.hidden is None else out.hidden[row : row + accepted + 1].clone()
         results.append(StepResult(committed, accepted, expected, feats))
         row += n

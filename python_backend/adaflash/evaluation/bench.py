@@ -7,74 +7,14 @@ that differs gets no speed (the run then exits non-zero).
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import dataclass
-from importlib import resources
-from pathlib import Path
 
-from tokenizers import Tokenizer
-
-from adaflash.decoding.engine import Engine, Request, Sequence
-from adaflash.training.pretrain import DOMAINS, PROMPT_DOMAINS, as_prompt
+from adaflash.decoding.engine import Engine
+from adaflash.decoding.sequence import Request, Sequence
 from adaflash.decoding.sampling import SamplingParams
-
-
-@dataclass
-class Prompt:
-    text: str
-    domain: str | None
-    id: str
-
-
-def load_prompts(path: str | Path | None, limit: int | None) -> list[Prompt]:
-    """JSON lines with at least `prompt`; with `limit`, domains take turns so every domain is represented."""
-    if path is None:
-        text = resources.files("adaflash").joinpath("data/sample_prompts.jsonl").read_text()
-    else:
-        text = Path(path).read_text()
-    rows = [json.loads(line) for line in text.splitlines() if line.strip()]
-    prompts = []
-    for i, r in enumerate(rows):
-        if "prompt" not in r:
-            raise ValueError(f"{path}: line {i + 1} has no 'prompt' field")
-        prompts.append(Prompt(text=r["prompt"], domain=r.get("domain"), id=str(r.get("id", i))))
-    if limit is None or limit >= len(prompts):
-        return prompts
-    by_domain: dict[str | None, list[Prompt]] = {}
-    for p in prompts:
-        by_domain.setdefault(p.domain, []).append(p)
-    picked: list[Prompt] = []
-    while len(picked) < limit:
-        for group in by_domain.values():
-            if group and len(picked) < limit:
-                picked.append(group.pop(0))
-    return picked
-
-
-EVAL_SETS = {"chat": "mt_bench.jsonl", "code": "humaneval.jsonl", "math": "gsm8k_test.jsonl",
-             "multilingual": "heldout_multilingual.jsonl", "prose": "heldout_prose.jsonl"}
-
-
-def eval_prompts(data_dir: str | Path, per_domain: int) -> dict[str, list[str]]:
-    """The first `per_domain` prompts of each domain's evaluation set, questions in the training template."""
-    out = {}
-    for domain in DOMAINS:
-        lines = (Path(data_dir) / "eval" / EVAL_SETS[domain]).read_text().splitlines()
-        texts = [json.loads(line)["prompt"] for line in lines[:per_domain]]
-        out[domain] = [as_prompt(t) for t in texts] if domain in PROMPT_DOMAINS else texts
-    return out
-
-
-def eval_set_prompts(data_dir: str | Path, per_domain: int) -> list[Prompt]:
-    """eval_prompts as benchmark prompts, domain by domain."""
-    return [Prompt(text, domain, f"{domain}/{i}") for domain, texts in eval_prompts(data_dir, per_domain).items()
-            for i, text in enumerate(texts)]
-
-
-def encode_prompts(tokenizer: Tokenizer, prompts: list[Prompt], max_prompt_tokens: int) -> list[list[int]]:
-    """Token ids per prompt; long prompts keep their last `max_prompt_tokens` tokens (the part nearest the answer)."""
-    return [tokenizer.encode(p.text).ids[-max_prompt_tokens:] for p in prompts]
+# Re-exported until cli.py imports them from prompts.py, their home.
+from adaflash.evaluation.prompts import encode_prompts, eval_set_prompts, load_prompts  # noqa: F401
 
 
 def summarize(seqs: list[Sequence], wall_s: float, reference: list[list[int]] | None) -> dict:

@@ -15,11 +15,14 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from adaflash.evaluation.bench import EVAL_SETS, Contender, compare, eval_prompts, summarize
+from adaflash.evaluation.bench import Contender, compare, summarize
+from adaflash.evaluation.prompts import EVAL_SETS, eval_prompts
 from adaflash.models.bundle import load_bundle
 from adaflash.models.drafter import DFlashDrafter
-from adaflash.decoding.engine import Engine, Request, Sequence
-from adaflash.training.pretrain import DOMAINS, heldout_loss
+from adaflash.decoding.engine import Engine
+from adaflash.decoding.sequence import Request, Sequence
+from adaflash.training.corpus import DOMAINS
+from adaflash.training.pretrain import heldout_loss
 from adaflash.decoding.sampling import SamplingParams
 from adaflash.models.target import Transformer
 

@@ -10,17 +10,25 @@ per-layer K/V are cached per slot, so each step only projects the newly committe
 from __future__ import annotations
 
 import copy
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 
+from adaflash.models.cache import KVCache
+from adaflash.models.checkpoint import load_weights, read_config, save_checkpoint
 from adaflash.models.layers import MLP, RMSNorm, RopeConfig, apply_rope, attend, gather_slots, rope_cos_sin
 from adaflash.models.target import Transformer
+
+
+DEFAULT_BLOCK_SIZE = 16  # the published DFlash drafters' block: an anchor and 15 masked positions
+
+
+def block_size_of(drafter: "DFlashDrafter | None") -> int:
+    """The block a drafter was trained with; without one, the default (it still bounds a prompt-lookup draft)."""
+    return DEFAULT_BLOCK_SIZE if drafter is None else drafter.config.block_size
 
 
 def default_target_layer_ids(num_target_layers: int, num_draft_layers: int) -> list[int]:
@@ -105,17 +113,6 @@ class DrafterConfig:
             dc.pop("use_position_head", None)
             dc.pop("position_head_dim", None)
         return cfg
-
-
-class ContextCache:
-    """Per-slot K/V of the injected context, for every drafter layer."""
-
-    def __init__(self, cfg: DrafterConfig, num_slots: int, max_len: int, dtype: torch.dtype) -> None:
-        shape = (cfg.num_hidden_layers, num_slots, cfg.num_key_value_heads, max_len, cfg.head_dim)
-        self.k = torch.zeros(shape, dtype=dtype)
-        self.v = torch.zeros(shape, dtype=dtype)
-        self.lengths = [0] * num_slots
-        self.max_len = max_len
 
 
 class DraftAttention(nn.Module):
@@ -209,7 +206,7 @@ class PositionHead(nn.Module):
 
 @dataclass
 class Draft:
-    tokens: Tensor  # [n, length - 1] drafted ids (greedy: the draft is deterministic)
+    tokens: Tensor  # [n, block_length - 1] drafted ids (greedy: the draft is deterministic)
     hidden: Tensor  # [n, block_size, D] final-norm hidden states of the block
     accept_ratio: Tensor | None  # [n] length head prediction of (accepted + 1) / block_size
     accept_rates: Tensor | None = None  # [n, block_size - 1] position head: P(j accepted | 1..j-1 accepted)
@@ -228,7 +225,6 @@ class DFlashDrafter(nn.Module):
         if cfg.position_head:
             self.position_head = PositionHead(cfg.hidden_size, cfg.position_head_dim, cfg.block_size - 1)
         self.register_buffer("inv_freq", cfg.rope.inv_freq(), persistent=False)
-        self.cache: ContextCache | None = None
 
     @property
     def length_head(self) -> LengthHead | None:
@@ -236,24 +232,14 @@ class DFlashDrafter(nn.Module):
 
     @classmethod
     def from_pretrained(cls, path: str | Path, dtype: torch.dtype = torch.float32) -> "DFlashDrafter":
-        path = Path(path)
-        model = cls(DrafterConfig.from_hf(json.loads((path / "config.json").read_text())))
-        state: dict[str, Tensor] = {}
-        for f in sorted(path.glob("*.safetensors")):
-            state.update(load_file(f))
-        missing, unexpected = model.load_state_dict(state, strict=False)
-        if missing or unexpected:
-            raise ValueError(f"drafter checkpoint {path}: missing {missing}, unexpected {unexpected}")
-        return model.to(dtype).eval()
+        model = cls(DrafterConfig.from_hf(read_config(path)))
+        load_weights(model, path, dtype)
+        return model
 
     def save_pretrained(self, path: str | Path, dtype: torch.dtype = torch.bfloat16) -> None:
-        path = Path(path)
-        path.mkdir(parents=True, exist_ok=True)
-        cfg = self.config.to_hf()
-        cfg["dtype"] = str(dtype).removeprefix("torch.")
-        (path / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
-        state = {k: v.detach().to(dtype).contiguous() for k, v in self.state_dict().items()}
-        save_file(state, path / "model.safetensors", metadata={"format": "pt"})
+        config = self.config.to_hf()
+        config["dtype"] = str(dtype).removeprefix("torch.")
+        save_checkpoint(self, path, config, dtype)
 
     def check_target(self, target: Transformer) -> None:
         """A drafter only fits the target it was trained for; say which dimension differs."""
@@ -270,19 +256,17 @@ class DFlashDrafter(nn.Module):
         if problems:
             raise ValueError("drafter does not match target: " + "; ".join(problems))
 
-    def allocate_cache(self, num_slots: int, max_len: int) -> ContextCache:
-        self.cache = ContextCache(self.config, num_slots, max_len, self.fc.weight.dtype)
-        return self.cache
+    def new_cache(self, num_slots: int, max_len: int) -> KVCache:
+        """The per-slot context keys and values of every drafter layer."""
+        return KVCache(self.config, num_slots, max_len, self.fc.weight.dtype)
 
     def fuse(self, features: Tensor) -> Tensor:
         """Concatenated target hidden states [T, n_layers * D] -> one context vector per position."""
         return self.hidden_norm(self.fc(features))
 
     @torch.inference_mode()
-    def append_context(self, slots: list[int], features: Tensor, counts: list[int]) -> None:
-        """Project newly committed positions (packed `features`, `counts[b]` for `slots[b]`) into the cache."""
-        cache = self.cache
-        assert cache is not None, "allocate_cache() first"
+    def append_context(self, cache: KVCache, slots: list[int], features: Tensor, counts: list[int]) -> None:
+        """Project newly committed positions (packed `features`, `counts[b]` for `slots[b]`) into `cache`."""
         if sum(counts) == 0:
             return
         c = torch.tensor(counts, dtype=torch.long)
@@ -302,21 +286,16 @@ class DFlashDrafter(nn.Module):
         for s, n in zip(slots, counts):
             cache.lengths[s] += n
 
-    def truncate(self, slot: int, length: int) -> None:
-        assert self.cache is not None
-        self.cache.lengths[slot] = min(self.cache.lengths[slot], length)
-
     @torch.inference_mode()
-    def draft(self, target: Transformer, slots: list[int], anchors: list[int], length: int | None = None) -> Draft:
-        """Draft length - 1 tokens (default block_size - 1) after each anchor; the anchor sits right after the
-        cached context. A shorter block than trained costs less and drafts its first positions alike."""
-        cache = self.cache
-        assert cache is not None, "allocate_cache() first"
+    def draft(self, target: Transformer, cache: KVCache, slots: list[int], anchors: list[int],
+              block_length: int | None = None) -> Draft:
+        """Draft block_length - 1 tokens (default block_size - 1) after each anchor; the anchor sits right after
+        the context cached in `cache`. A shorter block than trained costs less and drafts its first positions alike."""
         ctx_lens = torch.tensor([cache.lengths[s] for s in slots], dtype=torch.long)
         lc = int(ctx_lens.max())
         ctx_mask = torch.arange(lc)[None, :] < ctx_lens[:, None]
         ctx_kv = [(gather_slots(cache.k[i], slots, lc), gather_slots(cache.v[i], slots, lc)) for i in range(len(self.layers))]
-        ids = self.block_ids(anchors, length)
+        ids = self.block_ids(anchors, block_length)
         return self._finish(target, self.block_hidden(target, ids, ctx_lens, ctx_kv, ctx_mask))
 
     @torch.inference_mode()
@@ -337,11 +316,11 @@ class DFlashDrafter(nn.Module):
             out.append((k.transpose(0, 1)[None], v.transpose(0, 1)[None]))
         return out
 
-    def block_ids(self, anchors: list[int] | Tensor, length: int | None = None) -> Tensor:
+    def block_ids(self, anchors: list[int] | Tensor, block_length: int | None = None) -> Tensor:
         anchors = torch.as_tensor(anchors, dtype=torch.long)
-        length = self.config.block_size if length is None else length
+        length = self.config.block_size if block_length is None else block_length
         if not 2 <= length <= self.config.block_size:
-            raise ValueError(f"draft length must be in [2, {self.config.block_size}], got {length}")
+            raise ValueError(f"block_length must be in [2, {self.config.block_size}], got {length}")
         ids = torch.full((anchors.shape[0], length), self.config.mask_token_id, dtype=torch.long)
         ids[:, 0] = anchors
         return ids

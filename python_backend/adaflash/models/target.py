@@ -7,15 +7,15 @@ Parameter names match Hugging Face checkpoints, so `model.safetensors` loads as 
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 
+from adaflash.models.cache import KVCache
+from adaflash.models.checkpoint import load_weights, read_config, save_checkpoint
 from adaflash.models.layers import MLP, Ragged, RMSNorm, RopeConfig, apply_rope, attend, gather_slots, rope_cos_sin
 
 
@@ -75,25 +75,6 @@ def target_config_to_hf(cfg: TargetConfig) -> dict:
         "eos_token_id": cfg.eos_token_ids[0] if len(cfg.eos_token_ids) == 1 else (cfg.eos_token_ids or None),
     }
     return d
-
-
-class KVCache:
-    """N slots x max_len positions, allocated once; `lengths[slot]` says how many are valid.
-
-    Truncating a slot only lowers its length: rejected positions are overwritten later.
-    """
-
-    def __init__(self, cfg: TargetConfig, num_slots: int, max_len: int, dtype: torch.dtype) -> None:
-        shape = (cfg.num_hidden_layers, num_slots, cfg.num_key_value_heads, max_len, cfg.head_dim)
-        self.k = torch.zeros(shape, dtype=dtype)
-        self.v = torch.zeros(shape, dtype=dtype)
-        self.lengths = [0] * num_slots
-        self.max_len = max_len
-
-    def truncate(self, slot: int, length: int) -> None:
-        if not 0 <= length <= self.lengths[slot]:
-            raise ValueError(f"cannot truncate slot {slot} of length {self.lengths[slot]} to {length}")
-        self.lengths[slot] = length
 
 
 @dataclass
@@ -229,39 +210,18 @@ class Transformer(nn.Module):
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
         self.register_buffer("inv_freq", cfg.rope.inv_freq(), persistent=False)
-        self.cache: KVCache | None = None
 
     @classmethod
     def from_pretrained(cls, path: str | Path, dtype: torch.dtype = torch.float32) -> "Transformer":
-        path = Path(path)
-        cfg = TargetConfig.from_hf(json.loads((path / "config.json").read_text()))
-        model = cls(cfg)
-        state: dict[str, Tensor] = {}
-        files = sorted(path.glob("*.safetensors"))
-        if not files:
-            raise FileNotFoundError(f"no *.safetensors in {path}")
-        for f in files:
-            state.update(load_file(f))
-        if cfg.tie_word_embeddings:
-            state.pop("lm_head.weight", None)
-        missing, unexpected = model.load_state_dict(state, strict=False)
-        missing = [m for m in missing if not (cfg.tie_word_embeddings and m == "lm_head.weight")]
-        if missing or unexpected:
-            raise ValueError(f"checkpoint {path}: missing {missing}, unexpected {unexpected}")
-        return model.to(dtype).eval()
+        model = cls(TargetConfig.from_hf(read_config(path)))
+        load_weights(model, path, dtype, _tied(model.config))
+        return model
 
     def save_pretrained(self, path: str | Path, dtype: torch.dtype = torch.float32) -> None:
-        path = Path(path)
-        path.mkdir(parents=True, exist_ok=True)
-        (path / "config.json").write_text(json.dumps(target_config_to_hf(self.config), indent=2) + "\n")
-        state = {k: v.detach().to(dtype).contiguous() for k, v in self.state_dict().items()}
-        if self.config.tie_word_embeddings:
-            state.pop("lm_head.weight")
-        save_file(state, path / "model.safetensors", metadata={"format": "pt"})
+        save_checkpoint(self, path, target_config_to_hf(self.config), dtype, _tied(self.config))
 
-    def allocate_cache(self, num_slots: int, max_len: int) -> KVCache:
-        self.cache = KVCache(self.config, num_slots, max_len, self.lm_head.weight.dtype)
-        return self.cache
+    def new_cache(self, num_slots: int, max_len: int) -> KVCache:
+        return KVCache(self.config, num_slots, max_len, self.lm_head.weight.dtype)
 
     def train_logits(self, ids: Tensor) -> Tensor:
         """ids [B, T] -> logits [B, T, vocab] with plain causal attention: the pretraining path."""
@@ -275,18 +235,17 @@ class Transformer(nn.Module):
     @torch.inference_mode()
     def forward(
         self,
+        cache: KVCache,
         slots: list[int],
         tokens: list[list[int]],
         logit_rows: Tensor | None = None,
         capture_layers: list[int] | None = None,
     ) -> ForwardOutput:
-        """Append `tokens[b]` to slot `slots[b]` and run them through the model in one batch.
+        """Append `tokens[b]` to slot `slots[b]` of `cache` and run them through the model in one batch.
 
         `logit_rows` picks packed rows whose logits are needed (all when None); layer `i` in
         `capture_layers` is the output of decoder layer i, as DFlash drafters consume it.
         """
-        cache = self.cache
-        assert cache is not None, "allocate_cache() first"
         counts = [len(t) for t in tokens]
         starts = [cache.lengths[s] for s in slots]
         for s, st, c in zip(slots, starts, counts):
@@ -309,3 +268,8 @@ class Transformer(nn.Module):
         logits = self.lm_head(self.model.norm(rows))
         hidden = torch.cat([captured[i] for i in capture_layers], dim=-1) if capture_layers else None
         return ForwardOutput(logits=logits, hidden=hidden)
+
+
+def _tied(cfg: TargetConfig) -> frozenset[str]:
+    """The LM head's weights when it shares the embedding's: neither saved nor expected."""
+    return frozenset({"lm_head.weight"}) if cfg.tie_word_embeddings else frozenset()

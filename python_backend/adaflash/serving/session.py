@@ -2,9 +2,10 @@
 
 A server runs one of these per request (an asyncio task) and supplies the calls: in Triton
 they are BLS requests to the `target` and `drafter` models, which batch the calls of all
-concurrent sequences into one forward each. The decisions are the engine's: the same draft
-caps, the same LengthController, the same commit rules, so served output equals the
-engine's. If the drafter fails, the request goes on as plain decoding, which is still exact.
+concurrent sequences into one forward each. The decisions are the engine's planner's, with
+the other active requests counted as peers, and the commit rules are the engine's, so served
+output equals the engine's. If the drafter fails, the request goes on without it (plain
+decoding, or copies of its context), which is still exact.
 """
 
 from __future__ import annotations
@@ -13,37 +14,39 @@ from collections.abc import Awaitable, Callable, Hashable
 
 import torch
 
-from adaflash.decoding import ngram
-from adaflash.decoding.engine import DRAFTER_MODES, Request, Sequence, StepRecord, draft_cap
-from adaflash.decoding.policy import LengthController
-from adaflash.serving.hosts import DraftCall
+from adaflash.decoding.modes import get_mode
+from adaflash.decoding.planner import Candidate, Load, Planner
+from adaflash.decoding.sequence import Request, Sequence, StepRecord, draft_cap
 from adaflash.decoding.steps import StepResult
+from adaflash.serving.protocol import DraftCall
 
-Prefill = Callable[[list[int]], Awaitable[StepResult]]
-Verify = Callable[[list[int]], Awaitable[StepResult]]
-Draft = Callable[[DraftCall], Awaitable[list[int]]]
-Emit = Callable[[Sequence, int, int], Awaitable[None]]  # (sequence, new output tokens from, new steps from)
+PrefillFn = Callable[[list[int]], Awaitable[StepResult]]
+VerifyFn = Callable[[list[int]], Awaitable[StepResult]]
+DraftFn = Callable[[DraftCall], Awaitable[list[int]]]
+EmitFn = Callable[[Sequence, int, int], Awaitable[None]]  # (sequence, new output tokens from, new steps from)
 
 
 async def run_request(
     key: Hashable,
     request: Request,
     stop_ids: frozenset[int],
-    controller: LengthController,
+    planner: Planner,
     max_len: int,
-    prefill: Prefill,
-    verify: Verify,
-    draft: Draft | None,
-    emit: Emit,
+    prefill: PrefillFn,
+    verify: VerifyFn,
+    draft: DraftFn | None,
+    emit: EmitFn,
     cancelled: Callable[[], bool],
     active: Callable[[], int],
 ) -> Sequence:
     """Run to a stop token, max_tokens or cancellation; `emit` is awaited after every step."""
+    controller = planner.controller
     seq = Sequence(id=key, request=request, tokens=list(request.prompt_ids), generator=None, stop_ids=stop_ids,
                    policy=controller.new_sequence())
-    uses_drafter = request.mode in DRAFTER_MODES and draft is not None
+    mode = get_mode(request.mode)
+    can_draft = mode.drafter and draft is not None
     first = await prefill(seq.tokens)
-    pending = [first.features] if uses_drafter else []
+    pending = [first.features] if can_draft else []
     seq.commit(first.committed)
     await emit(seq, 0, 0)
     while not seq.finished:
@@ -51,39 +54,25 @@ async def run_request(
             seq.finish_reason = "cancelled"
             break
         out_from, steps_from = len(seq.output), len(seq.steps)
-        proposal: list[int] = []
-        cap = draft_cap(request, len(seq.output), len(seq.tokens), controller.block_size, max_len)
-        copy, matched = ngram.lookup(seq.tokens, cap) if request.mode in ("ngram", "adaflash") else ([], 0)
-        copied = request.mode == "adaflash" and controller.prefers_copy([seq.policy], [matched], [len(copy)], [cap])[0]
-        if request.mode == "ngram":
-            proposal = copy
-        elif not copied and uses_drafter and cap > 0 and (length := _draft_length(controller, seq, cap, active())):
-            call = DraftCall(key, torch.cat(pending), seq.tokens[-1], request.mode, min(cap, length - 1),
-                             controller.estimated_rates([seq.policy])[0])
+        cap = draft_cap(request, len(seq.output), len(seq.tokens), planner.block_size, max_len)
+        plan = planner.plan([Candidate(key, mode, seq.tokens, cap, seq.policy, can_draft)],
+                            Load.peers(max(active(), 1) - 1))
+        proposal = plan.proposals[key]
+        if plan.drafts:
+            d = plan.drafts[0]
+            call = DraftCall(key=key, features=torch.cat(pending), anchor=seq.tokens[-1], mode=d.mode, cap=d.cap,
+                             length=d.block_length, rates=d.rates)
             try:
                 proposal = await draft(call)
                 pending.clear()
             except Exception:  # noqa: BLE001 - any drafter failure: continue without it, output unchanged
-                uses_drafter = False
-        elif request.mode == "adaflash" and copy:  # copying is preferred, or drafting does not pay this step
-            n = max(active(), 1)
-            proposal = copy[:controller.copy_lengths([seq.policy], [matched], [len(copy)], n, n - 1)[0][0]]
-            copied = bool(proposal)
+                can_draft = False
         res = await verify([seq.tokens[-1]] + proposal)
-        if uses_drafter:
+        if can_draft:
             pending.append(res.features)
-        controller.observe(seq.policy, len(proposal), res.accepted, matched=matched if copied else 0)
+        matched = plan.copied.get(key, 0)
+        controller.observe(seq.policy, len(proposal), res.accepted, matched=matched)
         seq.steps.append(StepRecord(len(proposal), res.accepted, seq.commit(res.committed), res.expected_accepted,
-                                    copied=copied))
+                                    copied=bool(matched)))
         await emit(seq, out_from, steps_from)
     return seq
-
-
-def _draft_length(controller: LengthController, seq: Sequence, cap: int, active: int) -> int:
-    """Block length to draft, 0 for none: adaflash asks the controller whether drafting pays this step
-    and how long a block; the other drafter modes always draft full blocks."""
-    if seq.request.mode != "adaflash":
-        return controller.block_size
-    chosen, length = controller.choose_drafters([seq.policy], [cap], max(active, 1), max(active - 1, 0),
-                                                max(active, 1))
-    return length if chosen[0] else 0

@@ -25,8 +25,9 @@ from torch import Tensor
 from tqdm import tqdm
 
 from adaflash.models.drafter import DFlashDrafter, DrafterConfig
-from adaflash.decoding.engine import Engine, Request, Sequence
-from adaflash.training.pretrain import DOMAINS, PROMPT_DOMAINS, as_prompt, documents
+from adaflash.decoding.engine import Engine
+from adaflash.decoding.sequence import Request, Sequence
+from adaflash.training.corpus import DOMAINS, PROMPT_DOMAINS, as_prompt, documents
 from adaflash.decoding.sampling import SamplingParams
 from adaflash.models.target import Transformer
 from adaflash.models.tokenizer import BYTE_SPECIALS
@@ -39,12 +40,8 @@ def default_gamma(block_size: int) -> float:
 
 
 def target_features(target: Transformer, tokens: list[int], layer_ids: list[int]) -> Tensor:
-    """Hidden states of the drafter's target layers for every position of `tokens`, [L, n_layers * D].
-
-    Uses a fresh one-slot cache on the target: build engines after training, not before.
-    """
-    target.allocate_cache(1, len(tokens))
-    hidden = target.forward([0], [tokens], logit_rows=torch.tensor([0]), capture_layers=layer_ids).hidden
+    """Hidden states of the drafter's target layers for every position of `tokens`, [L, n_layers * D]."""
+    hidden = target.forward(target.new_cache(1, len(tokens)), [0], [tokens], logit_rows=torch.tensor([0]), capture_layers=layer_ids).hidden
     return hidden.clone()  # outside inference mode: a normal tensor that autograd may save
 
 

@@ -30,7 +30,7 @@ from torch import Tensor
 from adaflash.models.drafter import DFlashDrafter
 from adaflash.models.target import Transformer
 from adaflash.training.dflash import (BlockLoss, add_data_arguments, anchored_blocks, fit_drafter, regenerate,
-                                   training_prompts)
+                                     training_prompts)
 
 KINDS = ("reverse", "forward")
 

@@ -1,7 +1,8 @@
 """Train the embedded default target from scratch: corpus, byte-level BPE tokenizer, pretraining.
 
 Every stage is a command that is seeded, resumable and writes JSON-lines metrics:
-`adaflash pretrain tokenizer`, `adaflash pretrain tokenize`, `adaflash pretrain target`.
+`adaflash-pretrain tokenizer`, `adaflash-pretrain tokenize`, `adaflash-pretrain target`
+(`adaflash-pretrain all` runs the three).
 The target is a Qwen3 folder (config.json, model.safetensors, tokenizer.json,
 generation_config.json) that transformers and the project's runner both load.
 """
@@ -9,11 +10,9 @@ generation_config.json) that transformers and the project's runner both load.
 from __future__ import annotations
 
 import argparse
-import gzip
 import json
 import math
 import time
-from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -26,27 +25,7 @@ from tqdm import tqdm
 from adaflash.models.layers import RopeConfig
 from adaflash.models.target import TargetConfig, Transformer
 from adaflash.models.tokenizer import BYTE_SPECIALS
-
-DOMAINS = ("chat", "code", "math", "multilingual", "prose")
-PROMPT_DOMAINS = ("chat", "math")  # prompt/response records; the others are running text
-
-
-def as_prompt(question: str) -> str:
-    """The template the target was trained on for prompt/response records: a blank line, then the answer."""
-    return f"{question}\n\n"
-
-
-def documents(data_dir: str | Path, domain: str, limit_chars: int | None = None) -> Iterator[str]:
-    """Texts of one training domain; prompt/response records become as_prompt(prompt) + response."""
-    total = 0
-    with gzip.open(Path(data_dir) / "train" / f"{domain}.jsonl.gz", "rt", encoding="utf-8") as f:
-        for line in f:
-            r = json.loads(line)
-            text = r["text"] if "text" in r else as_prompt(r["prompt"]) + r["response"]
-            yield text
-            total += len(text)
-            if limit_chars is not None and total >= limit_chars:
-                return
+from adaflash.training.corpus import DOMAINS, documents
 
 
 def train_tokenizer(data_dir: str | Path, out: str | Path, vocab_size: int = 8192,
@@ -93,7 +72,7 @@ class PretrainConfig:
     head_dim: int = 64
     context: int = 1024  # training window = the model's max_position_embeddings
     batch_size: int = 4  # 4k tokens a step: many small steps beat few large ones on a CPU budget
-    steps: int = 2200  # about 9M tokens, 80 minutes on 2 cores
+    steps: int = 2200  # about 9M tokens
     lr: float = 1.5e-3
     min_lr_ratio: float = 0.1
     warmup: int = 60

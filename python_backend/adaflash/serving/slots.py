@@ -1,8 +1,9 @@
-"""Target and drafter as services keyed by a sequence id, for servers that route calls per sequence.
+"""The target and the drafter with per-sequence state keyed by a sequence id, for servers that route calls
+per sequence.
 
 A Triton model (or any other server) receives batches of calls from different sequences;
-these classes keep each sequence's state (KV slot, sampling generator, drafter context)
-under its key and run one batched forward per call batch. Slots idle for longer than
+these classes own the caches and keep each sequence's slot in them (and its sampling
+generator) under its key, and run one batched forward per call batch. Slots idle for longer than
 `idle_timeout_s` are reclaimed, so a client that vanishes without releasing cannot leak them.
 """
 
@@ -10,16 +11,16 @@ from __future__ import annotations
 
 import time
 from collections.abc import Hashable
-from dataclasses import dataclass
 
-import numpy as np
 import torch
 
-from adaflash.models.drafter import DFlashDrafter
+from adaflash.decoding.planner import DraftRequest, Load, Planner
 from adaflash.decoding.policy import LengthController
 from adaflash.decoding.sampling import SamplingParams
-from adaflash.models.target import Transformer
 from adaflash.decoding.steps import StepResult, prefill_batch, verify_batch
+from adaflash.models.drafter import DFlashDrafter
+from adaflash.models.target import Transformer
+from adaflash.serving.protocol import DraftCall
 
 
 class SlotTable:
@@ -64,11 +65,11 @@ class SlotTable:
         return len(self.slot_of)
 
 
-class TargetService:
+class TargetSlots:
     def __init__(self, target: Transformer, num_slots: int, max_len: int, capture: list[int] | None,
                  idle_timeout_s: float = 600.0) -> None:
         self.target, self.capture, self.max_len = target, capture, max_len
-        target.allocate_cache(num_slots, max_len)
+        self.cache = target.new_cache(num_slots, max_len)
         self.slots = SlotTable(num_slots, idle_timeout_s)
         self.sampling: dict[Hashable, tuple[SamplingParams, torch.Generator]] = {}
 
@@ -81,24 +82,24 @@ class TargetService:
 
     def prefill(self, items: list[tuple[Hashable, list[int]]]) -> list[StepResult]:
         keys = [k for k, _ in items]
-        return prefill_batch(self.target, [self.slots.get(k) for k in keys], [p for _, p in items],
+        return prefill_batch(self.target, self.cache, [self.slots.get(k) for k in keys], [p for _, p in items],
                              [self.sampling[k][0] for k in keys], [self.sampling[k][1] for k in keys], self.capture)
 
     def check_verify(self, key: Hashable, feed: list[int]) -> None:
         slot = self.slots.get(key)
-        if self.target.cache.lengths[slot] + len(feed) > self.max_len:
+        if self.cache.lengths[slot] + len(feed) > self.max_len:
             raise ValueError(f"sequence {key} would exceed the context of {self.max_len} tokens")
 
     def verify(self, items: list[tuple[Hashable, list[int]]]) -> list[StepResult]:
         keys = [k for k, _ in items]
-        return verify_batch(self.target, [self.slots.get(k) for k in keys], [f for _, f in items],
+        return verify_batch(self.target, self.cache, [self.slots.get(k) for k in keys], [f for _, f in items],
                             [self.sampling[k][0] for k in keys], [self.sampling[k][1] for k in keys], self.capture)
 
     def release(self, key: Hashable) -> None:
         slot = self.slots.release(key)
         self.sampling.pop(key, None)
         if slot is not None:
-            self.target.cache.truncate(slot, 0)
+            self.cache.truncate(slot, 0)
 
     def release_stale(self) -> list[Hashable]:
         stale = self.slots.stale()
@@ -107,29 +108,19 @@ class TargetService:
         return stale
 
 
-@dataclass
-class DraftCall:
-    key: Hashable
-    features: torch.Tensor  # target features of positions committed since the last call (may be empty)
-    anchor: int
-    mode: str  # dflash | adaflash | adaflash-published
-    cap: int  # most draft tokens worth verifying (adaflash: and drafting; the block is cut to the longest cap)
-    rates: np.ndarray  # the caller's per-position acceptance estimates, used when there is no length head
-
-
-class DrafterService:
+class DrafterSlots:
     def __init__(self, drafter: DFlashDrafter, target: Transformer, num_slots: int, max_len: int,
                  controller: LengthController, idle_timeout_s: float = 600.0) -> None:
-        self.drafter, self.target, self.controller = drafter, target, controller
+        self.drafter, self.target = drafter, target
+        self.planner = Planner(controller)
         drafter.check_target(target)
-        drafter.allocate_cache(num_slots, max_len)
+        self.cache = drafter.new_cache(num_slots, max_len)
         self.slots = SlotTable(num_slots, idle_timeout_s)
 
-    def draft(self, calls: list[DraftCall], batch: int) -> tuple[list[list[int]], list[float | None]]:
-        """Draft for every call in one forward and cut each draft to the length its mode chooses.
+    def draft(self, calls: list[DraftCall], batch: int) -> list[list[int]]:
+        """Draft for every call in one forward and cut each draft to the length the planner chooses.
 
         `batch` is how many sequences the next verify is expected to carry (for the cost model).
-        Returns the drafts and the length head's predicted accepted fraction (None without a head).
         """
         for c in calls:
             if c.key not in self.slots.slot_of:
@@ -137,30 +128,18 @@ class DrafterService:
         slots = [self.slots.get(c.key) for c in calls]
         fresh = [(s, c.features) for s, c in zip(slots, calls) if c.features.shape[0]]
         if fresh:
-            self.drafter.append_context([s for s, _ in fresh], torch.cat([f for _, f in fresh]),
+            self.drafter.append_context(self.cache, [s for s, _ in fresh], torch.cat([f for _, f in fresh]),
                                         [f.shape[0] for _, f in fresh])
-        full = self.drafter.config.block_size
-        length = full if any(c.mode != "adaflash" for c in calls) else min(full, max(c.cap for c in calls) + 1)
-        draft = self.drafter.draft(self.target, slots, [c.anchor for c in calls], max(length, 2))
-        tokens = draft.tokens.tolist()
-        ratios = draft.accept_ratio
-        ks = [c.cap for c in calls]
-        ada = [i for i, c in enumerate(calls) if c.mode == "adaflash"]
-        for i, c in enumerate(calls):
-            if c.mode == "adaflash-published":
-                ks[i] = self.controller.published(c.rates, None if ratios is None else float(ratios[i]), c.cap)
-        if ada:
-            rates = self.controller.draft_rates(draft, ada, np.stack([calls[i].rates for i in ada]))
-            others = sum(ks[i] + 1 for i in range(len(calls)) if i not in set(ada)) + max(0, batch - len(calls))
-            for i, k in zip(ada, self.controller.lengths(rates, [calls[i].cap for i in ada], batch, others, len(calls))):
-                ks[i] = k
-        head = [None] * len(calls) if ratios is None else [float(r) for r in ratios]
-        return [t[:k] for t, k in zip(tokens, ks)], head
+        requests = [DraftRequest(c.key, c.mode, c.cap, c.length, c.rates) for c in calls]
+        draft = self.drafter.draft(self.target, self.cache, slots, [c.anchor for c in calls],
+                                   self.planner.draft_block_length(requests))
+        ks = self.planner.cut(requests, draft, Load.peers(max(0, batch - len(calls))))
+        return [tokens[:k] for tokens, k in zip(draft.tokens.tolist(), ks)]
 
     def release(self, key: Hashable) -> None:
         slot = self.slots.release(key)
         if slot is not None:
-            self.drafter.truncate(slot, 0)
+            self.cache.truncate(slot, 0)
 
     def release_stale(self) -> list[Hashable]:
         stale = self.slots.stale()

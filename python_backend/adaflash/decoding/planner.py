@@ -1,0 +1,196 @@
+"""One speculation planner for the engine, the served loop and the drafter model.
+
+A step has two decisions. Before drafting (`Planner.plan`): for every sequence, what it
+verifies without the drafter (nothing, a copy of its context's continuation) or whether it
+drafts, and the block length the drafter runs. After drafting (`Planner.cut`): how many of
+each drafted block's tokens to verify. Both read a sequence's `Mode` fields, never its name,
+and both count the load of the sequences sharing the verify forward that they do not decide
+(`Load`): a served request plans alone but shares its forwards with every other request.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from adaflash.decoding import ngram
+from adaflash.decoding.modes import Length, Mode, get_mode
+from adaflash.decoding.policy import LengthController, PolicyState
+
+if TYPE_CHECKING:
+    from adaflash.models.drafter import Draft
+
+
+@dataclass(frozen=True)
+class Load:
+    """Sequences in the same verify forward besides the ones being decided: how many, the tokens they feed,
+    the tokens they are expected to commit, how many of them draft."""
+
+    sequences: int = 0
+    tokens: int = 0
+    expected: float = 0.0
+    drafting: int = 0
+
+    def __add__(self, other: Load) -> Load:
+        return Load(self.sequences + other.sequences, self.tokens + other.tokens, self.expected + other.expected,
+                    self.drafting + other.drafting)
+
+    @classmethod
+    def peers(cls, n: int) -> Load:
+        """n sequences known only by their number (a served request's company): one token each, one expected,
+        each may draft."""
+        return cls(n, n, float(n), n)
+
+
+@dataclass
+class Candidate:
+    """What the planner reads of one sequence."""
+
+    key: Hashable
+    mode: Mode
+    tokens: list[int]  # the context, ending with the anchor
+    cap: int  # see `sequence.draft_cap`
+    policy: PolicyState
+    can_draft: bool = True  # False when no drafter serves the sequence (none loaded, or it failed)
+
+
+@dataclass
+class DraftRequest:
+    """A sequence the drafter drafts this step, and what cutting its block needs."""
+
+    key: Hashable
+    mode: str
+    cap: int  # the cap, lowered to block_length - 1
+    block_length: int  # positions the plan drafts, anchor included
+    rates: np.ndarray  # [block_size - 1] running per-position acceptance estimates
+
+
+@dataclass
+class Plan:
+    proposals: dict[Hashable, list[int]] = field(default_factory=dict)  # what each undrafted sequence verifies
+    copied: dict[Hashable, int] = field(default_factory=dict)  # proposals copied from the context: n-gram matched
+    expected: dict[Hashable, float] = field(default_factory=dict)  # tokens each copy is expected to commit
+    drafts: list[DraftRequest] = field(default_factory=list)
+    block_length: int = 0
+
+    def load_besides_drafts(self) -> Load:
+        """The load of the sequences that do not draft, once their proposals are known."""
+        drafting = {d.key for d in self.drafts}
+        keys = [k for k in self.proposals if k not in drafting]
+        return Load(len(keys), sum(len(self.proposals[k]) + 1 for k in keys),
+                    sum(self.expected.get(k, 1.0) for k in keys))
+
+
+class Planner:
+    """Plans steps with one LengthController (the running acceptance estimates and the cost model).
+
+    `copies=False` keeps cost-aware modes to their drafter, to measure what copies give.
+    """
+
+    def __init__(self, controller: LengthController, copies: bool = True) -> None:
+        self.controller = controller
+        self.copies = copies
+
+    @property
+    def block_size(self) -> int:
+        return self.controller.block_size
+
+    def plan(self, seqs: list[Candidate], outside: Load = Load()) -> Plan:
+        plan = Plan(block_length=self.block_size)
+        for s in seqs:
+            if not s.mode.drafter:
+                plan.proposals[s.key] = ngram.propose(s.tokens, s.cap) if s.mode.copies else []
+        proposing = [s for s in seqs if s.mode.drafter and s.cap > 0]
+        caps = {s.key: s.cap for s in proposing}
+        adaptive = [s for s in proposing if s.mode.length is Length.COST_AWARE]
+        length = self._plan_adaptive(plan, seqs, adaptive, caps, outside) if adaptive else self.block_size
+        drafting = [s for s in proposing if s.can_draft and s.key not in plan.proposals]
+        if adaptive and all(s.mode.length is Length.COST_AWARE for s in drafting):
+            plan.block_length = length  # the other modes draft full blocks
+            caps.update((s.key, min(caps[s.key], length - 1)) for s in drafting)
+        for s in seqs:
+            plan.proposals.setdefault(s.key, [])
+        rates = self.controller.estimated_rates([s.policy for s in drafting]) if drafting else []
+        plan.drafts = [DraftRequest(s.key, s.mode.name, caps[s.key], plan.block_length, r)
+                       for s, r in zip(drafting, rates)]
+        return plan
+
+    def _plan_adaptive(self, plan: Plan, seqs: list[Candidate], adaptive: list[Candidate], caps: dict[Hashable, int],
+                       outside: Load) -> int:
+        """Decide the cost-aware sequences that do not draft this step (their proposals go into `plan`): those
+        whose copy of the context is expected to do as well as the drafter verify it; the others draft if that
+        pays and otherwise verify their copy as far as that pays. Returns the block length to draft."""
+        c = self.controller
+        proposals = {s.key: ngram.lookup(s.tokens, caps[s.key]) if self.copies and s.mode.copies else ([], 0)
+                     for s in adaptive}
+        prefer = c.prefers_copy([s.policy for s in adaptive], [proposals[s.key][1] for s in adaptive],
+                                [len(proposals[s.key][0]) for s in adaptive], [caps[s.key] for s in adaptive])
+        self._copy(plan, seqs, [s for s, p in zip(adaptive, prefer) if p], proposals, caps, outside)
+        rest = [s for s in adaptive if s.key not in plan.proposals]
+        self._copy(plan, seqs, [s for s in rest if not s.can_draft], proposals, caps, outside)
+        rest = [s for s in rest if s.can_draft]
+        if not rest:
+            return self.block_size
+        ids = {s.key for s in rest}
+        load = self._load(seqs, ids, caps, plan) + outside
+        n_drafting = len(rest) + outside.drafting + sum(
+            s.key in caps and s.can_draft and s.key not in plan.proposals and s.key not in ids for s in seqs)
+        chosen, length = c.choose_drafters([s.policy for s in rest], [caps[s.key] for s in rest],
+                                           len(rest) + load.sequences, load.tokens, n_drafting, load.expected)
+        self._copy(plan, seqs, [s for s, chose in zip(rest, chosen) if not chose], proposals, caps, outside)
+        return length
+
+    def _copy(self, plan: Plan, seqs: list[Candidate], chosen: list[Candidate],
+              proposals: dict[Hashable, tuple[list[int], int]], caps: dict[Hashable, int], outside: Load) -> None:
+        """`chosen` verify their copy proposal as far as that pays (nothing to draft)."""
+        if not chosen:
+            return
+        load = self._load(seqs, {s.key for s in chosen}, caps, plan) + outside
+        ks, expected = self.controller.copy_lengths(
+            [s.policy for s in chosen], [proposals[s.key][1] for s in chosen],
+            [len(proposals[s.key][0]) for s in chosen], len(chosen) + load.sequences, load.tokens, load.expected)
+        for s, k, e in zip(chosen, ks, expected):
+            plan.proposals[s.key] = proposals[s.key][0][:k]
+            plan.expected[s.key] = e
+            if k:
+                plan.copied[s.key] = proposals[s.key][1]
+
+    @staticmethod
+    def _load(seqs: list[Candidate], ids: set[Hashable], caps: dict[Hashable, int], plan: Plan) -> Load:
+        """The load of the sequences outside `ids` while planning: known proposals, full caps for the drafting
+        modes that are not cost-aware, one token for cost-aware sequences still undecided; each expected to
+        commit its copy's estimate, or one (a floor)."""
+        def tokens(s: Candidate) -> int:
+            if s.key in plan.proposals:
+                return len(plan.proposals[s.key]) + 1
+            return 1 + (caps.get(s.key, 0) if s.mode.length is not Length.COST_AWARE else 0)
+        others = [s for s in seqs if s.key not in ids]
+        return Load(len(others), sum(map(tokens, others)), sum(plan.expected.get(s.key, 1.0) for s in others))
+
+    def draft_block_length(self, requests: list[DraftRequest]) -> int:
+        """The block one drafter forward runs for requests that may come from separate plans: the longest."""
+        return max(r.block_length for r in requests)
+
+    def cut(self, requests: list[DraftRequest], draft: Draft, besides: Load) -> list[int]:
+        """k per drafted sequence: its cap (modes verifying all), the published rule, or the cost-aware choice
+        with the draft's own cost already paid. `besides`: the load of the sequences that did not draft."""
+        c = self.controller
+        ratios = draft.accept_ratio
+        modes = [get_mode(r.mode) for r in requests]
+        ks = [r.cap for r in requests]
+        for i, (r, m) in enumerate(zip(requests, modes)):
+            if m.length is Length.PUBLISHED:
+                ks[i] = c.published(r.rates, None if ratios is None else float(ratios[i]), r.cap)
+        adaptive = [i for i, m in enumerate(modes) if m.length is Length.COST_AWARE]
+        if adaptive:
+            fixed = [i for i in range(len(requests)) if i not in set(adaptive)]
+            load = besides + Load(len(fixed), sum(ks[i] + 1 for i in fixed), float(len(fixed)))
+            rates = c.draft_rates(draft, adaptive, np.stack([requests[i].rates for i in adaptive]))
+            chosen = c.lengths(rates, [requests[i].cap for i in adaptive], len(adaptive) + load.sequences,
+                               load.tokens, len(requests), load.expected)
+            for i, k in zip(adaptive, chosen):
+                ks[i] = k
+        return ks

@@ -1,0 +1,110 @@
+"""A generation request and the sequence that carries it through decoding, shared by the engine and the
+served loop: the same caps, the same commit rules, so both produce the same output."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from adaflash.decoding.modes import get_mode
+from adaflash.decoding.policy import PolicyState
+from adaflash.decoding.sampling import SamplingParams
+
+
+@dataclass
+class Request:
+    prompt_ids: list[int]
+    max_tokens: int
+    mode: str = "ar"
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    max_draft: int | None = None  # the client's cap on k (draft tokens verified per step); None: no cap
+    stop_ids: tuple[int, ...] | None = None  # None: the target's end-of-sequence ids
+    tag: str = ""  # free label carried to the result (a prompt id, a domain)
+
+
+@dataclass
+class StepRecord:
+    draft_len: int  # k: draft tokens sent to verification
+    accepted: int  # of those, accepted
+    committed: int  # tokens this step produced: accepted + bonus, cut after a stop token (counted) or at max_tokens
+    expected_accepted: float = 0.0  # sampling only: sum of p(x) over the draft tokens tried
+    copied: bool = False  # the draft was copied from the context (adaflash), not drafted
+
+
+@dataclass
+class Sequence:
+    id: int
+    request: Request
+    tokens: list[int]
+    generator: torch.Generator | None  # None when the target keeps it (served sequences)
+    stop_ids: frozenset[int]
+    slot: int = -1
+    output: list[int] = field(default_factory=list)
+    steps: list[StepRecord] = field(default_factory=list)
+    finish_reason: str | None = None
+    policy: PolicyState | None = None
+    pending_context: list[torch.Tensor] = field(default_factory=list)  # target features not yet in the drafter
+    submitted_at: float = 0.0  # time.perf_counter() stamps
+    finished_at: float | None = None
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+    @property
+    def target_forwards(self) -> int:
+        return 1 + len(self.steps) if self.output or self.finished else 0
+
+    def commit(self, tokens: list[int]) -> int:
+        """Append committed tokens up to a stop token or max_tokens; returns how many were produced."""
+        produced = 0
+        for t in tokens:
+            produced += 1
+            if t in self.stop_ids:
+                self.finish_reason = "stop"
+                break
+            self.output.append(t)
+            self.tokens.append(t)
+            if len(self.output) >= self.request.max_tokens:
+                self.finish_reason = "length"
+                break
+        return produced
+
+
+def tau(steps: list[StepRecord]) -> float | None:
+    """Tokens committed per decode-step target forward, bonus included (None before the first step)."""
+    return sum(st.committed for st in steps) / len(steps) if steps else None
+
+
+def validate_request(r: Request, vocab_size: int, max_len: int, block_size: int, has_drafter: bool) -> None:
+    """Raise ValueError naming the offending field."""
+    if get_mode(r.mode).drafter and not has_drafter:
+        raise ValueError(f"mode {r.mode!r} needs a drafter and none is loaded")
+    if not r.prompt_ids:
+        raise ValueError("prompt_ids must not be empty")
+    if any(not 0 <= t < vocab_size for t in r.prompt_ids):
+        raise ValueError("prompt_ids holds ids outside the vocabulary")
+    if r.max_tokens < 1:
+        raise ValueError(f"max_tokens must be >= 1, got {r.max_tokens}")
+    if len(r.prompt_ids) + r.max_tokens + block_size > max_len:
+        raise ValueError(
+            f"prompt length {len(r.prompt_ids)} + max_tokens {r.max_tokens} exceeds the context limit "
+            f"{max_len - block_size}"
+        )
+    if r.max_draft is not None and r.max_draft < 0:
+        raise ValueError(f"max_draft must be >= 0, got {r.max_draft}")
+    r.sampling.validate()
+
+
+def context_length(prompt_lens: list[int], max_tokens: int, block_size: int) -> int:
+    """Cache positions per sequence that the longest prompt needs: what `validate_request` asks of max_len,
+    plus the anchor's position."""
+    return max(prompt_lens) + max_tokens + block_size + 1
+
+
+def draft_cap(r: Request, produced: int, length: int, block_size: int, max_len: int) -> int:
+    """The cap: the most draft tokens worth verifying this step, from the client's max_draft, the tokens
+    still wanted and the cache room."""
+    limit = block_size - 1 if r.max_draft is None else min(r.max_draft, block_size - 1)
+    return max(0, min(limit, r.max_tokens - produced - 1, max_len - length - 1))

@@ -1,0 +1,88 @@
+"""Prompts for the tools that send them: `adaflash bench`, `adaflash evaluate`, the gRPC benchmark
+and the Locust load all read the same JSON-lines format, so they share one type and one reader.
+
+Standard library only (the corpus module included): the Locust process imports this and must
+not load torch.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from importlib import resources
+from importlib.resources.abc import Traversable
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from adaflash.training.corpus import DOMAINS, PROMPT_DOMAINS, as_prompt
+
+if TYPE_CHECKING:
+    from tokenizers import Tokenizer
+
+SAMPLE_PROMPTS: Traversable = resources.files("adaflash") / "data" / "sample_prompts.jsonl"
+EVAL_SETS = {"chat": "mt_bench.jsonl", "code": "humaneval.jsonl", "math": "gsm8k_test.jsonl",
+             "multilingual": "heldout_multilingual.jsonl", "prose": "heldout_prose.jsonl"}
+
+
+@dataclass(frozen=True)
+class Prompt:
+    text: str
+    domain: str | None  # None when neither the row nor its reader names one
+    id: str
+
+
+def read_jsonl(source: Path | Traversable, domain: str | None = None, id_prefix: str = "") -> list[Prompt]:
+    """One prompt per non-blank line: an object with `prompt` and optionally `domain` and `id` (the format
+    of the packaged sample prompts and of the shared evaluation sets). A row without a domain takes
+    `domain`, one without an id `id_prefix` followed by its line index, so ids stay unique per file."""
+    prompts = []
+    for i, line in enumerate(source.read_text(encoding="utf-8").splitlines()):
+        if not line.strip():
+            continue
+        row = json.loads(line)
+        if "prompt" not in row:
+            raise ValueError(f"{source}: line {i + 1} has no 'prompt' field")
+        row_domain = str(row["domain"]) if row.get("domain") else domain
+        prompts.append(Prompt(row["prompt"], row_domain, str(row.get("id", f"{id_prefix}{i}"))))
+    return prompts
+
+
+def load_prompts(path: str | Path | None, limit: int | None) -> list[Prompt]:
+    """A JSON-lines file (the packaged sample prompts without `path`); with `limit`, domains take turns
+    so every domain is represented."""
+    prompts = read_jsonl(SAMPLE_PROMPTS if path is None else Path(path))
+    if limit is None or limit >= len(prompts):
+        return prompts
+    return _domains_in_turn(prompts, limit)
+
+
+def _domains_in_turn(prompts: list[Prompt], limit: int) -> list[Prompt]:
+    by_domain: dict[str | None, list[Prompt]] = {}
+    for p in prompts:
+        by_domain.setdefault(p.domain, []).append(p)
+    picked: list[Prompt] = []
+    while len(picked) < limit:
+        for group in by_domain.values():
+            if group and len(picked) < limit:
+                picked.append(group.pop(0))
+    return picked
+
+
+def eval_prompts(data_dir: str | Path, per_domain: int) -> dict[str, list[str]]:
+    """The first `per_domain` prompts of each domain's evaluation set, questions in the training template."""
+    out = {}
+    for domain in DOMAINS:
+        texts = [p.text for p in read_jsonl(Path(data_dir) / "eval" / EVAL_SETS[domain])[:per_domain]]
+        out[domain] = [as_prompt(t) for t in texts] if domain in PROMPT_DOMAINS else texts
+    return out
+
+
+def eval_set_prompts(data_dir: str | Path, per_domain: int) -> list[Prompt]:
+    """eval_prompts as benchmark prompts, domain by domain."""
+    return [Prompt(text, domain, f"{domain}/{i}") for domain, texts in eval_prompts(data_dir, per_domain).items()
+            for i, text in enumerate(texts)]
+
+
+def encode_prompts(tokenizer: Tokenizer, prompts: list[Prompt], max_prompt_tokens: int) -> list[list[int]]:
+    """Token ids per prompt; long prompts keep their last `max_prompt_tokens` tokens (the part nearest the answer)."""
+    return [tokenizer.encode(p.text).ids[-max_prompt_tokens:] for p in prompts]

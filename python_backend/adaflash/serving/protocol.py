@@ -1,0 +1,534 @@
+"""The wire contract between the Triton models: tensor names, op codes, payloads and their encoding.
+
+Declared once, here, so a tensor is named, typed and converted in one place: the repository
+builder writes the `config.pbtxt` input and output lists (and the ensemble's wiring) from
+these declarations, and every model's `model.py` only moves `dict[str, np.ndarray]` between
+Triton and the functions below. A request field is one `RequestField` (its tensor, its parse
+rule, where its value goes); its consumer and the client are the only other places it appears.
+
+Arrays carry the leading batch dimension of 1 that Triton's batching models expect. An integer
+left unset travels as `UNSET` and is None again after one `decode`.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Callable, Hashable, Iterable
+from dataclasses import dataclass, replace
+from enum import Enum, IntEnum
+from typing import Any
+
+import numpy as np
+import torch
+
+from adaflash.decoding.sampling import SamplingParams
+from adaflash.decoding.sequence import Request, Sequence
+from adaflash.decoding.steps import StepResult
+
+Tensors = dict[str, np.ndarray]
+
+UNSET = -1  # an integer field's wire value for "not set" (None in Python): the mode's default applies
+
+TARGET, ORCHESTRATOR = "target", "orchestrator"
+DRAFTER_NAME = re.compile(r"drafter(?:_(\d+))?")  # `drafter`, then each published `drafter_<n>`
+
+
+class Op(IntEnum):
+    """What a call to the `target` or `drafter` model asks for."""
+
+    PREFILL = 0
+    VERIFY = 1
+    RELEASE = 2
+    DRAFT = 3
+
+
+@dataclass
+class DraftCall:
+    """One sequence's request to the drafter model."""
+
+    key: Hashable  # the sequence id (BLS correlation id)
+    features: torch.Tensor  # [n, F] target features of positions committed since the last call (n may be 0)
+    anchor: int  # the last committed token: position 0 of the block
+    mode: str
+    cap: int  # most draft tokens worth verifying
+    length: int  # block length (anchor included) the caller's plan drafts
+    rates: np.ndarray  # [block_size - 1] the caller's per-position acceptance estimates
+
+
+# ---------------------------------------------------------------------------------------------
+# Tensor declarations
+
+BOOL, INT32, UINT64, FP32, BYTES = (np.dtype(t) for t in (np.bool_, np.int32, np.uint64, np.float32, np.object_))
+TRITON_TYPES = {BOOL: "TYPE_BOOL", INT32: "TYPE_INT32", UINT64: "TYPE_UINT64", FP32: "TYPE_FP32", BYTES: "TYPE_STRING"}
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """One tensor of a model's config: dims exclude the batch dimension."""
+
+    name: str
+    dtype: np.dtype
+    dims: tuple[int, ...] = (1,)
+    optional: bool = False
+    ragged: bool = False  # calls of different lengths batch into one execute
+
+    @property
+    def triton_type(self) -> str:
+        return TRITON_TYPES[self.dtype]
+
+
+@dataclass(frozen=True)
+class RequestLimits:
+    """The server's settings a request is checked against."""
+
+    max_output_tokens: int
+    modes: tuple[str, ...]
+    default_mode: str
+
+
+class Into(Enum):
+    """Where a request field's value goes after preprocessing checked it."""
+
+    PROMPT = "prompt"  # preprocessing turns it into the prompt or stop ids; not forwarded
+    REQUEST = "request"  # an attribute of the engine's Request
+    SAMPLING = "sampling"  # an attribute of SamplingParams; also sent with the target's prefill
+    ORCHESTRATOR = "orchestrator"  # read by the orchestrator itself
+
+
+CONSUMERS = {Into.REQUEST: Request, Into.SAMPLING: SamplingParams}
+_CONSUMER_DEFAULT = object()
+
+
+@dataclass(frozen=True)
+class RequestField:
+    """A field of the public generation request (a TensorRT-LLM ensemble input)."""
+
+    spec: TensorSpec
+    parse: Callable[[Any, RequestLimits], Any]  # the sent value (a scalar, or a list for dims [-1]) -> checked value
+    into: Into
+    attr: str = ""  # the consumer's attribute, when it is not the tensor name
+    default: Any = _CONSUMER_DEFAULT  # when not sent: a value, a function of the limits, or the consumer's default
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    @property
+    def target(self) -> str:
+        return self.attr or self.spec.name
+
+    def _default(self) -> Any:
+        return getattr(CONSUMERS[self.into], self.target) if self.default is _CONSUMER_DEFAULT else self.default
+
+    def default_value(self, limits: RequestLimits) -> Any:
+        default = self._default()
+        return default(limits) if callable(default) else default
+
+    @property
+    def nullable(self) -> bool:
+        """Whether None (its default) is a value of this field: it travels as UNSET."""
+        return self.spec.optional and self._default() is None
+
+
+def _text(value: Any) -> str:
+    raw = value if isinstance(value, bytes) else str(value).encode()
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"not valid UTF-8 ({exc.reason} at byte {exc.start})") from None
+
+
+def _prompt(value: Any, _: RequestLimits) -> str:
+    text = _text(value)
+    if not text:
+        raise ValueError("empty prompt")
+    return text
+
+
+def _max_tokens(value: Any, limits: RequestLimits) -> int:
+    if not 1 <= int(value) <= limits.max_output_tokens:
+        raise ValueError(f"must be in [1, {limits.max_output_tokens}], got {int(value)}")
+    return int(value)
+
+
+def _temperature(value: Any, _: RequestLimits) -> float:
+    if not (math.isfinite(float(value)) and float(value) >= 0.0):
+        raise ValueError(f"must be a finite number >= 0, got {float(value)}")
+    return float(value)
+
+
+def _top_p(value: Any, _: RequestLimits) -> float:
+    if not 0.0 < float(value) <= 1.0:
+        raise ValueError(f"must be in (0, 1], got {float(value)}")
+    return float(value)
+
+
+def _count(value: Any, _: RequestLimits) -> int:
+    if int(value) < 0:
+        raise ValueError(f"must be >= 0, got {int(value)}")
+    return int(value)
+
+
+def _integer(value: Any, _: RequestLimits) -> int:
+    return int(value)
+
+
+def _flag(value: Any, _: RequestLimits) -> bool:
+    return bool(value)
+
+
+def _words(values: list, _: RequestLimits) -> tuple[str, ...]:
+    return tuple(_text(w) for w in values if len(w))
+
+
+def _mode(value: Any, limits: RequestLimits) -> str:
+    mode = _text(value)
+    if mode not in limits.modes:
+        raise ValueError(f"must be one of {', '.join(limits.modes)}, got {mode!r}")
+    return mode
+
+
+REQUEST_FIELDS: tuple[RequestField, ...] = (
+    RequestField(TensorSpec("text_input", BYTES), _prompt, Into.PROMPT),
+    RequestField(TensorSpec("max_tokens", INT32), _max_tokens, Into.REQUEST),
+    RequestField(TensorSpec("stream", BOOL, optional=True), _flag, Into.ORCHESTRATOR, default=False),
+    RequestField(TensorSpec("temperature", FP32, optional=True), _temperature, Into.SAMPLING),
+    RequestField(TensorSpec("top_k", INT32, optional=True), _count, Into.SAMPLING),
+    RequestField(TensorSpec("top_p", FP32, optional=True), _top_p, Into.SAMPLING),
+    RequestField(TensorSpec("random_seed", UINT64, optional=True), _integer, Into.SAMPLING, attr="seed"),
+    RequestField(TensorSpec("end_id", INT32, optional=True), _integer, Into.PROMPT, default=None),
+    RequestField(TensorSpec("stop_words", BYTES, (-1,), optional=True), _words, Into.PROMPT, default=()),
+    RequestField(TensorSpec("spec_mode", BYTES, optional=True), _mode, Into.REQUEST, attr="mode",
+                 default=lambda limits: limits.default_mode),
+    RequestField(TensorSpec("max_draft", INT32, optional=True), _count, Into.REQUEST),
+)
+FORWARDED = tuple(f for f in REQUEST_FIELDS if f.into is not Into.PROMPT)
+SAMPLING_FIELDS = tuple(f for f in REQUEST_FIELDS if f.into is Into.SAMPLING)
+
+
+def forwarded_name(name: str) -> str:
+    """A model's output that carries its input `name` on: an input and an output cannot share a name."""
+    return f"out_{name}"
+
+
+PROMPT_IDS = (TensorSpec("input_ids", INT32, (-1,)), TensorSpec("stop_ids", INT32, (-1,)))
+GENERATION = (*PROMPT_IDS, *(f.spec for f in FORWARDED))  # preprocessing -> orchestrator
+CANCEL = TensorSpec("cancel_sequence", UINT64, optional=True)  # postprocessing -> orchestrator: the client left
+STATS = (  # per-response statistics the client receives beside text_output
+    TensorSpec("num_output_tokens", INT32),
+    TensorSpec("target_forwards", INT32),
+    TensorSpec("accepted_per_step", INT32, (-1,)),
+    TensorSpec("draft_len_per_step", INT32, (-1,)),
+    TensorSpec("finish_reason", BYTES),
+)
+TEXT_OUTPUT = TensorSpec("text_output", BYTES)
+STEP_RESPONSE = (
+    TensorSpec("output_ids", INT32, (-1,)),
+    TensorSpec("sent_len", INT32),
+    TensorSpec("is_final", BOOL),
+    *STATS,
+    TensorSpec("sequence_id", UINT64),
+)
+OP = TensorSpec("op", INT32)
+TARGET_CALL = (
+    OP,
+    TensorSpec("tokens", INT32, (-1,), optional=True, ragged=True),
+    *(replace(f.spec, optional=True) for f in SAMPLING_FIELDS),
+)
+TARGET_RESULT = (
+    TensorSpec("committed", INT32, (-1,)),
+    TensorSpec("accepted", INT32),
+    TensorSpec("expected_accepted", FP32),
+    TensorSpec("features", FP32, (-1, -1)),
+)
+DRAFTER_CALL = (
+    OP,
+    TensorSpec("features", FP32, (-1, -1), optional=True, ragged=True),
+    TensorSpec("anchor", INT32, optional=True),
+    TensorSpec("spec_mode", BYTES, optional=True),
+    TensorSpec("cap", INT32, optional=True),
+    TensorSpec("length", INT32, optional=True),
+    TensorSpec("rates", FP32, (-1,), optional=True, ragged=True),
+    TensorSpec("batch_hint", INT32, optional=True),
+)
+DRAFTER_RESULT = (TensorSpec("draft", INT32, (-1,)),)
+
+# Every model's inputs and outputs, by model name (published drafters use the `drafter` entry).
+MODEL_TENSORS: dict[str, tuple[tuple[TensorSpec, ...], tuple[TensorSpec, ...]]] = {
+    "adaflash": (tuple(f.spec for f in REQUEST_FIELDS), (TEXT_OUTPUT, *STATS)),
+    "preprocessing": (tuple(f.spec for f in REQUEST_FIELDS),
+                      tuple(replace(s, name=forwarded_name(s.name), optional=False) for s in GENERATION)),
+    # Optional: a request may instead carry only `cancel_sequence`.
+    ORCHESTRATOR: (tuple(replace(s, optional=True) for s in (*GENERATION, CANCEL)), STEP_RESPONSE),
+    "postprocessing": (STEP_RESPONSE, (TEXT_OUTPUT, *(replace(s, name=forwarded_name(s.name)) for s in STATS))),
+    TARGET: (TARGET_CALL, TARGET_RESULT),
+    "drafter": (DRAFTER_CALL, DRAFTER_RESULT),
+}
+
+
+def names(specs: Iterable[TensorSpec]) -> list[str]:
+    return [s.name for s in specs]
+
+
+def model_parameters(model_config: dict) -> dict[str, str]:
+    """The `parameters` of a model's config (as Triton passes it to `initialize`), as plain strings."""
+    return {k: v["string_value"] for k, v in model_config.get("parameters", {}).items()}
+
+
+# ---------------------------------------------------------------------------------------------
+# Encoding primitives
+
+
+def _array(value: Any, dtype: np.dtype) -> np.ndarray:
+    """[1, n]: the batch dimension first; text as UTF-8 bytes."""
+    values = value if isinstance(value, (list, tuple, np.ndarray)) else [value]
+    if dtype == BYTES:
+        values = [v.encode() if isinstance(v, str) else v for v in values]
+    return np.asarray(values, dtype=dtype).reshape(1, -1)
+
+
+def _scalar(tensors: Tensors, name: str) -> Any:
+    flat = np.asarray(tensors[name]).reshape(-1)
+    if flat.size != 1:
+        raise ValueError(f"{name}: expected one value, got {flat.size}")
+    return flat[0]
+
+
+def _list(tensors: Tensors, name: str) -> list:
+    return np.asarray(tensors[name]).reshape(-1).tolist()
+
+
+def _to_wire(spec: TensorSpec, value: Any) -> np.ndarray:
+    return _array(UNSET if value is None else value, spec.dtype)
+
+
+def _from_wire(spec: TensorSpec, array: np.ndarray, nullable: bool = False) -> Any:
+    """The Python value of a tensor that went through `_to_wire`."""
+    if spec.dims == (-1,):
+        return _list({spec.name: array}, spec.name)
+    value = _scalar({spec.name: array}, spec.name)
+    if spec.dtype == BYTES:
+        return value.decode() if isinstance(value, bytes) else str(value)
+    if spec.dtype == BOOL:
+        return bool(value)
+    if spec.dtype == FP32:
+        return float(value)
+    return None if nullable and int(value) == UNSET else int(value)
+
+
+def _required(tensors: Tensors, required: Iterable[str]) -> None:
+    missing = [n for n in required if tensors.get(n) is None]
+    if missing:
+        raise ValueError(f"{missing[0]}: required")
+
+
+def decode_op(tensors: Tensors, allowed: Iterable[Op]) -> Op:
+    """The call's op code; ValueError naming `op` for one this model does not serve."""
+    _required(tensors, ["op"])
+    code = int(_scalar(tensors, "op"))
+    if code not in set(allowed):
+        raise ValueError(f"op: unknown operation {code}")
+    return Op(code)
+
+
+def encode_release() -> Tensors:
+    """Ends a sequence in the target or a drafter (sent with the END flag)."""
+    return {"op": _array(Op.RELEASE, INT32)}
+
+
+# ---------------------------------------------------------------------------------------------
+# The generation request: client -> preprocessing -> orchestrator
+
+
+def parse_request(tensors: dict[str, np.ndarray | None], limits: RequestLimits) -> dict[str, Any]:
+    """The checked value of every request field (its default when not sent), keyed by field name.
+
+    Raises ValueError whose message starts with the field's name.
+    """
+    values = {}
+    for f in REQUEST_FIELDS:
+        sent = tensors.get(f.name)
+        if sent is None:
+            if not f.spec.optional:
+                raise ValueError(f"{f.name}: required")
+            values[f.name] = f.default_value(limits)
+            continue
+        raw = _list(tensors, f.name) if f.spec.dims == (-1,) else _scalar(tensors, f.name)
+        try:
+            values[f.name] = f.parse(raw, limits)
+        except ValueError as exc:
+            raise ValueError(f"{f.name}: {exc}") from None
+    return values
+
+
+@dataclass
+class Generation:
+    """What the orchestrator runs: the engine's request, the ids that stop it, whether it streams."""
+
+    request: Request
+    stop_ids: frozenset[int]
+    stream: bool
+
+
+def encode_generation(prompt_ids: list[int], stop_ids: list[int], values: dict[str, Any]) -> Tensors:
+    """Preprocessing's outputs: the tokenised prompt and the checked fields the orchestrator needs."""
+    out = {forwarded_name(s.name): _array(ids, s.dtype) for s, ids in zip(PROMPT_IDS, (prompt_ids, stop_ids))}
+    out.update({forwarded_name(f.name): _to_wire(f.spec, values[f.name]) for f in FORWARDED})
+    return out
+
+
+def decode_generation(tensors: Tensors) -> Generation:
+    """The orchestrator's view of `encode_generation` (with the names the ensemble maps them to)."""
+    _required(tensors, names(GENERATION))
+    values = {f.name: _from_wire(f.spec, tensors[f.name], f.nullable) for f in FORWARDED}
+    sampling = SamplingParams(**{f.target: values[f.name] for f in SAMPLING_FIELDS})
+    request = Request(prompt_ids=_list(tensors, "input_ids"), sampling=sampling,
+                      **{f.target: values[f.name] for f in FORWARDED if f.into is Into.REQUEST})
+    return Generation(request, frozenset(_list(tensors, "stop_ids")), values["stream"])
+
+
+def encode_cancel(sequence_id: int) -> Tensors:
+    """Postprocessing tells the orchestrator that the client of this sequence went away."""
+    return {CANCEL.name: _array(sequence_id, CANCEL.dtype)}
+
+
+def decode_cancel(tensors: Tensors) -> int | None:
+    """The sequence to stop, or None for a generation request."""
+    return None if tensors.get(CANCEL.name) is None else int(_scalar(tensors, CANCEL.name))
+
+
+# ---------------------------------------------------------------------------------------------
+# The orchestrator's responses: orchestrator -> postprocessing -> client
+
+
+@dataclass
+class StepResponse:
+    """What postprocessing needs of a response: the tokens so far, how many were sent as text, and whose."""
+
+    output_ids: list[int]
+    sent_len: int
+    final: bool
+    sequence_id: int
+
+
+def encode_step_response(seq: Sequence, sent_len: int, steps_from: int, final: bool) -> Tensors:
+    """One streamed response: all output ids (the text delta needs them), the steps since the last one."""
+    steps = seq.steps[steps_from:]
+    values = {
+        "output_ids": seq.output, "sent_len": sent_len, "is_final": final, "num_output_tokens": len(seq.output),
+        "target_forwards": 1 + len(seq.steps), "accepted_per_step": [s.accepted for s in steps],
+        "draft_len_per_step": [s.draft_len for s in steps], "finish_reason": seq.finish_reason or "",
+        "sequence_id": seq.id,
+    }
+    return {s.name: _array(values[s.name], s.dtype) for s in STEP_RESPONSE}
+
+
+def decode_step_response(tensors: Tensors) -> StepResponse:
+    return StepResponse(_list(tensors, "output_ids"), int(_scalar(tensors, "sent_len")),
+                        bool(_scalar(tensors, "is_final")), int(_scalar(tensors, "sequence_id")))
+
+
+def encode_text_response(text: str, step: Tensors) -> Tensors:
+    """Postprocessing's outputs: the text delta, and the statistics of `step` passed on unchanged."""
+    return {TEXT_OUTPUT.name: _array(text, BYTES), **{forwarded_name(s.name): step[s.name] for s in STATS}}
+
+
+# ---------------------------------------------------------------------------------------------
+# The target model: orchestrator <-> target
+
+
+@dataclass
+class TargetCall:
+    op: Op
+    tokens: list[int]  # prefill: the prompt; verify: [anchor] + draft
+    sampling: SamplingParams | None = None  # prefill only: the sequence keeps it
+
+
+def encode_target_call(call: TargetCall) -> Tensors:
+    out = {"op": _array(call.op, INT32), "tokens": _array(call.tokens, INT32)}
+    if call.sampling is not None:
+        out.update({f.name: _to_wire(f.spec, getattr(call.sampling, f.target)) for f in SAMPLING_FIELDS})
+    return out
+
+
+def decode_target_call(tensors: Tensors) -> TargetCall:
+    """ValueError naming the field for an unknown op or invalid sampling settings."""
+    op = decode_op(tensors, (Op.PREFILL, Op.VERIFY, Op.RELEASE))
+    tokens = [] if tensors.get("tokens") is None else _list(tensors, "tokens")
+    if op is not Op.PREFILL:
+        return TargetCall(op, tokens)
+    sampling = SamplingParams(**{f.target: _from_wire(f.spec, tensors[f.name]) for f in SAMPLING_FIELDS
+                                 if tensors.get(f.name) is not None})
+    sampling.validate()
+    return TargetCall(op, tokens, sampling)
+
+
+def encode_target_result(result: StepResult) -> Tensors:
+    features = np.zeros((0, 0), np.float32) if result.features is None else result.features.numpy()
+    return {"committed": _array(result.committed, INT32), "accepted": _array(result.accepted, INT32),
+            "expected_accepted": _array(result.expected_accepted, FP32),
+            "features": features.astype(np.float32)[None]}
+
+
+def decode_target_result(tensors: Tensors, feature_width: int) -> StepResult:
+    """`feature_width` 0: the server has no drafter, so the features are not read."""
+    features = None
+    if feature_width:
+        features = torch.from_numpy(np.ascontiguousarray(tensors["features"].reshape(-1, feature_width)))
+    return StepResult(committed=_list(tensors, "committed"), accepted=int(_scalar(tensors, "accepted")),
+                      expected_accepted=float(_scalar(tensors, "expected_accepted")), features=features)
+
+
+# ---------------------------------------------------------------------------------------------
+# The drafter model: orchestrator <-> drafter
+
+
+def encode_draft_call(call: DraftCall, batch_hint: int) -> Tensors:
+    """`batch_hint`: sequences the orchestrator is running, the batch the drafter's cost model plans for."""
+    return {"op": _array(Op.DRAFT, INT32), "features": call.features.numpy().astype(np.float32)[None],
+            "anchor": _array(call.anchor, INT32), "spec_mode": _array(call.mode, BYTES),
+            "cap": _array(call.cap, INT32), "length": _array(call.length, INT32),
+            "rates": _array(np.asarray(call.rates, dtype=np.float32), FP32),
+            "batch_hint": _array(batch_hint, INT32)}
+
+
+def decode_draft_call(tensors: Tensors, key: Hashable) -> DraftCall:
+    _required(tensors, names(DRAFTER_CALL))
+    features = np.asarray(tensors["features"], dtype=np.float32)
+    return DraftCall(key=key, features=torch.from_numpy(np.ascontiguousarray(features.reshape(-1, features.shape[-1]))),
+                     anchor=int(_scalar(tensors, "anchor")), mode=_scalar(tensors, "spec_mode").decode(),
+                     cap=int(_scalar(tensors, "cap")), length=int(_scalar(tensors, "length")),
+                     rates=np.asarray(tensors["rates"], dtype=np.float64).reshape(-1))
+
+
+def decode_batch_hint(tensors: Tensors) -> int:
+    return int(_scalar(tensors, "batch_hint"))
+
+
+def encode_draft(draft: list[int]) -> Tensors:
+    return {"draft": _array(draft, INT32)}
+
+
+def decode_draft(tensors: Tensors) -> list[int]:
+    return _list(tensors, "draft")
+
+
+# ---------------------------------------------------------------------------------------------
+# Drafter model names
+
+
+def drafter_number(name: str) -> int | None:
+    """1 for `drafter`, n for a published `drafter_<n>`, None for another model."""
+    m = DRAFTER_NAME.fullmatch(name)
+    return None if m is None else int(m.group(1) or 1)
+
+
+def drafter_models_in(model_names: Iterable[str]) -> list[str]:
+    """The drafter models among `model_names`, oldest first."""
+    return sorted((n for n in model_names if drafter_number(n) is not None), key=drafter_number)
+
+
+def next_drafter_name(newest: str) -> str:
+    """The name a drafter published after `newest` gets."""
+    return f"drafter_{drafter_number(newest) + 1}"
