@@ -28,15 +28,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from adaflash.cli_args import csv_list
-from adaflash.evaluation.prompts import load_prompts
-from adaflash.models.bundle import Bundle, load_bundle
+from adaflash.decoding.costs import CostModel
 from adaflash.decoding.engine import Engine
 from adaflash.decoding.modes import MODE_NAMES
 from adaflash.decoding.sequence import Request, Sequence
-from adaflash.decoding.costs import CostModel
+from adaflash.evaluation.prompts import load_prompts
+from adaflash.models.bundle import Bundle, load_bundle
+from adaflash_build.repository import RepositoryConfig, build_repository, tiny_model_dir
 from adaflash_client import AdaFlashClient, Completion, GenerationParams
 from adaflash_server.launcher import ServerConfig, TritonServer
-from adaflash_build.repository import RepositoryConfig, build_repository, tiny_model_dir
 
 PROMPT_CHARS = 300  # prompts keep their last characters, well inside max_prompt_tokens
 WARMUP_TOKENS = 4

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 import torch
+from helpers import random_prompts, self_generated
 
 from adaflash.models.bundle import Bundle, tiny_random_bundle
 from adaflash.training.dflash import fit_drafter
-from helpers import random_prompts, self_generated
 
 # The models here are tiny: intra-op threads buy nothing, and on a shared 2-core machine they make
 # every forward wait on busy cores (training slows down several times over). One thread keeps runs steady.

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
 import torch
 
 from adaflash.decoding.modes import MODE_NAMES
@@ -134,15 +133,15 @@ def test_bad_target_calls_name_their_field():
 
 
 def test_draft_calls_and_drafts_round_trip():
-    call = protocol.DraftCall(key=7, features=torch.ones(2, 4), anchor=11, mode="adaflash", cap=5, length=6,
+    call = protocol.DraftCall(key=7, features=torch.ones(2, 4), anchor=11, mode="adaflash", cap=5, block_length=6,
                               rates=np.array([0.9, 0.5, 0.25]))
     tensors = protocol.encode_draft_call(call, batch_hint=3)
     got = protocol.decode_draft_call(tensors, key=7)
-    assert (got.key, got.anchor, got.mode, got.cap, got.length) == (7, 11, "adaflash", 5, 6)
+    assert (got.key, got.anchor, got.mode, got.cap, got.block_length) == (7, 11, "adaflash", 5, 6)
     assert torch.equal(got.features, call.features) and np.allclose(got.rates, call.rates)
     assert protocol.decode_batch_hint(tensors) == 3
     empty = protocol.decode_draft_call(protocol.encode_draft_call(
-        protocol.DraftCall(7, torch.zeros(0, 4), 11, "dflash", 5, 16, np.zeros(15)), 1), key=7)
+        protocol.DraftCall(7, "dflash", 5, 16, np.zeros(15), features=torch.zeros(0, 4), anchor=11), 1), key=7)
     assert empty.features.shape == (0, 4)
     assert protocol.decode_draft(protocol.encode_draft([8, 9])) == [8, 9]
     assert protocol.names(protocol.DRAFTER_RESULT) == ["draft"]
@@ -172,8 +171,8 @@ def test_every_encoded_payload_matches_its_declaration():
         ("postprocessing", 1): protocol.encode_text_response("x", step),
         ("target", 0): protocol.encode_target_call(protocol.TargetCall(protocol.Op.PREFILL, [1], SamplingParams())),
         ("target", 1): protocol.encode_target_result(StepResult([1], 0, 0.0, torch.zeros(1, 2))),
-        ("drafter", 0): protocol.encode_draft_call(protocol.DraftCall(1, torch.zeros(1, 2), 1, "dflash", 1, 2,
-                                                                      np.zeros(1)), 1),
+        ("drafter", 0): protocol.encode_draft_call(protocol.DraftCall(1, "dflash", 1, 2, np.zeros(1),
+                                                                      features=torch.zeros(1, 2), anchor=1), 1),
         ("drafter", 1): protocol.encode_draft([1]),
     }
     for (model, side), tensors in payloads.items():

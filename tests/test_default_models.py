@@ -13,16 +13,17 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
+from adaflash.cli_args import DEFAULT_MODEL_DIR
+from adaflash.decoding.engine import Engine, Request
 from adaflash.evaluation.prompts import eval_prompts
 from adaflash.models.bundle import load_bundle
 from adaflash.models.drafter import DFlashDrafter
-from adaflash.decoding.engine import Engine, Request
 from adaflash.models.target import Transformer
+from adaflash_build.repository import RepositoryConfig, build_repository
 from adaflash_client import AdaFlashClient, GenerationParams
 from adaflash_server.launcher import ServerConfig, TritonServer
-from adaflash_build.repository import RepositoryConfig, build_repository
 
-MODELS = Path(__file__).resolve().parent.parent / "models" / "default"
+MODELS = Path(__file__).resolve().parent.parent / DEFAULT_MODEL_DIR
 DRAFTERS = ("drafter", "drafter-dflash", "drafter-osd")
 pytestmark = pytest.mark.skipif(not (MODELS / "target" / "config.json").exists(), reason="models/default not built")
 

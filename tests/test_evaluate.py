@@ -5,9 +5,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from adaflash.models.bundle import save_bundle
 from adaflash.cli import main
 from adaflash.evaluation.evaluate import MARK_BEGIN, MARK_END, is_repetitive
+from adaflash.models.bundle import save_bundle
 from adaflash.training.corpus import DOMAINS
 
 CORPUS = Path(__file__).parent / "fixtures" / "corpus"

@@ -6,11 +6,10 @@ import math
 
 import pytest
 import torch
+from helpers import random_prompts, self_generated
 
 from adaflash.models.drafter import DFlashDrafter
 from adaflash.training.heads import calibration, collect_blocks, fit_heads, head_losses, with_heads
-
-from helpers import random_prompts, self_generated
 
 
 @pytest.fixture(scope="module")

@@ -9,16 +9,16 @@ import time
 import pytest
 import torch
 import tritonclient.grpc as grpcclient
+from helpers import wait_until
 
+from adaflash.cli import main
+from adaflash.decoding.engine import Engine, Request
 from adaflash.evaluation.prompts import load_prompts
 from adaflash.models.bundle import load_bundle, save_bundle
-from adaflash.cli import main
 from adaflash.models.drafter import DFlashDrafter
-from adaflash.decoding.engine import Engine, Request
+from adaflash_build.repository import RepositoryConfig, build_repository, drafter_models, publish_drafter
 from adaflash_client import AdaFlashClient, GenerationParams
 from adaflash_server.launcher import ServerConfig, TritonServer
-from adaflash_build.repository import RepositoryConfig, build_repository, drafter_models, publish_drafter
-from helpers import wait_until
 
 MAX_TOKENS = 200
 REQUEST_TIMEOUT_S = 120

@@ -6,16 +6,15 @@ import dataclasses
 
 import pytest
 import torch
+from helpers import clone_target, fixed_costs, random_prompts
 
-from adaflash.models.drafter import DFlashDrafter
 from adaflash.decoding.engine import Engine
 from adaflash.decoding.modes import DRAFTER_MODE_NAMES, MODE_NAMES
-from adaflash.decoding.sequence import Request
 from adaflash.decoding.sampling import SamplingParams
+from adaflash.decoding.sequence import Request
+from adaflash.models.drafter import DFlashDrafter
 from adaflash.models.target import Transformer
 from adaflash.training.dflash import target_features
-
-from helpers import clone_target, fixed_costs, random_prompts
 
 N_PROMPTS = 50
 MAX_TOKENS = 40

@@ -9,12 +9,11 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
+from helpers import random_prompts, self_generated
 
 from adaflash.models.bundle import load_bundle, save_bundle
 from adaflash.training.dflash import anchored_blocks, fit_drafter, target_features
 from adaflash.training.opd import DistillConfig, distill_loss, main, teacher_logits
-
-from helpers import random_prompts, self_generated
 
 CORPUS = Path(__file__).parent / "fixtures" / "corpus"
 

@@ -7,10 +7,10 @@ import itertools
 import numpy as np
 import pytest
 import torch
+from helpers import fixed_costs
 
 from adaflash.decoding.costs import CostModel
 from adaflash.decoding.policy import LengthController, choose_lengths, published_length, ratio_to_rates
-from helpers import fixed_costs
 
 
 def flat_costs(batch: int) -> CostModel:

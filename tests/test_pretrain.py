@@ -9,14 +9,14 @@ import torch
 from tokenizers import Tokenizer
 from transformers import AutoModelForCausalLM
 
-from adaflash.models.bundle import load_bundle, tiny_random_bundle
 from adaflash.decoding.engine import Engine, Request
-from adaflash.training.corpus import DOMAINS
-from adaflash.training.pretrain import PretrainConfig, main, pretrain, tokenize_corpus, train_tokenizer
+from adaflash.models.bundle import load_bundle, tiny_random_bundle
 from adaflash.models.target import Transformer
 from adaflash.models.tokenizer import BYTE_SPECIALS
+from adaflash.training.corpus import DOMAINS
 from adaflash.training.dflash import fit_drafter
 from adaflash.training.dflash import main as train_drafter_main
+from adaflash.training.pretrain import PretrainConfig, main, pretrain, tokenize_corpus, train_tokenizer
 
 CORPUS = Path(__file__).parent / "fixtures" / "corpus"
 TOY = json.loads((Path(__file__).parent / "fixtures" / "pretrain-toy.json").read_text())

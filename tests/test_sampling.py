@@ -2,22 +2,20 @@
 
 from __future__ import annotations
 
-
 import numpy as np
 import pytest
 import torch
+from helpers import clone_target, fixed_costs, random_prompts, self_generated
 from scipy.stats import chisquare
 
-from adaflash.models.bundle import tiny_random_bundle
+from adaflash.decoding.costs import CostModel
 from adaflash.decoding.engine import Engine
 from adaflash.decoding.modes import MODE_NAMES
-from adaflash.decoding.sequence import Request
-from adaflash.decoding.costs import CostModel
 from adaflash.decoding.sampling import SamplingParams, target_probs, verify_greedy, verify_sampled
+from adaflash.decoding.sequence import Request
+from adaflash.models.bundle import tiny_random_bundle
 from adaflash.models.target import Transformer
 from adaflash.training.dflash import fit_drafter
-
-from helpers import clone_target, fixed_costs, random_prompts, self_generated
 
 V = 8  # vocabulary of the small bundle; id 7 is its mask token
 PROMPT = [1, 2, 3, 1, 2, 3, 4, 1, 2]

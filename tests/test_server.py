@@ -13,15 +13,15 @@ import pytest
 import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
-from adaflash.evaluation.prompts import load_prompts
-from adaflash.models.bundle import load_bundle, save_bundle
 from adaflash.decoding.engine import Engine
 from adaflash.decoding.modes import MODE_NAMES
-from adaflash.decoding.sequence import Request
 from adaflash.decoding.sampling import SamplingParams
+from adaflash.decoding.sequence import Request
+from adaflash.evaluation.prompts import load_prompts
+from adaflash.models.bundle import load_bundle, save_bundle
+from adaflash_build.repository import RepositoryConfig, build_repository
 from adaflash_client import AdaFlashClient, GenerationError, GenerationParams
 from adaflash_server.launcher import ServerConfig, TritonServer
-from adaflash_build.repository import RepositoryConfig, build_repository
 
 MAX_TOKENS = 24
 MAX_PROMPT = 160

@@ -5,16 +5,15 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+from helpers import clone_target, fixed_costs, random_prompts
 
 from adaflash.decoding.engine import Engine
 from adaflash.decoding.modes import MODE_NAMES
-from adaflash.decoding.sequence import Request
 from adaflash.decoding.planner import Planner
 from adaflash.decoding.policy import LengthController
-from adaflash.serving.slots import DrafterSlots, TargetSlots
+from adaflash.decoding.sequence import Request
 from adaflash.serving.session import run_request
-
-from helpers import clone_target, fixed_costs, random_prompts
+from adaflash.serving.slots import DrafterSlots, TargetSlots
 
 MAX_TOKENS = 32
 MAX_LEN = 30 + MAX_TOKENS + 16 + 10

@@ -26,9 +26,9 @@ pytest.importorskip("matplotlib")
 
 from helpers import fixed_costs  # noqa: E402
 
+from adaflash_build.repository import RepositoryConfig, build_repository, tiny_model_dir  # noqa: E402
 from adaflash_client.sweep import TIDY_FIELDS, read_records, slo_capacity, summarize_level  # noqa: E402
 from adaflash_server.launcher import ServerConfig, TritonServer  # noqa: E402
-from adaflash_build.repository import RepositoryConfig, build_repository, tiny_model_dir  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 LOCUST_DIR = ROOT / "clients" / "locust"

@@ -16,13 +16,23 @@ import string
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
-from adaflash.models.bundle import load_bundle, save_bundle, tiny_random_bundle
-from adaflash.models.drafter import DrafterConfig
-from adaflash.decoding.modes import modes_served
 from adaflash.decoding.costs import measure_costs
+from adaflash.decoding.modes import modes_served
+from adaflash.models.bundle import load_bundle, save_bundle, tiny_random_bundle
+from adaflash.models.drafter import DEFAULT_BLOCK_SIZE, DrafterConfig
 from adaflash.models.target import TargetConfig
-from adaflash.serving.protocol import (GENERATION, MODEL_TENSORS, REQUEST_FIELDS, STATS, STEP_RESPONSE, TEXT_OUTPUT,
-                                       TensorSpec, drafter_models_in, forwarded_name, next_drafter_name)
+from adaflash.serving.protocol import (
+    GENERATION,
+    MODEL_TENSORS,
+    REQUEST_FIELDS,
+    STATS,
+    STEP_RESPONSE,
+    TEXT_OUTPUT,
+    TensorSpec,
+    drafter_models_in,
+    forwarded_name,
+    next_drafter_name,
+)
 
 TEMPLATES = Path(__file__).resolve().parents[2] / "model_repository"
 MODELS = tuple(MODEL_TENSORS)
@@ -48,7 +58,7 @@ def build_repository(out_dir: str | Path, model_dir: str | Path, drafter: str | 
     """Write the repository to `out_dir` (replaced); returns it. Without a drafter only ar/ngram are served."""
     out_dir, model_dir = Path(out_dir).resolve(), Path(model_dir).resolve()
     cfg = fit_to_context(config or RepositoryConfig(), _target_context(model_dir))
-    if cfg.max_prompt_tokens + cfg.max_output_tokens + 16 > cfg.max_len:
+    if cfg.max_prompt_tokens + cfg.max_output_tokens + DEFAULT_BLOCK_SIZE > cfg.max_len:
         raise ValueError("max_len must hold max_prompt_tokens + max_output_tokens + a draft block")
     drafter_dir = model_dir / drafter if drafter else None
     modes = modes_served(drafter_dir is not None)
@@ -160,7 +170,7 @@ def fit_to_context(cfg: RepositoryConfig, context: int) -> RepositoryConfig:
     prompt = min(cfg.max_prompt_tokens, context // 2)
     output = min(cfg.max_output_tokens, context - prompt)
     return replace(cfg, max_prompt_tokens=prompt, max_output_tokens=output,
-                   max_len=min(cfg.max_len, prompt + output + 16))
+                   max_len=min(cfg.max_len, prompt + output + DEFAULT_BLOCK_SIZE))
 
 
 def _cost_table(model_dir: Path, drafter: str, cfg: RepositoryConfig, given: str | Path | None, out: Path) -> None:

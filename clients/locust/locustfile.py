@@ -48,10 +48,10 @@ if monkey.is_module_patched("threading"):  # not when LOCUST_SKIP_MONKEY_PATCH i
     grpc_gevent.init_gevent()  # after the monkey patching, before any gRPC channel exists
 
 import tritonclient.grpc as grpcclient  # noqa: E402
+from prompt_sets import PromptSampler, load_prompt_set, parse_weights  # noqa: E402 (this folder is on sys.path)
 
 from adaflash.cli_args import split_csv  # noqa: E402
 from adaflash_client.client import SPEC_MODES, AdaFlashClient, GenerationError, GenerationParams  # noqa: E402
-from prompt_sets import PromptSampler, load_prompt_set, parse_weights  # noqa: E402 (this folder is on sys.path)
 
 
 def _close_once(close):

@@ -19,13 +19,15 @@ from pathlib import Path
 import torch
 
 from adaflash.cli_args import DEFAULT_MODEL_DIR, csv_list
-from adaflash.evaluation.bench import encode_prompts, eval_set_prompts, load_prompts, run_bench
-from adaflash.models.bundle import Bundle, load_bundle, tiny_random_bundle
 from adaflash.decoding.engine import Engine
 from adaflash.decoding.modes import MODE_NAMES, get_mode
-from adaflash.decoding.sequence import Request
-from adaflash.evaluation.evaluate import Throughput, evaluate, markdown, parse_variants, replace_section
 from adaflash.decoding.sampling import SamplingParams
+from adaflash.decoding.sequence import Request, context_length, tau
+from adaflash.evaluation.bench import run_bench
+from adaflash.evaluation.evaluate import Throughput, evaluate, markdown, parse_variants, replace_section
+from adaflash.evaluation.prompts import encode_prompts, eval_set_prompts, load_prompts
+from adaflash.models.bundle import Bundle, load_bundle, tiny_random_bundle
+from adaflash.models.drafter import block_size_of
 
 
 def _add_model_args(p: argparse.ArgumentParser) -> None:
@@ -49,16 +51,17 @@ def _bundle(args: argparse.Namespace, needs_drafter: bool) -> Bundle:
 def cmd_generate(args: argparse.Namespace) -> int:
     bundle = _bundle(args, needs_drafter=get_mode(args.mode).drafter)
     ids = bundle.tokenizer.encode(args.prompt).ids
-    engine = Engine(bundle.target, bundle.drafter, num_slots=1, max_len=len(ids) + args.max_tokens + 64)
+    engine = Engine(bundle.target, bundle.drafter, num_slots=1,
+                    max_len=context_length([len(ids)], args.max_tokens, block_size_of(bundle.drafter)))
     sampling = SamplingParams(args.temperature, args.top_k, args.top_p, args.seed)
     seq = engine.generate([Request(ids, args.max_tokens, mode=args.mode, sampling=sampling)])[0]
     text = bundle.tokenizer.decode(seq.output)
-    committed = sum(st.committed for st in seq.steps)
+    step_tau = tau(seq.steps)
     stats = {
         "tokens": len(seq.output),
         "finish_reason": seq.finish_reason,
         "target_forwards": seq.target_forwards,
-        "tau": round(committed / len(seq.steps), 4) if seq.steps else None,
+        "tau": None if step_tau is None else round(step_tau, 4),
         "accepted_per_step": [st.accepted for st in seq.steps],
         "draft_len_per_step": [st.draft_len for st in seq.steps],
     }
@@ -79,9 +82,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
     else:
         prompts = load_prompts(args.prompts, args.num_prompts)
     ids = encode_prompts(bundle.tokenizer, prompts, args.max_prompt_tokens)
-    block = bundle.drafter.config.block_size if bundle.drafter else 16
+    max_len = context_length([len(i) for i in ids], args.max_tokens, block_size_of(bundle.drafter))
     engine = Engine(bundle.target, bundle.drafter if needs_drafter else None, num_slots=max(args.concurrency),
-                    max_len=max(len(i) for i in ids) + args.max_tokens + block + 1, copies=not args.no_copies)
+                    max_len=max_len, copies=not args.no_copies)
     sampling = SamplingParams(args.temperature, args.top_k, args.top_p, args.seed)
     rows, ok = run_bench(engine, ids, [p.domain for p in prompts], args.modes, args.concurrency, args.max_tokens, sampling)
     report = {

@@ -14,8 +14,13 @@ from dataclasses import asdict, fields
 from pathlib import Path
 
 from adaflash.cli_args import DEFAULT_MODEL_DIR
-from adaflash_build.repository import (RepositoryConfig, build_repository, drafter_models, publish_drafter,
-                                        tiny_model_dir)
+from adaflash_build.repository import (
+    RepositoryConfig,
+    build_repository,
+    drafter_models,
+    publish_drafter,
+    tiny_model_dir,
+)
 from adaflash_server.launcher import ServerConfig, TritonServer
 
 

@@ -20,7 +20,7 @@ from adaflash.serving import protocol
 from adaflash.serving.protocol import Op
 from adaflash.serving.slots import DrafterSlots
 
-INPUTS, _ = protocol.MODEL_TENSORS["drafter"]
+INPUTS, _ = protocol.MODEL_TENSORS[protocol.DRAFTER]
 
 
 def _inputs(request):

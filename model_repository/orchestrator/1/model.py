@@ -18,7 +18,7 @@ from adaflash.decoding.costs import CostModel
 from adaflash.decoding.planner import Planner
 from adaflash.decoding.policy import LengthController
 from adaflash.decoding.sequence import validate_request
-from adaflash.models.drafter import DrafterConfig
+from adaflash.models.drafter import DEFAULT_BLOCK_SIZE, DrafterConfig
 from adaflash.models.target import TargetConfig
 from adaflash.serving import protocol
 from adaflash.serving.protocol import Op, TargetCall
@@ -98,7 +98,7 @@ class TritonPythonModel:
         with open(f"{params['target_dir']}/config.json") as f:
             self.target_config = TargetConfig.from_hf(json.load(f))
         self.has_drafter = bool(params["drafter_dir"])
-        block_size, self.feature_width, cost = 16, 0, None
+        block_size, self.feature_width, cost = DEFAULT_BLOCK_SIZE, 0, None
         if self.has_drafter:
             with open(f"{params['drafter_dir']}/config.json") as f:
                 dcfg = DrafterConfig.from_hf(json.load(f))
@@ -194,7 +194,7 @@ class TritonPythonModel:
         if not self.has_drafter:
             return None
         newest_first = reversed(protocol.drafter_models_in(os.listdir(self.repository)))
-        return next((name for name in newest_first if pb_utils.is_model_ready(name)), "drafter")
+        return next((name for name in newest_first if pb_utils.is_model_ready(name)), protocol.DRAFTER)
 
     async def _release(self, key, opened):
         """END the sequence in each model that saw it: frees its cache slot and Triton's sequence slot."""

@@ -34,6 +34,7 @@ MODES: dict[str, Mode] = {m.name: m for m in (
     Mode("adaflash-published", copies=False, drafter=True, length=Length.PUBLISHED),
 )}
 MODE_NAMES: tuple[str, ...] = tuple(MODES)
+REFERENCE_MODE = "ar"  # plain decoding: what every other mode's greedy output must equal, and the speed baseline
 DRAFTER_MODE_NAMES: tuple[str, ...] = tuple(n for n, m in MODES.items() if m.drafter)
 
 

@@ -11,10 +11,9 @@ import time
 from dataclasses import dataclass
 
 from adaflash.decoding.engine import Engine
-from adaflash.decoding.sequence import Request, Sequence
+from adaflash.decoding.modes import REFERENCE_MODE
 from adaflash.decoding.sampling import SamplingParams
-# Re-exported until cli.py imports them from prompts.py, their home.
-from adaflash.evaluation.prompts import encode_prompts, eval_set_prompts, load_prompts  # noqa: F401
+from adaflash.decoding.sequence import Request, Sequence, tau
 
 
 def summarize(seqs: list[Sequence], wall_s: float, reference: list[list[int]] | None) -> dict:
@@ -27,7 +26,7 @@ def summarize(seqs: list[Sequence], wall_s: float, reference: list[list[int]] | 
         "output_tokens": tokens,
         "wall_s": round(wall_s, 4),
         "output_tokens_per_s": round(tokens / wall_s, 2) if wall_s > 0 else None,
-        "tau": round(sum(st.committed for st in steps) / len(steps), 4) if steps else None,
+        "tau": round(tau(steps), 4) if steps else None,
         "mean_draft_len": round(sum(st.draft_len for st in steps) / len(steps), 4) if steps else None,
         "target_forwards": sum(s.target_forwards for s in seqs),
         "greedy_equal_to_ar": equal,
@@ -65,7 +64,7 @@ def run_bench(
     progress: bool = True,
 ) -> tuple[list[dict], bool]:
     """Rows per (mode, concurrency); returns (rows, ok) where ok is False if any greedy output differed from ar."""
-    contenders = [Contender(m, m, engine) for m in ["ar"] + [m for m in modes if m != "ar"]]
+    contenders = [Contender(m, m, engine) for m in [REFERENCE_MODE] + [m for m in modes if m != REFERENCE_MODE]]
     return compare(contenders, prompt_ids, domains, concurrencies, max_tokens, sampling, progress, label="mode")
 
 
@@ -86,7 +85,7 @@ def compare(
     for equality and speedups. All prompts run as one mixed workload; per-domain figures are read
     from that same run.
     """
-    assert contenders[0].mode == "ar", "ar comes first: it is the reference"
+    assert contenders[0].mode == REFERENCE_MODE, "the reference mode comes first"
     rows, ok = [], True
     for c in concurrencies:
         reference: list[list[int]] | None = None

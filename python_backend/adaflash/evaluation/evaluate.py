@@ -9,22 +9,23 @@ always come from one run of one command.
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from adaflash.cli_args import split_csv
+from adaflash.decoding.engine import Engine
+from adaflash.decoding.modes import REFERENCE_MODE, get_mode
+from adaflash.decoding.sampling import SamplingParams
+from adaflash.decoding.sequence import Request, Sequence, context_length
 from adaflash.evaluation.bench import Contender, compare, summarize
 from adaflash.evaluation.prompts import EVAL_SETS, eval_prompts
 from adaflash.models.bundle import load_bundle
-from adaflash.models.drafter import DFlashDrafter
-from adaflash.decoding.engine import Engine
-from adaflash.decoding.sequence import Request, Sequence
+from adaflash.models.drafter import DFlashDrafter, block_size_of
+from adaflash.models.target import Transformer
 from adaflash.training.corpus import DOMAINS
 from adaflash.training.pretrain import heldout_loss
-from adaflash.decoding.sampling import SamplingParams
-from adaflash.models.target import Transformer
 
 MARK_BEGIN, MARK_END = "<!-- adaflash evaluate: begin -->", "<!-- adaflash evaluate: end -->"
 
@@ -70,8 +71,8 @@ def engine_for(model_dir: Path, target: Transformer, v: Variant, prompts: list[l
                concurrency: int) -> Engine:
     """An engine with the variant's drafter (loaded afresh: block sizes differ per variant) or none."""
     drafter = None if v.drafter is None else with_block_size(load_bundle(model_dir, v.drafter).drafter, v.block_size)
-    block = drafter.config.block_size if drafter else 16
-    return Engine(target, drafter, num_slots=concurrency, max_len=max(len(p) for p in prompts) + max_tokens + block + 1)
+    return Engine(target, drafter, num_slots=concurrency,
+                  max_len=context_length([len(p) for p in prompts], max_tokens, block_size_of(drafter)))
 
 
 def evaluate(model_dir: Path, data_dir: Path, variants: list[Variant], per_domain: int, max_tokens: int,
@@ -90,8 +91,8 @@ def evaluate(model_dir: Path, data_dir: Path, variants: list[Variant], per_domai
     reference = None
     for temperature in temperatures:
         sampling = SamplingParams(temperature=temperature, seed=seed)
-        for v in [Variant("ar")] + [v for v in variants if v.mode != "ar"]:
-            if temperature > 0 and v.mode == "ar":
+        for v in [Variant(REFERENCE_MODE)] + [v for v in variants if v.mode != REFERENCE_MODE]:
+            if temperature > 0 and v.mode == REFERENCE_MODE:
                 continue  # tau of plain decoding is 1 by definition
             key = (v.drafter, v.block_size)
             if key not in engines:
@@ -100,14 +101,14 @@ def evaluate(model_dir: Path, data_dir: Path, variants: list[Variant], per_domai
             requests = [Request(p, max_tokens, mode=v.mode, sampling=sampling) for p in prompts]
             seqs = engines[key].generate(requests, concurrency)
             wall = time.perf_counter() - t0
-            if temperature == 0 and v.mode == "ar":
+            if temperature == 0 and v.mode == REFERENCE_MODE:
                 reference = [s.output for s in seqs]
             ref = reference if temperature == 0 else None
             run = {"variant": v.name, "temperature": temperature, **summarize(seqs, wall, ref),
                    "per_domain": {d: summarize([s for s, sd in zip(seqs, domains) if sd == d], 0.0,
                                                None if ref is None else [r for r, sd in zip(ref, domains) if sd == d])
                                   for d in DOMAINS}}
-            if v.mode == "ar":
+            if v.mode == REFERENCE_MODE:
                 run["repetition"] = {d: _repetition([s for s, sd in zip(seqs, domains) if sd == d], max_tokens)
                                      for d in DOMAINS}
                 run["samples"] = {d: [{"prompt_tail": texts[d][i][-160:], "output": tok.decode(seqs[domains.index(d) + i].output)}
@@ -131,7 +132,7 @@ def measure_throughput(model_dir: Path, target: Transformer, prompts: list[list[
     slots = max(spec.concurrencies)
     engines: dict[tuple, Engine] = {}
     contenders = []
-    for v in [Variant("ar")] + [v for v in spec.variants if v.mode != "ar"]:
+    for v in [Variant(REFERENCE_MODE)] + [v for v in spec.variants if v.mode != REFERENCE_MODE]:
         key = (v.drafter, v.block_size)
         if key not in engines:
             engines[key] = engine_for(model_dir, target, v, prompts, spec.max_tokens, slots)
@@ -149,7 +150,7 @@ def _repetition(seqs: list[Sequence], max_tokens: int) -> dict:
 
 def markdown(report: dict, command: str) -> str:
     """The docs/results.md section: target quality, tau per domain and temperature, sample outputs."""
-    ar = next(r for r in report["runs"] if r["variant"] == "ar")
+    ar = next(r for r in report["runs"] if r["variant"] == REFERENCE_MODE)
     lines = [MARK_BEGIN, "", f"`{command}`", "",
              f"{report['per_domain_prompts']} prompts per domain (first rows of "
              + ", ".join(f"{d}: `{f}`" for d, f in report["eval_sets"].items())
@@ -161,7 +162,7 @@ def markdown(report: dict, command: str) -> str:
         loss, rep = report["heldout_loss_nats"][d], ar["repetition"][d]
         lines.append(f"| {d} | {loss:.3f} | {math.exp(loss):.1f} | {rep['repetitive_share']:.2f} | "
                      f"{rep['reached_max_tokens']}/{rep['outputs']} |")
-    runs = [r for r in report["runs"] if r["variant"] != "ar"]
+    runs = [r for r in report["runs"] if r["variant"] != REFERENCE_MODE]
     lines += ["", "Tau (tokens per target forward in decoding, bonus token included) per domain:", "",
               "| variant | T | " + " | ".join(DOMAINS) + " | mean | sd | greedy equal to ar |",
               "|---|---|" + "---|" * (len(DOMAINS) + 3)]
@@ -222,10 +223,10 @@ def replace_section(path: Path, section: str) -> None:
 def parse_variants(text: str, default_drafter: str) -> list[Variant]:
     """'ngram,dflash,dflash@8,dflash:drafter-x@16' -> variants (drafter defaults to `default_drafter`)."""
     out = []
-    for item in (x.strip() for x in text.split(",") if x.strip()):
+    for item in split_csv(text):
         head, _, block = item.partition("@")
         mode, _, drafter = head.partition(":")
-        needs = mode not in ("ar", "ngram")
+        needs = get_mode(mode).drafter
         out.append(Variant(mode, (drafter or default_drafter) if needs else None,
                            int(block) if block and needs else None))
     return out

@@ -22,7 +22,6 @@ from adaflash.models.checkpoint import load_weights, read_config, save_checkpoin
 from adaflash.models.layers import MLP, RMSNorm, RopeConfig, apply_rope, attend, gather_slots, rope_cos_sin
 from adaflash.models.target import Transformer
 
-
 DEFAULT_BLOCK_SIZE = 16  # the published DFlash drafters' block: an anchor and 15 masked positions
 
 

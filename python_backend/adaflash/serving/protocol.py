@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from adaflash.decoding.planner import DraftRequest
 from adaflash.decoding.sampling import SamplingParams
 from adaflash.decoding.sequence import Request, Sequence
 from adaflash.decoding.steps import StepResult
@@ -30,7 +31,7 @@ Tensors = dict[str, np.ndarray]
 
 UNSET = -1  # an integer field's wire value for "not set" (None in Python): the mode's default applies
 
-TARGET, ORCHESTRATOR = "target", "orchestrator"
+TARGET, DRAFTER, ORCHESTRATOR = "target", "drafter", "orchestrator"  # the models called by name (BLS)
 DRAFTER_NAME = re.compile(r"drafter(?:_(\d+))?")  # `drafter`, then each published `drafter_<n>`
 
 
@@ -44,16 +45,12 @@ class Op(IntEnum):
 
 
 @dataclass
-class DraftCall:
-    """One sequence's request to the drafter model."""
+class DraftCall(DraftRequest):
+    """One sequence's request to the drafter model: the planner's decision (key, mode, cap, block_length,
+    rates) and what drafting needs."""
 
-    key: Hashable  # the sequence id (BLS correlation id)
     features: torch.Tensor  # [n, F] target features of positions committed since the last call (n may be 0)
     anchor: int  # the last committed token: position 0 of the block
-    mode: str
-    cap: int  # most draft tokens worth verifying
-    length: int  # block length (anchor included) the caller's plan drafts
-    rates: np.ndarray  # [block_size - 1] the caller's per-position acceptance estimates
 
 
 # ---------------------------------------------------------------------------------------------
@@ -248,7 +245,7 @@ DRAFTER_CALL = (
     TensorSpec("anchor", INT32, optional=True),
     TensorSpec("spec_mode", BYTES, optional=True),
     TensorSpec("cap", INT32, optional=True),
-    TensorSpec("length", INT32, optional=True),
+    TensorSpec("block_length", INT32, optional=True),
     TensorSpec("rates", FP32, (-1,), optional=True, ragged=True),
     TensorSpec("batch_hint", INT32, optional=True),
 )
@@ -263,7 +260,7 @@ MODEL_TENSORS: dict[str, tuple[tuple[TensorSpec, ...], tuple[TensorSpec, ...]]] 
     ORCHESTRATOR: (tuple(replace(s, optional=True) for s in (*GENERATION, CANCEL)), STEP_RESPONSE),
     "postprocessing": (STEP_RESPONSE, (TEXT_OUTPUT, *(replace(s, name=forwarded_name(s.name)) for s in STATS))),
     TARGET: (TARGET_CALL, TARGET_RESULT),
-    "drafter": (DRAFTER_CALL, DRAFTER_RESULT),
+    DRAFTER: (DRAFTER_CALL, DRAFTER_RESULT),
 }
 
 
@@ -488,7 +485,7 @@ def encode_draft_call(call: DraftCall, batch_hint: int) -> Tensors:
     """`batch_hint`: sequences the orchestrator is running, the batch the drafter's cost model plans for."""
     return {"op": _array(Op.DRAFT, INT32), "features": call.features.numpy().astype(np.float32)[None],
             "anchor": _array(call.anchor, INT32), "spec_mode": _array(call.mode, BYTES),
-            "cap": _array(call.cap, INT32), "length": _array(call.length, INT32),
+            "cap": _array(call.cap, INT32), "block_length": _array(call.block_length, INT32),
             "rates": _array(np.asarray(call.rates, dtype=np.float32), FP32),
             "batch_hint": _array(batch_hint, INT32)}
 
@@ -498,7 +495,7 @@ def decode_draft_call(tensors: Tensors, key: Hashable) -> DraftCall:
     features = np.asarray(tensors["features"], dtype=np.float32)
     return DraftCall(key=key, features=torch.from_numpy(np.ascontiguousarray(features.reshape(-1, features.shape[-1]))),
                      anchor=int(_scalar(tensors, "anchor")), mode=_scalar(tensors, "spec_mode").decode(),
-                     cap=int(_scalar(tensors, "cap")), length=int(_scalar(tensors, "length")),
+                     cap=int(_scalar(tensors, "cap")), block_length=int(_scalar(tensors, "block_length")),
                      rates=np.asarray(tensors["rates"], dtype=np.float64).reshape(-1))
 
 

@@ -60,8 +60,8 @@ async def run_request(
         proposal = plan.proposals[key]
         if plan.drafts:
             d = plan.drafts[0]
-            call = DraftCall(key=key, features=torch.cat(pending), anchor=seq.tokens[-1], mode=d.mode, cap=d.cap,
-                             length=d.block_length, rates=d.rates)
+            call = DraftCall(d.key, d.mode, d.cap, d.block_length, d.rates, features=torch.cat(pending),
+                             anchor=seq.tokens[-1])
             try:
                 proposal = await draft(call)
                 pending.clear()

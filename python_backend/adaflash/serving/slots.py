@@ -14,7 +14,7 @@ from collections.abc import Hashable
 
 import torch
 
-from adaflash.decoding.planner import DraftRequest, Load, Planner
+from adaflash.decoding.planner import Load, Planner
 from adaflash.decoding.policy import LengthController
 from adaflash.decoding.sampling import SamplingParams
 from adaflash.decoding.steps import StepResult, prefill_batch, verify_batch
@@ -130,10 +130,9 @@ class DrafterSlots:
         if fresh:
             self.drafter.append_context(self.cache, [s for s, _ in fresh], torch.cat([f for _, f in fresh]),
                                         [f.shape[0] for _, f in fresh])
-        requests = [DraftRequest(c.key, c.mode, c.cap, c.length, c.rates) for c in calls]
         draft = self.drafter.draft(self.target, self.cache, slots, [c.anchor for c in calls],
-                                   self.planner.draft_block_length(requests))
-        ks = self.planner.cut(requests, draft, Load.peers(max(0, batch - len(calls))))
+                                   self.planner.draft_block_length(calls))
+        ks = self.planner.cut(calls, draft, Load.peers(max(0, batch - len(calls))))
         return [tokens[:k] for tokens, k in zip(draft.tokens.tolist(), ks)]
 
     def release(self, key: Hashable) -> None:

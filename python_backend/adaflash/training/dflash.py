@@ -24,13 +24,14 @@ from tokenizers import Tokenizer
 from torch import Tensor
 from tqdm import tqdm
 
-from adaflash.models.drafter import DFlashDrafter, DrafterConfig
+from adaflash.cli_args import DEFAULT_MODEL_DIR
 from adaflash.decoding.engine import Engine
-from adaflash.decoding.sequence import Request, Sequence
-from adaflash.training.corpus import DOMAINS, PROMPT_DOMAINS, as_prompt, documents
 from adaflash.decoding.sampling import SamplingParams
+from adaflash.decoding.sequence import Request, Sequence, context_length, tau
+from adaflash.models.drafter import DFlashDrafter, DrafterConfig, block_size_of
 from adaflash.models.target import Transformer
 from adaflash.models.tokenizer import BYTE_SPECIALS
+from adaflash.training.corpus import DOMAINS, PROMPT_DOMAINS, as_prompt, documents
 
 PUBLISHED_GAMMA = {16: 7.0, 10: 5.0, 8: 4.0}
 
@@ -209,8 +210,8 @@ def regenerate(target: Transformer, prompts: list[list[int]], max_tokens: int, b
             done.append(row["response"])
         if len(done) < len(lines):
             out.write_text("".join(line + "\n" for line in lines[: len(done)]))
-    block = drafter.config.block_size if drafter else 16
-    engine = Engine(target, drafter, num_slots=batch, max_len=max(len(p) for p in prompts) + max_tokens + block + 1)
+    engine = Engine(target, drafter, num_slots=batch,
+                    max_len=context_length([len(p) for p in prompts], max_tokens, block_size_of(drafter)))
     mode = "dflash" if drafter else "ar"
     chunk = 4 * batch
     with tqdm(total=len(prompts), initial=len(done), disable=not progress, desc="generate") as bar:
@@ -230,7 +231,8 @@ def regenerate(target: Transformer, prompts: list[list[int]], max_tokens: int, b
 
 
 def _tau(seq: Sequence) -> float | None:
-    return round(sum(st.committed for st in seq.steps) / len(seq.steps), 4) if seq.steps else None
+    value = tau(seq.steps)
+    return None if value is None else round(value, 4)
 
 
 def training_prompts(data_dir: str | Path, tokenizer: Tokenizer, per_domain: int, max_prompt_tokens: int,
@@ -250,7 +252,7 @@ def training_prompts(data_dir: str | Path, tokenizer: Tokenizer, per_domain: int
 
 def add_data_arguments(p: argparse.ArgumentParser, prompts_per_domain: int) -> None:
     """Options every drafter-training command shares: models, data, work folder, prompts, seed."""
-    p.add_argument("--model-dir", type=Path, default=Path("models/default"), help="holds target/")
+    p.add_argument("--model-dir", type=Path, default=DEFAULT_MODEL_DIR, help="holds target/")
     p.add_argument("--data", type=Path, default=Path("../shared/data"))
     p.add_argument("--work", type=Path, help="generated data, checkpoints, metrics (default: work/<out>)")
     p.add_argument("--prompts-per-domain", type=int, default=prompts_per_domain)

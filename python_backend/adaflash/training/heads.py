@@ -24,6 +24,7 @@ import torch.nn.functional as F
 from torch import Tensor
 from tqdm import tqdm
 
+from adaflash.cli_args import DEFAULT_MODEL_DIR
 from adaflash.models.drafter import DFlashDrafter, LengthHead, PositionHead
 from adaflash.models.target import Transformer
 from adaflash.training.dflash import anchored_blocks, sample_anchors, target_features
@@ -161,7 +162,7 @@ def split(n: int, holdout: float, seed: int) -> tuple[list[int], list[int]]:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="adaflash-train-heads", description=__doc__)
-    p.add_argument("--model-dir", type=Path, default=Path("models/default"))
+    p.add_argument("--model-dir", type=Path, default=DEFAULT_MODEL_DIR)
     p.add_argument("--drafter", default="drafter-dflash", help="drafter folder to add heads to")
     p.add_argument("--out", help="folder name for the drafter with heads (default: <drafter>-heads)")
     p.add_argument("--regenerated", type=Path, help="JSON lines of domain/prompt/response (default: work/<drafter>/regenerated.jsonl)")

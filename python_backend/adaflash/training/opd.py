@@ -7,7 +7,7 @@ vocabulary at every block position, and (c) publishes the drafter as a numbered 
 folder (Triton's layout: `<work>/versions/<round>/`), which a running server can load.
 
 Losses per block position k (weights w_k = exp(-(k-1)/gamma), as in DFlash):
-- reverse (AdaFlash): alpha x CE(target argmax) + (1 - alpha) x min(KL(p_drafter || p_target), tau).
+- reverse (AdaFlash): alpha x CE(target argmax) + (1 - alpha) x min(KL(p_drafter || p_target), kl_cap).
   Reverse KL is mode-seeking: the drafter puts its mass where the target is most likely, which
   is what acceptance (greedy: argmax equality; sampling: p_target of the drafted token) rewards.
 - forward (OSD): KL(p_target || p_drafter), i.e. cross-entropy to the target's distribution.
@@ -27,10 +27,17 @@ import torch.nn.functional as F
 from tokenizers import Tokenizer
 from torch import Tensor
 
+from adaflash.cli_args import split_csv
 from adaflash.models.drafter import DFlashDrafter
 from adaflash.models.target import Transformer
-from adaflash.training.dflash import (BlockLoss, add_data_arguments, anchored_blocks, fit_drafter, regenerate,
-                                     training_prompts)
+from adaflash.training.dflash import (
+    BlockLoss,
+    add_data_arguments,
+    anchored_blocks,
+    fit_drafter,
+    regenerate,
+    training_prompts,
+)
 
 KINDS = ("reverse", "forward")
 
@@ -39,7 +46,7 @@ KINDS = ("reverse", "forward")
 class DistillConfig:
     kind: str = "reverse"
     alpha: float = 0.5  # weight of the cross-entropy to the target's argmax (reverse only)
-    tau: float = 5.0  # cap on one position's KL, nats (reverse only): a few hopeless positions cannot dominate
+    kl_cap: float = 5.0  # cap on one position's KL, nats (reverse only): a few hopeless positions cannot dominate
 
 
 def teacher_logits(target: Transformer, tokens: Tensor) -> Tensor:
@@ -59,7 +66,7 @@ def distill_loss(cfg: DistillConfig) -> BlockLoss:
         rows = (anchors[:, None] + torch.arange(drafter.config.block_size - 1)[None, :]).clamp(max=tokens.shape[0] - 1)
         log_t = F.log_softmax(teacher_logits(target, tokens), dim=-1)[rows]  # position anchor+k-1 predicts k
         if cfg.kind == "reverse":
-            kl = (log_d.exp() * (log_d - log_t)).sum(-1).clamp(max=cfg.tau)
+            kl = (log_d.exp() * (log_d - log_t)).sum(-1).clamp(max=cfg.kl_cap)
             ce = F.nll_loss(log_d.reshape(-1, log_d.shape[-1]), log_t.argmax(-1).reshape(-1),
                             reduction="none").view(kl.shape)
             per = cfg.alpha * ce + (1 - cfg.alpha) * kl
@@ -109,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", help="drafter folder name to write (default: drafter-opd-<kind>)")
     p.add_argument("--kind", choices=KINDS, default="reverse")
     p.add_argument("--alpha", type=float, default=0.5)
-    p.add_argument("--tau", type=float, default=5.0)
+    p.add_argument("--kl-cap", type=float, default=5.0)
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--steps", type=int, default=400, help="training steps per round")
     p.add_argument("--lr", type=float, default=3e-4)
@@ -121,8 +128,8 @@ def main(argv: list[str] | None = None) -> int:
     target = Transformer.from_pretrained(args.model_dir / "target")
     tokenizer = Tokenizer.from_file(str(args.model_dir / "target" / "tokenizer.json"))
     drafter = DFlashDrafter.from_pretrained(args.model_dir / args.start)
-    cfg = DistillConfig(args.kind, args.alpha, args.tau)
-    temps = tuple(float(t) for t in args.temperatures.split(","))
+    cfg = DistillConfig(args.kind, args.alpha, args.kl_cap)
+    temps = tuple(float(t) for t in split_csv(args.temperatures))
     drafter = run_rounds(target, drafter, tokenizer, args.data, work, cfg, args.rounds, args.prompts_per_domain,
                          args.steps, args.lr, args.anchors, args.response_tokens, args.max_prompt_tokens, temps,
                          args.seed)

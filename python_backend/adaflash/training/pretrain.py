@@ -22,6 +22,7 @@ import torch.nn.functional as F
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from tqdm import tqdm
 
+from adaflash.cli_args import DEFAULT_MODEL_DIR
 from adaflash.models.layers import RopeConfig
 from adaflash.models.target import TargetConfig, Transformer
 from adaflash.models.tokenizer import BYTE_SPECIALS
@@ -206,7 +207,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("stage", choices=["tokenizer", "tokenize", "target", "all"])
     p.add_argument("--data", type=Path, default=Path("../shared/data"))
     p.add_argument("--work", type=Path, default=Path("work/pretrain"), help="tokenizer, token streams, checkpoints")
-    p.add_argument("--out", type=Path, default=Path("models/default/target"))
+    p.add_argument("--out", type=Path, default=DEFAULT_MODEL_DIR / "target")
     p.add_argument("--vocab-size", type=int, default=8192)
     p.add_argument("--limit-chars", type=int, help="per domain, for smoke runs")
     p.add_argument("--config", type=Path, help="JSON overriding PretrainConfig fields")
