@@ -12,6 +12,7 @@ $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q torch==2.13.0
+	rm -rf adaflash.egg-info  # an older layout's metadata: from the repository root it would hide the entry points
 	$(BIN)/pip install -q -e '.[dev,serve,load]'
 	touch $(STAMP)
 

@@ -119,7 +119,6 @@ def test_tidy_csv_is_consistent_with_the_records_and_locust(sweep):
         assert int(row["requests"]) == len(records) >= c
         assert int(row["output_tokens"]) == tokens and all(0 < r["tokens"] <= 24 for r in records)
         assert float(row["duration_s"]) == pytest.approx(window, rel=1e-4)
-        assert SECONDS * 0.5 < window < SECONDS + 10
         assert float(row["output_tokens_per_s"]) == pytest.approx(tokens / window, rel=1e-4)
         assert float(row["requests_per_s"]) == pytest.approx(len(records) / window, rel=1e-4)
         # Locust's own CSV saw the same requests and tokens (response_length = output tokens)

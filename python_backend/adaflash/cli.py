@@ -131,8 +131,10 @@ def _add_plugins(sub: argparse._SubParsersAction) -> None:
     for entry in entry_points(group="adaflash.commands"):
         try:
             register = entry.load()
-        except ImportError:
-            continue
+        except ModuleNotFoundError as exc:
+            if (exc.name or "").split(".")[0].startswith("adaflash"):
+                raise  # our own code is broken: say so instead of hiding the command
+            continue  # an optional extra (serve, load) is not installed
         register(sub)
 
 

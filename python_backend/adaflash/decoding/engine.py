@@ -152,8 +152,8 @@ class Engine:
     def _verify(self, active: list[Sequence], drafts: dict[int, list[int]], copied: dict[int, int]) -> None:
         feeds = [[s.tokens[-1]] + drafts[s.id] for s in active]
         t0 = time.perf_counter()
-        results = verify_batch(self.target, self.cache, [s.slot for s in active], feeds, [s.request.sampling for s in active],
-                               [s.generator for s in active], self.capture)
+        results = verify_batch(self.target, self.cache, [s.slot for s in active], feeds,
+                               [s.request.sampling for s in active], [s.generator for s in active], self.capture)
         if self.cost is not None:
             self.cost.observe_verify(len(active), sum(map(len, feeds)), (time.perf_counter() - t0) * 1000)
         for seq, feed, res in zip(active, feeds, results):

@@ -189,7 +189,7 @@ class Planner:
             fixed = [i for i in range(len(requests)) if i not in set(adaptive)]
             load = besides + Load(len(fixed), sum(ks[i] + 1 for i in fixed), float(len(fixed)))
             rates = c.draft_rates(draft, adaptive, np.stack([requests[i].rates for i in adaptive]))
-            chosen = c.lengths(rates, [requests[i].cap for i in adaptive], len(adaptive) + load.sequences,
+            chosen = c.draft_lens(rates, [requests[i].cap for i in adaptive], len(adaptive) + load.sequences,
                                load.tokens, len(requests), load.expected)
             for i, k in zip(adaptive, chosen):
                 ks[i] = k

@@ -131,7 +131,7 @@ class LengthController:
     Before drafting (`choose_drafters`): from running per-position acceptance estimates, all
     adaflash sequences draft if drafting beats plain decoding once the draft's own cost is
     paid; otherwise only those due for a probe, so estimates follow the text. After drafting
-    (`lengths`): per-sequence k from the length head's prediction or the estimates. adaflash
+    (`draft_lens`): per-sequence k from the length head's prediction or the estimates. adaflash
     sequences may instead verify a copy of the context's continuation (`prefers_copy`,
     `copy_lengths`): on text that repeats itself a copy beats the drafter and costs no forward.
     """
@@ -196,7 +196,7 @@ class LengthController:
 
     def choose_drafters(self, seqs: list[PolicyState], caps: list[int], batch: int, other_tokens: int,
                         n_drafting: int, other_expected: float | None = None) -> tuple[list[bool], int]:
-        """Which adaflash sequences draft this step, and the block length (anchor included) to draft;
+        """Which adaflash sequences draft this step, and the block_length to draft;
         updates their skip counters.
 
         The choice is a function of the counts and the batch shape; while they stay the same (the
@@ -208,17 +208,17 @@ class LengthController:
         if self._decision is None or self._decision[0] != key:
             self._decision = (key, *self._plan(self.estimated_rates(seqs), caps, batch, other_tokens, n_drafting,
                                                other_expected))
-        _, pays, length = self._decision
-        chosen = [True] * len(seqs) if pays else self._probes(seqs, length)
+        _, pays, block_length = self._decision
+        chosen = [True] * len(seqs) if pays else self._probes(seqs, block_length)
         for s, c in zip(seqs, chosen):
             s.skipped = 0 if c else s.skipped + 1
             if pays:
                 s.probe_interval = self.probe_every
             elif c:  # a probe: each costs a drafter forward, so they come ever more rarely while drafting does not pay
                 s.probe_interval = min(2 * s.probe_interval, 128)
-        return chosen, length
+        return chosen, block_length
 
-    def _probes(self, seqs: list[PolicyState], length: int) -> list[bool]:
+    def _probes(self, seqs: list[PolicyState], block_length: int) -> list[bool]:
         """Sequences due for a probe, if probing keeps to `probe_share` of the time: every probe costs a
         drafter forward, and under load the sequences' schedules would together run one every step.
         Due sequences that have to wait probe together later, in one forward."""
@@ -228,25 +228,25 @@ class LengthController:
         now = self.clock()
         if now < self._probe_after:
             return [False] * len(seqs)
-        self._probe_after = now + self.cost.draft_ms(sum(due), length) / 1000 / self.probe_share
+        self._probe_after = now + self.cost.draft_ms(sum(due), block_length) / 1000 / self.probe_share
         return due
 
     def _plan(self, rates: np.ndarray, caps: list[int], batch: int, other_tokens: int,
               n_drafting: int, other_expected: float | None) -> tuple[bool, int]:
-        """Whether drafting beats plain decoding, and the block length that does best: the drafter's
+        """Whether drafting beats plain decoding, and the block_length that does best: the drafter's
         cost grows with the block, so under load a short block can pay where a full one cannot.
         When nothing pays, probes draft the shortest block."""
         best_rate, best_length = 0.0, None
-        for length in block_lengths(self.block_size):
-            ks, rate = choose_lengths(rates, [min(c, length - 1) for c in caps], self.cost, batch, other_tokens,
+        for block_length in block_lengths(self.block_size):
+            ks, rate = choose_lengths(rates, [min(c, block_length - 1) for c in caps], self.cost, batch, other_tokens,
                                       other_expected=other_expected,
-                                      draft_ms=self.cost.draft_ms(n_drafting, length))
+                                      draft_ms=self.cost.draft_ms(n_drafting, block_length))
             if any(ks) and rate > best_rate:
-                best_rate, best_length = rate, length
+                best_rate, best_length = rate, block_length
         return best_length is not None, best_length or min(block_lengths(self.block_size))
 
-    def lengths(self, rates: np.ndarray, caps: list[int], batch: int, other_tokens: int, n_drafting: int,
-                other_expected: float | None = None) -> list[int]:
+    def draft_lens(self, rates: np.ndarray, caps: list[int], batch: int, other_tokens: int, n_drafting: int,
+                   other_expected: float | None = None) -> list[int]:
         """k per drafted adaflash sequence; the draft is made, so its cost is paid whatever k is."""
         ks, _ = choose_lengths(rates, caps, self.cost, batch, other_tokens, draft_ms=0.0, other_expected=other_expected,
                                sunk_ms=self.cost.draft_ms(n_drafting, rates.shape[1] + 1))

@@ -18,6 +18,7 @@ from adaflash.decoding.planner import Load, Planner
 from adaflash.decoding.policy import LengthController
 from adaflash.decoding.sampling import SamplingParams
 from adaflash.decoding.steps import StepResult, prefill_batch, verify_batch
+from adaflash.models.cache import KVCache
 from adaflash.models.drafter import DFlashDrafter
 from adaflash.models.target import Transformer
 from adaflash.serving.protocol import DraftCall
@@ -65,12 +66,30 @@ class SlotTable:
         return len(self.slot_of)
 
 
-class TargetSlots:
+class CacheSlots:
+    """A cache and which of its slots each live sequence holds; releasing a sequence empties its slot."""
+
+    def __init__(self, cache: KVCache, idle_timeout_s: float) -> None:
+        self.cache = cache
+        self.slots = SlotTable(len(cache.lengths), idle_timeout_s)
+
+    def release(self, key: Hashable) -> None:
+        slot = self.slots.release(key)
+        if slot is not None:
+            self.cache.truncate(slot, 0)
+
+    def release_stale(self) -> list[Hashable]:
+        stale = self.slots.stale()
+        for key in stale:
+            self.release(key)
+        return stale
+
+
+class TargetSlots(CacheSlots):
     def __init__(self, target: Transformer, num_slots: int, max_len: int, capture: list[int] | None,
                  idle_timeout_s: float = 600.0) -> None:
+        super().__init__(target.new_cache(num_slots, max_len), idle_timeout_s)
         self.target, self.capture, self.max_len = target, capture, max_len
-        self.cache = target.new_cache(num_slots, max_len)
-        self.slots = SlotTable(num_slots, idle_timeout_s)
         self.sampling: dict[Hashable, tuple[SamplingParams, torch.Generator]] = {}
 
     def open(self, key: Hashable, prompt: list[int], sampling: SamplingParams) -> None:
@@ -96,26 +115,17 @@ class TargetSlots:
                             [self.sampling[k][0] for k in keys], [self.sampling[k][1] for k in keys], self.capture)
 
     def release(self, key: Hashable) -> None:
-        slot = self.slots.release(key)
         self.sampling.pop(key, None)
-        if slot is not None:
-            self.cache.truncate(slot, 0)
-
-    def release_stale(self) -> list[Hashable]:
-        stale = self.slots.stale()
-        for key in stale:
-            self.release(key)
-        return stale
+        super().release(key)
 
 
-class DrafterSlots:
+class DrafterSlots(CacheSlots):
     def __init__(self, drafter: DFlashDrafter, target: Transformer, num_slots: int, max_len: int,
                  controller: LengthController, idle_timeout_s: float = 600.0) -> None:
+        drafter.check_target(target)
+        super().__init__(drafter.new_cache(num_slots, max_len), idle_timeout_s)
         self.drafter, self.target = drafter, target
         self.planner = Planner(controller)
-        drafter.check_target(target)
-        self.cache = drafter.new_cache(num_slots, max_len)
-        self.slots = SlotTable(num_slots, idle_timeout_s)
 
     def draft(self, calls: list[DraftCall], batch: int) -> list[list[int]]:
         """Draft for every call in one forward and cut each draft to the length the planner chooses.
@@ -134,14 +144,3 @@ class DrafterSlots:
                                    self.planner.draft_block_length(calls))
         ks = self.planner.cut(calls, draft, Load.peers(max(0, batch - len(calls))))
         return [tokens[:k] for tokens, k in zip(draft.tokens.tolist(), ks)]
-
-    def release(self, key: Hashable) -> None:
-        slot = self.slots.release(key)
-        if slot is not None:
-            self.cache.truncate(slot, 0)
-
-    def release_stale(self) -> list[Hashable]:
-        stale = self.slots.stale()
-        for key in stale:
-            self.release(key)
-        return stale
