@@ -16,10 +16,7 @@ torch.set_num_threads(1)
 
 @pytest.fixture(scope="session")
 def trained_tiny() -> Bundle:
-    """tiny_random_bundle(seed=0) whose drafter was fitted for 300 steps on the target's greedy outputs.
-
-    Training reallocates the target cache: build engines after this fixture, never before.
-    """
+    """tiny_random_bundle(seed=0) whose drafter was fitted for 300 steps on the target's greedy outputs."""
     torch.manual_seed(0)
     bundle = tiny_random_bundle(seed=0)
     prompts = random_prompts(64, seed=1234)
