@@ -195,3 +195,9 @@ def test_drafter_models_are_ordered_by_their_number(names, oldest_first):
 def test_model_parameters_are_plain_strings():
     config = {"parameters": {"max_len": {"string_value": "2048"}, "target_dir": {"string_value": "/m"}}}
     assert protocol.model_parameters(config) == {"max_len": "2048", "target_dir": "/m"}
+
+
+def test_request_parameters_are_refused_by_name_except_tritons_own():
+    protocol.refuse_parameters({"sequence_id": 0, "triton_enable_empty_final_response": True})
+    with pytest.raises(ValueError, match="^min_tokens: not an input of this server"):
+        protocol.refuse_parameters({"seed": 1, "min_tokens": 2})  # the first of them in name order

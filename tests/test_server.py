@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import re
-import threading
 import time
+import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
@@ -20,7 +21,7 @@ from adaflash.decoding.sequence import Request
 from adaflash.evaluation.prompts import load_prompts
 from adaflash.models.bundle import load_bundle, save_bundle
 from adaflash_build.repository import RepositoryConfig, build_repository
-from adaflash_client import AdaFlashClient, GenerationError, GenerationParams
+from adaflash_client import AdaFlashClient, GenerationParams
 from adaflash_server.launcher import ServerConfig, TritonServer
 
 MAX_TOKENS = 24
@@ -235,28 +236,37 @@ def test_metrics_count_requests_tokens_and_steps(served):
     assert forwards >= 1
 
 
-def test_requests_beyond_max_active_are_refused_then_served_again(served, prompts):
-    """64 sequences may run at once (max_active); the rest get a clear error, not a queue or a crash."""
+def test_a_burst_beyond_max_active_waits_in_the_queue_and_completes(served, prompts, reference):
+    """70 requests at once against 64 sequence slots (max_active): the 6 beyond wait their turn, none fails."""
     server = served[0]
-    barrier = threading.Barrier(70, timeout=120)
 
-    def hold(i: int) -> str:
+    def one(i: int) -> str:
         with _client(served) as client:
-            stream = client.stream(prompts[i % len(prompts)], GenerationParams(max_tokens=400, spec_mode="ar"))
-            try:
-                next(stream)
-                outcome = "running"
-            except GenerationError as exc:
-                outcome = exc.message
-            barrier.wait()  # everyone holds their request until all 70 were answered once
-            stream.close()
-            return outcome
+            return client.generate(prompts[i % len(prompts)], GenerationParams(max_tokens=MAX_TOKENS)).text
 
     with ThreadPoolExecutor(70) as pool:
-        outcomes = list(pool.map(hold, range(70)))
-    refused = [o for o in outcomes if o != "running"]
-    assert outcomes.count("running") <= 64 and len(refused) >= 6
-    assert all("UNAVAILABLE: server at capacity" in o for o in refused), refused[:2]
-    assert _wait_until_idle(server) == 0
-    with _client(served) as client:
-        assert client.generate("and again", GenerationParams(max_tokens=4)).num_output_tokens == 4
+        texts = list(pool.map(one, range(70)))
+    assert texts == [reference[i % len(prompts)] for i in range(70)]
+    text = urllib.request.urlopen(server.metrics_url).read().decode()
+    waited = float(re.findall(r"^adaflash_queue_wait_seconds_count\S* (\S+)$", text, re.M)[0])
+    assert waited >= 70  # every admitted request's wait is recorded (0 for those admitted at once)
+    assert _wait_until_idle(server) == 0 and _queued(server) == 0
+
+
+def _queued(server) -> float:
+    text = urllib.request.urlopen(server.metrics_url).read().decode()
+    return float(re.findall(r"^adaflash_queued_requests\S* (\S+)$", text, re.M)[0])
+
+
+@pytest.mark.parametrize("field", ["seed", "min_tokens", "repetition_penalty", "exclude_input_in_output"])
+def test_http_fields_the_server_does_not_implement_are_refused_by_name(served, field):
+    """Triton's HTTP generate endpoint passes unknown JSON fields on as parameters; they are refused, not ignored."""
+    body = json.dumps({"text_input": "hello", "max_tokens": 4, field: 1}).encode()
+    request = urllib.request.Request(f"{served[0].http_url}/v2/models/adaflash/generate", data=body, method="POST")
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(request, timeout=60)
+    assert refused.value.code == 400
+    assert f"INVALID_ARGUMENT: {field}: not an input of this server" in refused.value.read().decode()
+    good = json.dumps({"text_input": "hello", "max_tokens": 4}).encode()
+    request = urllib.request.Request(f"{served[0].http_url}/v2/models/adaflash/generate", data=good, method="POST")
+    assert json.loads(urllib.request.urlopen(request, timeout=60).read())["num_output_tokens"] == 4

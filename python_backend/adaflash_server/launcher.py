@@ -57,6 +57,8 @@ class ServerConfig:
     extra_args: list[str] = field(default_factory=list)
     ready_timeout_s: float = 180.0
     exit_timeout_s: int = 10  # in-flight grace on shutdown; stop() kills after this plus a margin
+    drain_timeout_s: float = 60.0  # on SIGTERM or Ctrl-C, how long admitted requests may run to their end
+    entry_model: str = "adaflash"  # the public model: a drain stops admitting by unloading it
 
 
 def find_bundled_server() -> Path:
@@ -247,6 +249,33 @@ class TritonServer:
     def _startup_error(self, what: str) -> TritonServerError:
         return TritonServerError(f"{what}; last {LOG_TAIL_LINES} lines of {self.log_path}:\n{log_tail(self.log_path)}")
 
+    def drain(self, timeout_s: float) -> bool:
+        """Stop admitting and let the admitted requests finish; True when they all did within `timeout_s`.
+
+        Triton's own SIGTERM drain does not work for this pipeline: every step of a running request is
+        a new BLS request to the target, which a stopping server refuses, so in-flight requests would
+        fail at their next step. Unloading only the entry model instead makes readiness false and refuses
+        new requests at once, while the requests it admitted (queued ones included) run to their end on
+        the models behind it; Triton finishes the unload when the last one ends.
+        """
+        import tritonclient.grpc as grpcclient  # late, as in _server_ready
+
+        client = grpcclient.InferenceServerClient(self.grpc_url)
+        try:
+            client.unload_model(self.config.entry_model)
+            deadline = time.monotonic() + timeout_s
+            while self._entry_state(client) == "UNLOADING":
+                if time.monotonic() > deadline:
+                    return False
+                time.sleep(_POLL_INTERVAL_S)
+            return True
+        finally:
+            client.close()
+
+    def _entry_state(self, client) -> str:
+        index = client.get_model_repository_index(as_json=True).get("models", [])
+        return next((m.get("state", "") for m in index if m["name"] == self.config.entry_model), "")
+
     def stop(self) -> int | None:
         """SIGTERM (Triton drains in-flight requests and unloads models), SIGKILL if that takes too
         long. Safe to call any number of times: returns the exit code, or None if nothing was running."""
@@ -283,10 +312,20 @@ class TritonServer:
         try:
             self._process.wait()
         except KeyboardInterrupt:
-            pass  # stop() below shuts it down in order
+            self._drain_before_stop()
         finally:
             signal.signal(signal.SIGTERM, previous)
         return self.stop()
+
+    def _drain_before_stop(self) -> None:
+        """A first signal drains (`drain`); a second one, or the drain timeout, stops at once."""
+        print(f"draining: no new requests; running ones may take up to {self.config.drain_timeout_s:g} s "
+              "(signal again to stop now)", file=sys.stderr, flush=True)
+        try:
+            if not self.drain(self.config.drain_timeout_s):
+                print("drain timeout: stopping with requests still running", file=sys.stderr, flush=True)
+        except KeyboardInterrupt:
+            pass
 
     def __enter__(self) -> TritonServer:
         return self.start()

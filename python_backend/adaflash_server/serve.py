@@ -49,6 +49,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--http-port", type=int, default=8000)
     p.add_argument("--metrics-port", type=int, default=8002)
     p.add_argument("--cost-table", type=Path, help="reuse a measured verify/draft cost table (JSON)")
+    p.add_argument("--drain-timeout-s", type=float, default=ServerConfig.drain_timeout_s,
+                   help="on SIGTERM or Ctrl-C: stop admitting, let running requests finish for this long, then exit")
     for f in fields(RepositoryConfig):
         p.add_argument(f"--{f.name.replace('_', '-')}", type=type(f.default), default=f.default)
 
@@ -72,6 +74,7 @@ def run(args: argparse.Namespace) -> int:
     print(f"building the model repository for {model_dir} (measuring this machine's verify costs)", flush=True)
     repo = build_repository(args.state_dir / "model_repository", model_dir, args.drafter or None, cfg, args.cost_table)
     server = TritonServer(ServerConfig(model_repository=repo, grpc_port=args.grpc_port, http_port=args.http_port,
+                                       drain_timeout_s=args.drain_timeout_s,
                                        metrics_port=args.metrics_port, state_dir=args.state_dir / "server"))
     server.start()
     print(f"""

@@ -21,12 +21,14 @@ from adaflash.decoding.sequence import validate_request
 from adaflash.models.drafter import DEFAULT_BLOCK_SIZE, DrafterConfig
 from adaflash.models.target import TargetConfig
 from adaflash.serving import protocol
+from adaflash.serving.admission import Admission, AdmissionCancelled, AdmissionRefused
 from adaflash.serving.protocol import Op, TargetCall
 from adaflash.serving.session import run_request
 
 START, END = pb_utils.TRITONSERVER_REQUEST_FLAG_SEQUENCE_START, pb_utils.TRITONSERVER_REQUEST_FLAG_SEQUENCE_END
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 STEP_BUCKETS = [float(b) for b in range(17)]
+WAIT_BUCKETS = [0.001, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0]
 INPUTS, _ = protocol.MODEL_TENSORS[protocol.ORCHESTRATOR]
 TARGET_OUTPUTS = protocol.names(protocol.TARGET_RESULT)
 DRAFTER_OUTPUTS = protocol.names(protocol.DRAFTER_RESULT)
@@ -72,6 +74,12 @@ class Metrics:
         self.active = fam("adaflash_active_sequences", "Sequences being generated", fam.GAUGE)
         self.accepted = fam("adaflash_accepted_tokens", "Accepted draft tokens per verify step", fam.HISTOGRAM)
         self.drafted = fam("adaflash_verified_draft_len", "Draft tokens sent to verification per step", fam.HISTOGRAM)
+        # A family must outlive its series: both are kept.
+        self.queued_family = fam("adaflash_queued_requests", "Requests waiting for a sequence slot", fam.GAUGE)
+        self.queued = self.queued_family.Metric(labels={})
+        self.queue_wait_family = fam("adaflash_queue_wait_seconds", "Time admitted requests waited for a sequence slot",
+                                     fam.HISTOGRAM)
+        self.queue_wait = self.queue_wait_family.Metric(labels={}, buckets=WAIT_BUCKETS)
         self._series = {}
 
     def series(self, family, **labels):
@@ -108,14 +116,14 @@ class TritonPythonModel:
                 cost = CostModel.from_json(json.load(f))
         self.planner = Planner(LengthController(cost, block_size))
         self.max_len = int(params["max_len"])
-        self.max_active = int(params["max_active"])
+        self.metrics = Metrics()
+        self.admission = Admission(int(params["max_active"]), int(params["max_queued"]),
+                                   float(params["max_queue_wait_s"]), on_queue=self.metrics.queued.set)
         self.drafter_timeout = float(params["drafter_timeout_s"])
         self.target_timeout = float(params["target_timeout_s"])
         self.repository = os.path.dirname(args["model_repository"])
-        self.active = 0
         self.cancelled = set()  # sequence ids whose client went away (told by postprocessing)
         self.ids = itertools.count(int.from_bytes(os.urandom(4), "little") << 20)
-        self.metrics = Metrics()
 
     async def execute(self, requests):
         await asyncio.gather(*(self._serve(r) for r in requests))
@@ -140,39 +148,54 @@ class TritonPythonModel:
         except ValueError as exc:
             sender.send(_error(f"INVALID_ARGUMENT: {exc}", pb_utils.TritonError.INVALID_ARG), flags=FINAL)
             return
-        if self.active >= self.max_active:
-            message = f"UNAVAILABLE: server at capacity: {self.active} active sequences (max_active {self.max_active})"
-            sender.send(_error(message, pb_utils.TritonError.UNAVAILABLE), flags=FINAL)
+        if not await self._admit(sender):
             return
         req, stream = generation.request, generation.stream
         key = next(self.ids)
         opened = {"target": False, "drafter": False, "drafter_model": self._drafter_model()}
-        self.active += 1
         gauge = self.metrics.series(self.metrics.active, spec_mode=req.mode)
         gauge.increment(1)
-        sent = [0]
+        sent = {"tokens": 0, "steps": 0}  # what the stream has carried so far
+        final = _error("generation failed: interrupted", pb_utils.TritonError.INTERNAL)
         try:
             seq = await run_request(
                 key, req, generation.stop_ids, self.planner, self.max_len,
                 prefill=lambda tokens: self._target(key, TargetCall(Op.PREFILL, tokens, req.sampling), opened),
                 verify=lambda feed: self._target(key, TargetCall(Op.VERIFY, feed), opened),
                 draft=(lambda call: self._draft(call, opened)) if self.has_drafter else None,
-                emit=lambda s, out_from, steps_from: self._emit(sender, s, stream, sent, steps_from),
+                emit=lambda s, out_from, steps_from: self._emit(sender, s, stream, sent),
                 cancelled=lambda: key in self.cancelled or sender.is_cancelled(),
-                active=lambda: self.active,
+                active=lambda: self.admission.active,
             )
-            if seq.finish_reason == "cancelled":
-                sender.send(flags=FINAL)
-            elif not stream:
-                sender.send(_response(protocol.encode_step_response(seq, 0, 0, final=True)), flags=FINAL)
+            final = None if seq.finish_reason == "cancelled" else _response(
+                protocol.encode_step_response(seq, sent["tokens"], sent["steps"], final=True))
             self.metrics.count(seq)
         except Exception as exc:  # noqa: BLE001 - report any failure to the client instead of hanging it
-            sender.send(_error(f"generation failed: {exc}", pb_utils.TritonError.INTERNAL), flags=FINAL)
+            final = _error(f"generation failed: {exc}", pb_utils.TritonError.INTERNAL)
         finally:
             self.cancelled.discard(key)
-            self.active -= 1
             gauge.increment(-1)
+            # Released before the final response: once a request has its answer, nothing of it is left in
+            # the models (a drain that waits for the answers can then stop the server at once).
             await self._release(key, opened)
+            if final is None:
+                sender.send(flags=FINAL)
+            else:
+                sender.send(final, flags=FINAL)
+            self.admission.leave()  # after the release: the next request may take the models' slot at once
+
+    async def _admit(self, sender):
+        """Wait for a sequence slot in the bounded queue; False (the client told) when refused or cancelled."""
+        try:
+            waited = await self.admission.enter(cancelled=sender.is_cancelled)
+        except AdmissionRefused as exc:
+            sender.send(_error(f"UNAVAILABLE: {exc}", pb_utils.TritonError.UNAVAILABLE), flags=FINAL)
+            return False
+        except AdmissionCancelled:
+            sender.send(flags=FINAL)
+            return False
+        self.metrics.queue_wait.observe(waited)
+        return True
 
     async def _target(self, key, call, opened):
         flags = START if call.op is Op.PREFILL else 0
@@ -184,8 +207,8 @@ class TritonPythonModel:
     async def _draft(self, call, opened):
         flags = 0 if opened["drafter"] else START
         opened["drafter"] = True
-        out = await _call(opened["drafter_model"], protocol.encode_draft_call(call, self.active), DRAFTER_OUTPUTS,
-                          call.key, flags, self.drafter_timeout)
+        out = await _call(opened["drafter_model"], protocol.encode_draft_call(call, self.admission.active),
+                          DRAFTER_OUTPUTS, call.key, flags, self.drafter_timeout)
         return protocol.decode_draft(out)
 
     def _drafter_model(self):
@@ -206,8 +229,8 @@ class TritonPythonModel:
                 except Exception as exc:  # noqa: BLE001 - the models also reclaim idle sequences themselves
                     pb_utils.Logger.log_error(f"releasing sequence {key} in {name} failed: {exc}")
 
-    async def _emit(self, sender, seq, stream, sent, steps_from):
-        if stream and not sender.is_cancelled():
-            sender.send(_response(protocol.encode_step_response(seq, sent[0], steps_from, seq.finished)),
-                        flags=FINAL if seq.finished else 0)
-            sent[0] = len(seq.output)
+    async def _emit(self, sender, seq, stream, sent):
+        """Stream what the last step produced; the final response waits for the release (`_serve`)."""
+        if stream and not seq.finished and not sender.is_cancelled():
+            sender.send(_response(protocol.encode_step_response(seq, sent["tokens"], sent["steps"], final=False)))
+            sent["tokens"], sent["steps"] = len(seq.output), len(seq.steps)

@@ -31,6 +31,7 @@ class TritonPythonModel:
     def _one(self, request):
         found = ((s.name, pb_utils.get_input_tensor_by_name(request, s.name)) for s in INPUTS)
         try:
+            protocol.refuse_parameters(json.loads(request.parameters()))
             values = protocol.parse_request({n: t.as_numpy() for n, t in found if t is not None}, self.limits)
             ids, stops = encode(self.tokenizer, values, self.max_prompt_tokens, self.target_config.vocab_size,
                                 self.target_config.eos_token_ids)

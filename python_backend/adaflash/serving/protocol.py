@@ -201,6 +201,19 @@ REQUEST_FIELDS: tuple[RequestField, ...] = (
     RequestField(TensorSpec("max_draft", INT32, optional=True), _count, Into.REQUEST),
 )
 FORWARDED = tuple(f for f in REQUEST_FIELDS if f.into is not Into.PROMPT)
+# Request parameters Triton itself sets or reads (its parameters extension): never a client's field.
+TRITON_PARAMETERS = ("sequence_id", "priority", "timeout", "sequence_start", "sequence_end", "headers")
+
+
+def refuse_parameters(parameters: dict) -> None:
+    """The server reads no request parameters, but Triton's HTTP generate endpoint turns every JSON field
+    that is not an input into one: a field the server does not implement would be accepted and ignored.
+    Refuse the first such field by name, as gRPC refuses an unknown input."""
+    unknown = sorted(k for k in parameters if k not in TRITON_PARAMETERS and not k.startswith("triton_"))
+    if unknown:
+        raise ValueError(f"{unknown[0]}: not an input of this server (inputs: "
+                         f"{', '.join(f.name for f in REQUEST_FIELDS)})")
+
 SAMPLING_FIELDS = tuple(f for f in REQUEST_FIELDS if f.into is Into.SAMPLING)
 
 

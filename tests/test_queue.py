@@ -1,0 +1,132 @@
+"""The admission queue on a real server with small limits: past its size or its longest wait, a request is
+refused with UNAVAILABLE naming the limit; the server serves again afterwards."""
+
+from __future__ import annotations
+
+import re
+import signal
+import subprocess
+import sys
+import threading
+import urllib.error
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+from helpers import fixed_costs, wait_until
+
+from adaflash.models.bundle import save_bundle, tiny_random_bundle
+from adaflash_build.repository import RepositoryConfig, build_repository
+from adaflash_client import AdaFlashClient, GenerationError, GenerationParams
+from adaflash_server.launcher import ServerConfig, TritonServer, free_ports
+
+MAX_ACTIVE, MAX_QUEUED, MAX_WAIT_S = 2, 3, 1.0
+LONG = GenerationParams(max_tokens=3000, spec_mode="ar")  # many times MAX_WAIT_S on the tiny models here
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    root = tmp_path_factory.mktemp("queue")
+    model_dir = save_bundle(tiny_random_bundle(seed=0), root / "models")
+    cost = root / "cost.json"
+    fixed_costs(MAX_ACTIVE).save(cost)
+    cfg = RepositoryConfig(max_active=MAX_ACTIVE, max_queued=MAX_QUEUED, max_queue_wait_s=MAX_WAIT_S,
+                           max_batch_size=16, max_len=4096, max_prompt_tokens=64, max_output_tokens=3000)
+    repo = build_repository(root / "model_repository", model_dir, "drafter", cfg, cost)
+    with TritonServer(ServerConfig(model_repository=repo, state_dir=root / "state")) as server:
+        yield server
+
+
+def _metric(server, name: str) -> float:
+    text = urllib.request.urlopen(server.metrics_url).read().decode()
+    return sum(float(v) for v in re.findall(rf"^{name}(?:{{[^}}]*}})? (\S+)$", text, re.M))
+
+
+def test_beyond_the_queue_and_its_longest_wait_requests_are_refused_by_name(server):
+    """2 long requests run, 3 wait, the 6th is refused at once (queue full); the 3 waiting are refused when
+    their wait passes max_queue_wait_s (the running ones take far longer); then the server serves again."""
+    outcomes: dict[str, list[str]] = {"running": [], "queued": []}
+    lock = threading.Lock()
+    close = threading.Event()
+
+    def hold(kind: str) -> None:
+        with AdaFlashClient(server.grpc_url, timeout_s=120) as client:
+            stream = client.stream("a long one", LONG)
+            try:
+                next(stream)
+                outcome = "first token"
+            except GenerationError as exc:
+                outcome = exc.message
+            with lock:
+                outcomes[kind].append(outcome)
+            if outcome == "first token":
+                close.wait(120)
+            stream.close()
+
+    with ThreadPoolExecutor(MAX_ACTIVE + MAX_QUEUED) as pool:
+        for _ in range(MAX_ACTIVE):
+            pool.submit(hold, "running")
+        wait_until(lambda: len(outcomes["running"]) == MAX_ACTIVE, 60, "the long requests to start")
+        for _ in range(MAX_QUEUED):
+            pool.submit(hold, "queued")
+        wait_until(lambda: _metric(server, "adaflash_queued_requests") == MAX_QUEUED, 30, "the queue to fill")
+        with AdaFlashClient(server.grpc_url, timeout_s=60) as client:
+            with pytest.raises(GenerationError, match=f"UNAVAILABLE: queue full.*max_queued {MAX_QUEUED}"):
+                client.generate("one too many", GenerationParams(max_tokens=4))
+        wait_until(lambda: len(outcomes["queued"]) == MAX_QUEUED, 60, "the queued requests to be answered")
+        close.set()
+    assert outcomes["running"] == ["first token"] * MAX_ACTIVE
+    assert all(re.search(f"UNAVAILABLE: no sequence slot free.*max_queue_wait_s {MAX_WAIT_S:g}", o)
+               for o in outcomes["queued"]), outcomes["queued"]
+    wait_until(lambda: _metric(server, "adaflash_active_sequences") == 0, 60, "the cancelled requests to end")
+    assert _metric(server, "adaflash_queued_requests") == 0
+    with AdaFlashClient(server.grpc_url, timeout_s=60) as client:
+        assert client.generate("and again", GenerationParams(max_tokens=4)).num_output_tokens == 4
+
+
+def test_sigterm_drains_running_requests_before_the_server_exits(tmp_path):
+    """`adaflash serve` on SIGTERM: readiness false and new requests refused at once, the running request
+    gets every token (Triton's own drain would fail it at its next BLS step), then a clean exit."""
+    grpc_port, http_port, metrics_port = free_ports(3)
+    cmd = [sys.executable, "-m", "adaflash.cli", "serve", "--tiny-random", "--state-dir", str(tmp_path),
+           "--grpc-port", str(grpc_port), "--http-port", str(http_port), "--metrics-port", str(metrics_port),
+           "--max-active", "2", "--max-len", "4096", "--max-prompt-tokens", "64", "--max-output-tokens", "3000"]
+    log = (tmp_path / "serve.log").open("w")
+    serve = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+    url = f"127.0.0.1:{grpc_port}"
+    try:
+        wait_until(lambda: "Ctrl-C stops the server" in (tmp_path / "serve.log").read_text(), 300, "the server")
+        result: dict = {}
+
+        def long_request() -> None:
+            with AdaFlashClient(url, timeout_s=120) as client:
+                stream = client.stream("x", GenerationParams(max_tokens=1500, spec_mode="ar"))
+                result["first"] = next(stream)
+                result["final"] = list(stream)[-1]
+
+        worker = threading.Thread(target=long_request, daemon=True)
+        worker.start()
+        wait_until(lambda: "first" in result, 60, "the long request's first token")
+        serve.send_signal(signal.SIGTERM)
+        wait_until(lambda: _http_status(http_port, "/v2/health/ready") != 200, 5, "readiness to turn false")
+        with AdaFlashClient(url, timeout_s=30) as client:
+            with pytest.raises(GenerationError, match="adaflash"):
+                client.generate("too late", GenerationParams(max_tokens=4))
+        worker.join(120)
+        assert not worker.is_alive(), "the running request did not end"
+        assert result["final"].num_output_tokens == 1500 and result["final"].finish_reason == "length"
+        assert serve.wait(60) == 0
+    finally:
+        if serve.poll() is None:
+            serve.kill()
+            serve.wait()
+        log.close()
+
+
+def _http_status(port: int, path: str) -> int | None:
+    try:
+        return urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=2).status
+    except urllib.error.HTTPError as exc:
+        return exc.code
+    except OSError:
+        return None
