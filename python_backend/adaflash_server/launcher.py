@@ -24,6 +24,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field, replace
@@ -59,6 +60,7 @@ class ServerConfig:
     exit_timeout_s: int = 10  # in-flight grace on shutdown; stop() kills after this plus a margin
     drain_timeout_s: float = 60.0  # on SIGTERM or Ctrl-C, how long admitted requests may run to their end
     entry_model: str = "adaflash"  # the public model: a drain stops admitting by unloading it
+    heal_interval_s: float | None = 0.5  # how often to look for dead model processes (None: never)
 
 
 def find_bundled_server() -> Path:
@@ -169,6 +171,85 @@ def _server_ready(grpc_url: str) -> bool:
         client.close()
 
 
+def stub_pids(server_pid: int) -> dict[str, list[int]]:
+    """The server's live Python backend processes by model (Linux: read from /proc).
+
+    Triton goes on reporting a model ready after its stub process died, so the processes are the truth.
+    """
+    pids: dict[str, list[int]] = {}
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            argv = (proc / "cmdline").read_bytes().split(b"\0")
+            state, ppid = (proc / "stat").read_text().rsplit(")", 1)[1].split()[:2]
+        except (OSError, ValueError):
+            continue  # gone meanwhile
+        if argv[0].endswith(b"triton_python_backend_stub") and int(ppid) == server_pid and state != "Z":
+            model = Path(argv[1].decode()).parts[-3]  # .../<model>/<version>/model.py
+            pids.setdefault(model, []).append(int(proc.name))
+    return pids
+
+
+class Healer(threading.Thread):
+    """Reloads a model whose process died, through Triton's model control: unloaded first, so that while
+    a model of the ensemble is away the server and the ensemble say they are not ready (a load balancer
+    stops sending), then loaded again. Requests running on the dead model end with its error; the others
+    go on. The drafter is not a step of the ensemble: while it reloads, the server stays ready and
+    requests decode without it (still exact)."""
+
+    def __init__(self, server: TritonServer, interval_s: float) -> None:
+        super().__init__(name="adaflash-healer", daemon=True)
+        self.server, self.interval_s = server, interval_s
+        self.stopped = threading.Event()
+        self.instances: dict[str, int] = {}  # model -> instances its config asks for
+
+    def run(self) -> None:
+        import tritonclient.grpc as grpcclient  # late, as in _server_ready
+
+        client = grpcclient.InferenceServerClient(self.server.grpc_url)
+        try:
+            while not self.stopped.wait(self.interval_s):
+                try:
+                    self.check(client)
+                except Exception as exc:  # noqa: BLE001 - a failed look is retried at the next interval
+                    print(f"self-healing: check failed: {exc}", file=sys.stderr, flush=True)
+        finally:
+            client.close()
+
+    def check(self, client) -> None:
+        pid = self.server.pid
+        if pid is None:
+            return
+        dead = self._dead(client, pid)
+        if dead:
+            dead = self._dead(client, pid)  # again: a model being unloaded (a hot swap) ends its process too
+        if dead and not self.stopped.is_set():
+            self.heal(client, dead)
+
+    def _dead(self, client, pid: int) -> list[str]:
+        """Models Triton calls ready with fewer live processes than instances."""
+        entry = self.server.config.entry_model
+        index = client.get_model_repository_index(as_json=True).get("models", [])
+        ready = [m["name"] for m in index if m.get("state") == "READY" and m["name"] != entry]
+        live = stub_pids(pid)
+        return [m for m in ready if len(live.get(m, [])) < self._instances(client, m)]
+
+    def _instances(self, client, model: str) -> int:
+        if model not in self.instances:
+            groups = client.get_model_config(model, as_json=True)["config"].get("instance_group", [])
+            self.instances[model] = sum(int(g.get("count", 1)) for g in groups) or 1
+        return self.instances[model]
+
+    def heal(self, client, dead: list[str]) -> None:
+        print(f"self-healing: the process of {', '.join(dead)} died; reloading", file=sys.stderr, flush=True)
+        for model in dead:
+            client.unload_model(model)
+        for model in dead:
+            client.load_model(model)
+        print(f"self-healing: {', '.join(dead)} reloaded", file=sys.stderr, flush=True)
+
+
 def _kill_group(pgid: int) -> None:
     """SIGKILL what is left of the server's process group. A server stopped while a model is still
     loading exits at once but leaves that model's stub orphaned for seconds."""
@@ -190,6 +271,7 @@ class TritonServer:
         state_dir = config.state_dir or Path(tempfile.mkdtemp(prefix="adaflash-triton-"))
         self.config = _with_ports(replace(config, state_dir=Path(state_dir)))
         self._process: subprocess.Popen | None = None  # set while started and not yet cleaned up
+        self._healer: Healer | None = None
         self._log: IO[bytes] | None = None
 
     @property
@@ -234,6 +316,9 @@ class TritonServer:
         except BaseException:  # also Ctrl-C during a long model load: never leave a server behind
             self.stop()
             raise
+        if self.config.heal_interval_s:
+            self._healer = Healer(self, self.config.heal_interval_s)
+            self._healer.start()
         return self
 
     def _wait_ready(self) -> None:
@@ -282,6 +367,10 @@ class TritonServer:
         process = self._process
         if process is None:
             return None
+        if self._healer is not None:
+            self._healer.stopped.set()
+            self._healer.join()
+            self._healer = None
         if process.poll() is None:
             process.send_signal(signal.SIGTERM)
             try:
