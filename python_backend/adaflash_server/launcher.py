@@ -192,11 +192,10 @@ def stub_pids(server_pid: int) -> dict[str, list[int]]:
 
 
 class Healer(threading.Thread):
-    """Reloads a model whose process died, through Triton's model control: unloaded first, so that while
-    a model of the ensemble is away the server and the ensemble say they are not ready (a load balancer
-    stops sending), then loaded again. Requests running on the dead model end with its error; the others
-    go on. The drafter is not a step of the ensemble: while it reloads, the server stays ready and
-    requests decode without it (still exact)."""
+    """Reloads a model whose process died, through Triton's model control: unloaded first, so that the
+    server says it is not ready while the model is away (a load balancer stops sending), then loaded
+    again. Requests running on the dead model end with its error; the others go on (without the drafter,
+    exactly, while it reloads)."""
 
     def __init__(self, server: TritonServer, interval_s: float) -> None:
         super().__init__(name="adaflash-healer", daemon=True)
