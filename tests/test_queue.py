@@ -3,6 +3,7 @@ refused with UNAVAILABLE naming the limit; the server serves again afterwards.""
 
 from __future__ import annotations
 
+import os
 import re
 import signal
 import subprocess
@@ -11,6 +12,7 @@ import threading
 import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import pytest
 from helpers import fixed_costs, wait_until
@@ -84,18 +86,23 @@ def test_beyond_the_queue_and_its_longest_wait_requests_are_refused_by_name(serv
         assert client.generate("and again", GenerationParams(max_tokens=4)).num_output_tokens == 4
 
 
+def _serve(tmp_path):
+    """`adaflash serve --tiny-random` as a user runs it, on free ports: (process, ports)."""
+    ports = free_ports(3)
+    cmd = [sys.executable, "-m", "adaflash.cli", "serve", "--tiny-random", "--state-dir", str(tmp_path),
+           "--grpc-port", str(ports[0]), "--http-port", str(ports[1]), "--metrics-port", str(ports[2]),
+           "--max-active", "2", "--max-len", "4096", "--max-prompt-tokens", "64", "--max-output-tokens", "3000"]
+    serve = subprocess.Popen(cmd, stdout=(tmp_path / "serve.log").open("w"), stderr=subprocess.STDOUT)
+    wait_until(lambda: "Ctrl-C stops the server" in (tmp_path / "serve.log").read_text(), 300, "the server")
+    return serve, ports
+
+
 def test_sigterm_drains_running_requests_before_the_server_exits(tmp_path):
     """`adaflash serve` on SIGTERM: readiness false and new requests refused at once, the running request
     gets every token (Triton's own drain would fail it at its next BLS step), then a clean exit."""
-    grpc_port, http_port, metrics_port = free_ports(3)
-    cmd = [sys.executable, "-m", "adaflash.cli", "serve", "--tiny-random", "--state-dir", str(tmp_path),
-           "--grpc-port", str(grpc_port), "--http-port", str(http_port), "--metrics-port", str(metrics_port),
-           "--max-active", "2", "--max-len", "4096", "--max-prompt-tokens", "64", "--max-output-tokens", "3000"]
-    log = (tmp_path / "serve.log").open("w")
-    serve = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+    serve, (grpc_port, http_port, _) = _serve(tmp_path)
     url = f"127.0.0.1:{grpc_port}"
     try:
-        wait_until(lambda: "Ctrl-C stops the server" in (tmp_path / "serve.log").read_text(), 300, "the server")
         result: dict = {}
 
         def long_request() -> None:
@@ -120,7 +127,37 @@ def test_sigterm_drains_running_requests_before_the_server_exits(tmp_path):
         if serve.poll() is None:
             serve.kill()
             serve.wait()
-        log.close()
+
+
+def test_a_server_that_dies_is_started_again(tmp_path):
+    """`adaflash serve` restarts a tritonserver killed with SIGKILL, on the same ports; it serves again."""
+    serve, (grpc_port, http_port, _) = _serve(tmp_path)
+    try:
+        server_pid = _child(serve.pid, b"tritonserver")
+        os.kill(server_pid, signal.SIGKILL)
+        wait_until(lambda: "restarting in" in (tmp_path / "serve.log").read_text(), 30, "the restart notice")
+        wait_until(lambda: _http_status(http_port, "/v2/health/ready") == 200, 300, "the restarted server")
+        assert _child(serve.pid, b"tritonserver") != server_pid
+        with AdaFlashClient(f"127.0.0.1:{grpc_port}", timeout_s=60) as client:
+            assert client.generate("again", GenerationParams(max_tokens=4)).num_output_tokens == 4
+        serve.send_signal(signal.SIGTERM)
+        assert serve.wait(120) == 0
+    finally:
+        if serve.poll() is None:
+            serve.kill()
+            serve.wait()
+
+
+def _child(parent: int, name: bytes) -> int:
+    """The pid of `parent`'s child process whose program is `name`."""
+    for proc in Path("/proc").iterdir():
+        try:
+            if proc.name.isdigit() and int((proc / "stat").read_text().rsplit(")", 1)[1].split()[1]) == parent \
+                    and (proc / "cmdline").read_bytes().split(b"\0")[0].endswith(name):
+                return int(proc.name)
+        except (OSError, ValueError):
+            continue
+    raise AssertionError(f"no {name.decode()} child of {parent}")
 
 
 def _http_status(port: int, path: str) -> int | None:

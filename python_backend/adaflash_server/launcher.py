@@ -61,6 +61,7 @@ class ServerConfig:
     drain_timeout_s: float = 60.0  # on SIGTERM or Ctrl-C, how long admitted requests may run to their end
     entry_model: str = "adaflash"  # the public model: a drain stops admitting by unloading it
     heal_interval_s: float | None = 0.5  # how often to look for dead model processes (None: never)
+    max_restarts: int = 5  # `wait`: restarts of a server that exits on its own, before giving up
 
 
 def find_bundled_server() -> Path:
@@ -305,7 +306,7 @@ class TritonServer:
         root = find_bundled_server()
         cmd = server_command(root, stage_backends(root, self.config.state_dir), self.config)
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        self._log = self.log_path.open("wb")
+        self._log = self.log_path.open("ab")  # a restart's log follows the one before
         # Own session: a terminal Ctrl-C reaches only us (we then stop the server in order), and
         # the Python stub processes share a group we can clean up as one.
         self._process = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT,
@@ -366,10 +367,7 @@ class TritonServer:
         process = self._process
         if process is None:
             return None
-        if self._healer is not None:
-            self._healer.stopped.set()
-            self._healer.join()
-            self._healer = None
+        self._stop_healer()
         if process.poll() is None:
             process.send_signal(signal.SIGTERM)
             try:
@@ -380,6 +378,12 @@ class TritonServer:
         self._cleanup()
         return process.returncode
 
+    def _stop_healer(self) -> None:
+        if self._healer is not None:
+            self._healer.stopped.set()
+            self._healer.join()
+            self._healer = None
+
     def _cleanup(self) -> None:
         """Once, after the server has exited: end leftover Python stubs, close the log, drop staged files."""
         _kill_group(self._process.pid)  # once, right after the exit: the group id is still ours
@@ -389,18 +393,37 @@ class TritonServer:
             shutil.rmtree(self.config.state_dir / "backends", ignore_errors=True)  # keep the log
 
     def wait(self) -> int:
-        """Block until the server exits, for a foreground `serve` command.
+        """Block until stopped, for a foreground `serve` command; restart a server that exits on its own.
 
-        Ctrl-C (and SIGTERM, e.g. from a process supervisor) stop the server cleanly instead of
-        leaving it running in its own session. Call from the main thread.
+        Ctrl-C (and SIGTERM, e.g. from a process supervisor) drain and stop the server cleanly instead of
+        leaving it running in its own session. A server that exits by itself (a crash, an out-of-memory
+        kill) is started again after a growing pause (1, 2, 4 ... 30 s); after `max_restarts` restarts
+        without a minute of service in between, the exit code is returned with the reason. Call from the
+        main thread.
         """
         if self._process is None:
             raise TritonServerError("tritonserver is not running")
         previous = signal.signal(signal.SIGTERM, signal.default_int_handler)
+        restarts = 0
         try:
-            self._process.wait()
+            while True:
+                started = time.monotonic()
+                code = self._process.wait()
+                restarts = 1 if time.monotonic() - started > 60 else restarts + 1
+                self._stop_healer()
+                self._cleanup()
+                if restarts > self.config.max_restarts:
+                    print(f"tritonserver exited with code {code} {restarts} times in a row; giving up "
+                          f"(log: {self.log_path})", file=sys.stderr, flush=True)
+                    return code or 1
+                pause = min(2 ** (restarts - 1), 30)
+                print(f"tritonserver exited with code {code}; restarting in {pause} s "
+                      f"({restarts} of {self.config.max_restarts}; log: {self.log_path})", file=sys.stderr, flush=True)
+                time.sleep(pause)
+                self.start()
         except KeyboardInterrupt:
-            self._drain_before_stop()
+            if self._process is not None:
+                self._drain_before_stop()
         finally:
             signal.signal(signal.SIGTERM, previous)
         return self.stop()
