@@ -56,12 +56,11 @@ def cmd_generate(args: argparse.Namespace) -> int:
     sampling = SamplingParams(args.temperature, args.top_k, args.top_p, args.seed)
     seq = engine.generate([Request(ids, args.max_tokens, mode=args.mode, sampling=sampling)])[0]
     text = bundle.tokenizer.decode(seq.output)
-    step_tau = tau(seq.steps)
     stats = {
         "tokens": len(seq.output),
         "finish_reason": seq.finish_reason,
         "target_forwards": seq.target_forwards,
-        "tau": None if step_tau is None else round(step_tau, 4),
+        "tau": tau(seq.steps, 4),
         "accepted_per_step": [st.accepted for st in seq.steps],
         "draft_len_per_step": [st.draft_len for st in seq.steps],
     }

@@ -72,9 +72,13 @@ class Sequence:
         return produced
 
 
-def tau(steps: list[StepRecord]) -> float | None:
-    """Tokens committed per decode-step target forward, bonus included (None before the first step)."""
-    return sum(st.committed for st in steps) / len(steps) if steps else None
+def tau(steps: list[StepRecord], digits: int | None = None) -> float | None:
+    """Tokens committed per decode-step target forward, bonus included (None before the first step);
+    rounded to `digits` for reports."""
+    if not steps:
+        return None
+    value = sum(st.committed for st in steps) / len(steps)
+    return value if digits is None else round(value, digits)
 
 
 def validate_request(r: Request, vocab_size: int, max_len: int, block_size: int, has_drafter: bool) -> None:

@@ -26,7 +26,7 @@ def summarize(seqs: list[Sequence], wall_s: float, reference: list[list[int]] | 
         "output_tokens": tokens,
         "wall_s": round(wall_s, 4),
         "output_tokens_per_s": round(tokens / wall_s, 2) if wall_s > 0 else None,
-        "tau": round(tau(steps), 4) if steps else None,
+        "tau": tau(steps, 4),
         "mean_draft_len": round(sum(st.draft_len for st in steps) / len(steps), 4) if steps else None,
         "target_forwards": sum(s.target_forwards for s in seqs),
         "greedy_equal_to_ar": equal,

@@ -27,7 +27,7 @@ from tqdm import tqdm
 from adaflash.cli_args import DEFAULT_MODEL_DIR
 from adaflash.decoding.engine import Engine
 from adaflash.decoding.sampling import SamplingParams
-from adaflash.decoding.sequence import Request, Sequence, context_length, tau
+from adaflash.decoding.sequence import Request, context_length, tau
 from adaflash.models.drafter import DFlashDrafter, DrafterConfig, block_size_of
 from adaflash.models.target import Transformer
 from adaflash.models.tokenizer import BYTE_SPECIALS
@@ -224,15 +224,10 @@ def regenerate(target: Transformer, prompts: list[list[int]], max_tokens: int, b
             if out is not None:
                 with out.open("a") as f:
                     f.writelines(json.dumps({"domain": tags[j], "prompt": prompts[j], "response": s.output,
-                                             "temperature": reqs[k].sampling.temperature, "tau": _tau(s)}) + "\n"
+                                             "temperature": reqs[k].sampling.temperature, "tau": tau(s.steps, 4)}) + "\n"
                                  for k, (j, s) in enumerate(zip(idx, seqs)))
             bar.update(len(idx))
     return done
-
-
-def _tau(seq: Sequence) -> float | None:
-    value = tau(seq.steps)
-    return None if value is None else round(value, 4)
 
 
 def training_prompts(data_dir: str | Path, tokenizer: Tokenizer, per_domain: int, max_prompt_tokens: int,
