@@ -334,7 +334,8 @@ def test_engine_caches_follow_the_committed_tokens(trained_tiny, prompts):
     checked = 0
     while engine.has_work:
         engine.step()
-        for slot, seq in engine.running.items():
+        for seq in engine.running.values():
+            slot = seq.slot
             assert engine.cache.lengths[slot] == len(seq.tokens) - 1
             if seq.request.mode not in ("dflash", "adaflash", "adaflash-published"):
                 continue

@@ -42,8 +42,10 @@ class Sequence:
     slot: int = -1
     output: list[int] = field(default_factory=list)
     steps: list[StepRecord] = field(default_factory=list)
-    finish_reason: str | None = None
+    finish_reason: str | None = None  # stop, length, cancelled, error
+    error: str | None = None  # why a model failed the sequence (finish_reason "error")
     policy: PolicyState | None = None
+    can_draft: bool = True  # False without a drafter for its mode, or after the drafter failed it
     pending_context: list[torch.Tensor] = field(default_factory=list)  # target features not yet in the drafter
     submitted_at: float = 0.0  # time.perf_counter() stamps
     finished_at: float | None = None

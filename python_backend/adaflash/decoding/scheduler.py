@@ -1,0 +1,199 @@
+"""Continuous batching as one step loop: admit, plan, draft, verify, commit, retire.
+
+Transport-free: the models sit behind a `Backend`. The engine's backend holds them in this
+process; the Triton orchestrator's calls the `target` and `drafter` models once per step for
+every running sequence. Both run this loop, so the planner sees every running sequence in
+both and the served output equals the engine's. The backend's methods are coroutines because
+the orchestrator's calls are remote; the engine's never suspend, so it drives a step with
+`run_now`, without an event loop.
+
+Invariant per running sequence: the target's cache and the drafter's context hold
+`len(tokens) - 1` positions once the features queued in `pending_context` are appended; the
+last token (the anchor) is fed by the next step with the draft it verifies. Features reach the
+drafter lazily, with the sequence's next draft, so steps that do not draft cost no drafter work.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Coroutine, Hashable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
+
+from adaflash.decoding.costs import CostModel
+from adaflash.decoding.modes import get_mode
+from adaflash.decoding.planner import Candidate, Plan, Planner
+from adaflash.decoding.sequence import Sequence, StepRecord, draft_cap
+from adaflash.decoding.steps import StepResult
+
+if TYPE_CHECKING:
+    from adaflash.models.drafter import Draft
+
+T = TypeVar("T")
+
+
+@dataclass
+class Timed(Generic[T]):
+    value: T
+    ms: float  # the forward's time where it ran (no transport): what the cost model learns from
+
+
+class BackendError(RuntimeError):
+    """A model behind the backend failed or did not answer. A failed target call ends its sequences with
+    this message; a failed draft only stops its sequences drafting (their output does not change)."""
+
+
+class Backend(Protocol):
+    async def prefill(self, seqs: list[Sequence]) -> Timed[list[StepResult]]: ...
+
+    async def verify(self, seqs: list[Sequence], feeds: list[list[int]]) -> Timed[list[StepResult]]:
+        """feeds[i] = [anchor] + the draft tokens sequence i verifies."""
+
+    async def draft(self, seqs: list[Sequence], block_length: int) -> Timed[Draft]:
+        """Draft a block after each anchor; appends (and clears) each sequence's `pending_context` first."""
+
+    async def release(self, seqs: list[Sequence]) -> None:
+        """Free what the models keep of finished sequences."""
+
+
+def run_now(coro: Coroutine[Any, Any, T]) -> T:
+    """Run a coroutine that never suspends (the engine's backend) to its end, without an event loop."""
+    try:
+        coro.send(None)
+    except StopIteration as done:
+        return done.value
+    coro.close()
+    raise RuntimeError("the coroutine suspended: it needs an event loop")
+
+
+class Scheduler:
+    """Waiting and running sequences, and the step that advances all of them by one target forward."""
+
+    def __init__(self, backend: Backend, planner: Planner, cost: CostModel | None, max_active: int, max_len: int,
+                 has_drafter: bool, prefill_tokens: int = 4096) -> None:
+        self.backend, self.planner, self.cost = backend, planner, cost
+        self.max_active, self.max_len, self.has_drafter = max_active, max_len, has_drafter
+        self.prefill_tokens = prefill_tokens
+        self.waiting: deque[Sequence] = deque()
+        self.running: dict[Hashable, Sequence] = {}
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def add(self, seq: Sequence) -> None:
+        """Queue a sequence (its request already validated); it is admitted when a step has room."""
+        seq.can_draft = self.has_drafter and get_mode(seq.request.mode).drafter
+        seq.policy = seq.policy or self.planner.controller.new_sequence()
+        self.waiting.append(seq)
+
+    async def cancel(self, seqs: list[Sequence]) -> None:
+        """End sequences now, waiting or running; what the models keep of them is freed at once."""
+        for seq in seqs:
+            if seq in self.waiting:
+                self.waiting.remove(seq)
+            seq.finish_reason = seq.finish_reason or "cancelled"
+        await self._retire([s for s in seqs if self.running.get(s.id) is s])
+        for seq in seqs:
+            seq.finished_at = seq.finished_at or time.perf_counter()
+
+    async def step(self) -> list[Sequence]:
+        """Admit what fits, then one draft + verify round for every running sequence; retire the finished.
+
+        Returns the sequences that changed (admitted, advanced, finished or failed)."""
+        touched = {s.id: s for s in await self._admit()}
+        active = [s for s in self.running.values() if not s.finished]
+        if active:
+            feeds, copied = await self._propose(active)
+            await self._verify(active, feeds, copied)
+            touched.update((s.id, s) for s in active)
+        await self._retire([s for s in self.running.values() if s.finished])
+        return list(touched.values())
+
+    async def _admit(self) -> list[Sequence]:
+        batch: list[Sequence] = []
+        budget = self.prefill_tokens
+        while self.waiting and len(self.running) < self.max_active:
+            seq = self.waiting[0]
+            if batch and len(seq.tokens) > budget:
+                break
+            self.waiting.popleft()
+            self.running[seq.id] = seq
+            budget -= len(seq.tokens)
+            batch.append(seq)
+        if not batch:
+            return batch
+        try:
+            results = (await self.backend.prefill(batch)).value
+        except BackendError as exc:
+            _fail(batch, exc)
+            return batch
+        for seq, res in zip(batch, results):
+            self._queue_context(seq, res)
+            seq.commit(res.committed)
+        return batch
+
+    def _cap(self, seq: Sequence) -> int:
+        return draft_cap(seq.request, len(seq.output), len(seq.tokens), self.planner.block_size, self.max_len)
+
+    async def _propose(self, active: list[Sequence]) -> tuple[list[list[int]], dict[Hashable, int]]:
+        """Each sequence's feed ([anchor] + draft), and for drafts copied from the context the n-gram length
+        their lookup matched."""
+        plan = self.planner.plan([Candidate(s.id, get_mode(s.request.mode), s.tokens, self._cap(s), s.policy,
+                                            s.can_draft) for s in active])
+        drafts = dict(plan.proposals)
+        if plan.drafts:
+            drafts.update(await self._draft(plan))
+        return [[s.tokens[-1]] + drafts[s.id] for s in active], plan.copied
+
+    async def _draft(self, plan: Plan) -> dict[Hashable, list[int]]:
+        """One drafter forward for the plan's drafting sequences, each draft cut to its mode's length. When
+        the drafter fails, those sequences verify nothing this step and never draft again."""
+        seqs = [self.running[r.key] for r in plan.drafts]
+        try:
+            timed = await self.backend.draft(seqs, plan.block_length)
+        except BackendError:
+            for seq in seqs:
+                seq.can_draft = False
+                seq.pending_context.clear()
+            return {}
+        if self.cost is not None:
+            self.cost.observe_draft(len(seqs), plan.block_length, timed.ms)
+        ks = self.planner.cut(plan.drafts, timed.value, plan.load_besides_drafts())
+        tokens = timed.value.tokens.tolist()
+        return {r.key: tokens[i][:k] for i, (r, k) in enumerate(zip(plan.drafts, ks))}
+
+    async def _verify(self, active: list[Sequence], feeds: list[list[int]], copied: dict[Hashable, int]) -> None:
+        try:
+            timed = await self.backend.verify(active, feeds)
+        except BackendError as exc:
+            _fail(active, exc)
+            return
+        if self.cost is not None:
+            self.cost.observe_verify(len(active), sum(map(len, feeds)), timed.ms)
+        for seq, feed, res in zip(active, feeds, timed.value):
+            self._queue_context(seq, res)
+            self.planner.controller.observe(seq.policy, len(feed) - 1, res.accepted, matched=copied.get(seq.id, 0))
+            seq.steps.append(StepRecord(len(feed) - 1, res.accepted, seq.commit(res.committed), res.expected_accepted,
+                                        copied=seq.id in copied))
+
+    @staticmethod
+    def _queue_context(seq: Sequence, res: StepResult) -> None:
+        """Keep the target features of newly committed positions for the drafter (drafting sequences only)."""
+        if res.features is not None and seq.can_draft:
+            seq.pending_context.append(res.features)
+
+    async def _retire(self, seqs: list[Sequence]) -> None:
+        if not seqs:
+            return
+        for seq in seqs:
+            del self.running[seq.id]
+            seq.finished_at = seq.finished_at or time.perf_counter()
+            seq.pending_context.clear()
+        await self.backend.release(seqs)
+
+
+def _fail(seqs: list[Sequence], exc: BackendError) -> None:
+    for seq in seqs:
+        seq.finish_reason, seq.error = "error", str(exc)
