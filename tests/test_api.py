@@ -11,6 +11,7 @@ from adaflash.decoding.modes import MODE_NAMES
 from adaflash.decoding.sampling import SamplingParams
 from adaflash.decoding.sequence import Request, Sequence, StepRecord
 from adaflash.decoding.steps import StepResult
+from adaflash.models.drafter import Draft
 from adaflash.models.tokenizer import byte_tokenizer
 from adaflash.serving import protocol
 from adaflash.serving.api import encode, text_delta
@@ -107,44 +108,50 @@ def test_a_generation_request_missing_a_tensor_names_it():
 
 
 def test_target_calls_and_results_round_trip():
-    sampling = SamplingParams(temperature=1.0, top_k=50, top_p=0.5, seed=123)
-    call = protocol.decode_target_call(protocol.encode_target_call(protocol.TargetCall(protocol.Op.PREFILL, [1, 2],
-                                                                                       sampling)))
-    assert (call.op, call.tokens, call.sampling) == (protocol.Op.PREFILL, [1, 2], sampling)
-    verify = protocol.decode_target_call(protocol.encode_target_call(protocol.TargetCall(protocol.Op.VERIFY, [3])))
-    assert (verify.op, verify.tokens, verify.sampling) == (protocol.Op.VERIFY, [3], None)
-    release = protocol.decode_target_call(protocol.encode_release())
-    assert (release.op, release.tokens) == (protocol.Op.RELEASE, [])
-    features = torch.arange(6, dtype=torch.float32).reshape(3, 2)
-    result = protocol.decode_target_result(protocol.encode_target_result(StepResult([4, 5], 1, 0.75, features)), 2)
-    assert (result.committed, result.accepted, result.expected_accepted) == ([4, 5], 1, 0.75)
-    assert torch.equal(result.features, features)
-    plain = protocol.encode_target_result(StepResult([4], 0, 0.0, None))
-    assert protocol.decode_target_result(plain, 0).features is None
+    sampling = [SamplingParams(temperature=1.0, top_k=50, top_p=0.5, seed=123), SamplingParams()]
+    call = protocol.decode_target_call(protocol.encode_target_call(
+        protocol.TargetCall(protocol.Op.PREFILL, [7, 2**40], [[1, 2], [3]], sampling)))
+    assert (call.op, call.keys, call.feeds, call.sampling) == (protocol.Op.PREFILL, [7, 2**40], [[1, 2], [3]], sampling)
+    verify = protocol.decode_target_call(protocol.encode_target_call(protocol.TargetCall(protocol.Op.VERIFY, [7], [[3]])))
+    assert (verify.op, verify.keys, verify.feeds, verify.sampling) == (protocol.Op.VERIFY, [7], [[3]], None)
+    release = protocol.decode_target_call(protocol.encode_release([7, 8]))
+    assert (release.op, release.keys) == (protocol.Op.RELEASE, [7, 8])
+    features = torch.arange(10, dtype=torch.float32).reshape(5, 2)
+    results = [StepResult([4, 5], 1, 0.75, features[:2]), StepResult([6], 0, 0.0, features[2:])]
+    got, ms = protocol.decode_target_result(protocol.encode_target_result(results, 2.5))
+    assert ms == 2.5 and [(r.committed, r.accepted, r.expected_accepted) for r in got] == [([4, 5], 1, 0.75), ([6], 0, 0.0)]
+    assert all(torch.equal(g.features, r.features) for g, r in zip(got, results))
+    plain, _ = protocol.decode_target_result(protocol.encode_target_result([StepResult([4], 0, 0.0, None)], 1.0))
+    assert plain[0].features is None
 
 
 def test_bad_target_calls_name_their_field():
     with pytest.raises(ValueError, match="^op: unknown operation 3"):
-        protocol.decode_target_call(protocol.encode_target_call(protocol.TargetCall(protocol.Op.DRAFT, [])))
-    tensors = protocol.encode_target_call(protocol.TargetCall(protocol.Op.PREFILL, [1], SamplingParams()))
-    tensors["top_p"] = np.array([[0.0]], dtype=np.float32)
+        protocol.decode_target_call(protocol.encode_target_call(protocol.TargetCall(protocol.Op.DRAFT, [1], [[1]])))
+    tensors = protocol.encode_target_call(protocol.TargetCall(protocol.Op.PREFILL, [1], [[1]], [SamplingParams()]))
+    tensors["top_p"] = np.array([0.0], dtype=np.float32)
     with pytest.raises(ValueError, match="top_p"):
         protocol.decode_target_call(tensors)
+    tensors = protocol.encode_target_call(protocol.TargetCall(protocol.Op.VERIFY, [1, 2], [[1], [2, 3]]))
+    tensors["lengths"] = np.array([1, 1], dtype=np.int32)
+    with pytest.raises(ValueError, match="^lengths:"):
+        protocol.decode_target_call(tensors)
+    with pytest.raises(ValueError, match="^keys: required"):
+        protocol.decode_target_call({"op": np.array([1], dtype=np.int32)})
 
 
 def test_draft_calls_and_drafts_round_trip():
-    call = protocol.DraftCall(key=7, features=torch.ones(2, 4), anchor=11, mode="adaflash", cap=5, block_length=6,
-                              rates=np.array([0.9, 0.5, 0.25]))
-    tensors = protocol.encode_draft_call(call, batch_hint=3)
-    got = protocol.decode_draft_call(tensors, key=7)
-    assert (got.key, got.anchor, got.mode, got.cap, got.block_length) == (7, 11, "adaflash", 5, 6)
-    assert torch.equal(got.features, call.features) and np.allclose(got.rates, call.rates)
-    assert protocol.decode_batch_hint(tensors) == 3
-    empty = protocol.decode_draft_call(protocol.encode_draft_call(
-        protocol.DraftCall(7, "dflash", 5, 16, np.zeros(15), features=torch.zeros(0, 4), anchor=11), 1), key=7)
-    assert empty.features.shape == (0, 4)
-    assert protocol.decode_draft(protocol.encode_draft([8, 9])) == [8, 9]
-    assert protocol.names(protocol.DRAFTER_RESULT) == ["draft"]
+    call = protocol.DraftCall(keys=[7, 9], anchors=[11, 12], features=[torch.ones(2, 4), None], block_length=6)
+    got = protocol.decode_draft_call(protocol.encode_draft_call(call))
+    assert (got.keys, got.anchors, got.block_length) == ([7, 9], [11, 12], 6)
+    assert torch.equal(got.features[0], call.features[0]) and got.features[1] is None
+    none = protocol.decode_draft_call(protocol.encode_draft_call(protocol.DraftCall([7], [11], [None], 16)))
+    assert none.features == [None]
+    draft = Draft(tokens=torch.tensor([[8, 9], [1, 2]]), hidden=torch.zeros(2, 3, 4),
+                  accept_ratio=torch.tensor([0.5, 0.25]), accept_rates=None)
+    back, ms = protocol.decode_draft(protocol.encode_draft(draft, 1.5))
+    assert ms == 1.5 and back.tokens.tolist() == [[8, 9], [1, 2]] and back.accept_rates is None
+    assert torch.equal(back.accept_ratio, draft.accept_ratio) and back.hidden is None
 
 
 def test_step_responses_reach_the_client_as_text_and_statistics():
@@ -169,17 +176,19 @@ def test_every_encoded_payload_matches_its_declaration():
         ("preprocessing", 1): protocol.encode_generation([1], [0], values),
         ("orchestrator", 1): step,
         ("postprocessing", 1): protocol.encode_text_response("x", step),
-        ("target", 0): protocol.encode_target_call(protocol.TargetCall(protocol.Op.PREFILL, [1], SamplingParams())),
-        ("target", 1): protocol.encode_target_result(StepResult([1], 0, 0.0, torch.zeros(1, 2))),
-        ("drafter", 0): protocol.encode_draft_call(protocol.DraftCall(1, "dflash", 1, 2, np.zeros(1),
-                                                                      features=torch.zeros(1, 2), anchor=1), 1),
-        ("drafter", 1): protocol.encode_draft([1]),
+        ("target", 0): protocol.encode_target_call(protocol.TargetCall(protocol.Op.PREFILL, [1], [[1]],
+                                                                       [SamplingParams()])),
+        ("target", 1): protocol.encode_target_result([StepResult([1], 0, 0.0, torch.zeros(1, 2))], 1.0),
+        ("drafter", 0): protocol.encode_draft_call(protocol.DraftCall([1], [1], [torch.zeros(1, 2)], 2)),
+        ("drafter", 1): protocol.encode_draft(Draft(torch.zeros(1, 1, dtype=torch.long), None, None, None), 1.0),
     }
+    unbatched = {"target", "drafter"}  # called once per step: no batch dimension
     for (model, side), tensors in payloads.items():
         specs = {s.name: s for s in protocol.MODEL_TENSORS[model][side]}
         assert set(tensors) <= set(specs), (model, side)
         for name, value in tensors.items():
-            assert value.dtype == specs[name].dtype and value.ndim == 1 + len(specs[name].dims), (model, name)
+            batch = 0 if model in unbatched else 1
+            assert value.dtype == specs[name].dtype and value.ndim == batch + len(specs[name].dims), (model, name)
 
 
 @pytest.mark.parametrize("names,oldest_first", [

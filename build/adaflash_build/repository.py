@@ -47,7 +47,6 @@ class RepositoryConfig:
     max_len: int = 2048  # tokens per sequence (prompt + output + one draft block)
     max_prompt_tokens: int = 1024
     max_output_tokens: int = 1000
-    queue_delay_us: int = 200  # how long the sequence batcher waits to fill a batch
     idle_timeout_s: int = 600  # a sequence silent this long is reclaimed
     drafter_timeout_s: float = 10.0  # a slower draft is dropped and the request decodes plainly
     target_timeout_s: float = 120.0  # a target call unanswered this long fails the request (never a hang)
@@ -89,7 +88,7 @@ def build_repository(out_dir: str | Path, model_dir: str | Path, drafter: str | 
 def _tensor_list(specs: tuple[TensorSpec, ...], is_input: bool) -> str:
     """A config.pbtxt `input` or `output` list body."""
     def entry(s: TensorSpec) -> str:
-        extra = (" allow_ragged_batch: true" if s.ragged else "") + (" optional: true" if s.optional else "")
+        extra = " optional: true" if s.optional else ""
         dims = ", ".join(map(str, s.dims))
         return f'  {{ name: "{s.name}" data_type: {s.triton_type} dims: [ {dims} ]{extra if is_input else ""} }}'
     return ",\n".join(entry(s) for s in specs)

@@ -1,10 +1,10 @@
-"""The DFlash drafter: draft calls of many sequences in one forward, each cut to the length its mode picks.
+"""The DFlash drafter: one call per engine step drafts a block for every sequence it names in one forward.
 
-Calls carry an `op` and the sequence's correlation id; the core's DrafterSlots keeps each
-sequence's injected-context cache under that id. The drafter uses the target's embedding and
-LM head, so the target weights are loaded here too. The weights are in `1/weights/`: a
-published drafter is a copy of this model under another name (drafter_2, ...) with its own
-weights, loaded beside the running one.
+The core's DrafterSlots keeps each sequence's injected-context cache under its key. The
+drafter reads the target's embedding and LM head, loaded alone from the target's checkpoint
+(the server's one full copy of the target is in the `target` model). The weights are in
+`1/weights/`: a published drafter is a copy of this model under another name (drafter_2, ...)
+with its own weights, loaded beside the running one.
 """
 
 import json
@@ -12,10 +12,8 @@ import os
 
 import triton_python_backend_utils as pb_utils
 
-from adaflash.decoding.costs import CostModel
-from adaflash.decoding.policy import LengthController
 from adaflash.models.drafter import DFlashDrafter
-from adaflash.models.target import Transformer
+from adaflash.models.target import TokenHeads
 from adaflash.serving import protocol
 from adaflash.serving.protocol import Op
 from adaflash.serving.slots import DrafterSlots
@@ -34,37 +32,24 @@ def _response(tensors):
 
 class TritonPythonModel:
     def initialize(self, args):
-        config = json.loads(args["model_config"])
-        params = protocol.model_parameters(config)
+        params = protocol.model_parameters(json.loads(args["model_config"]))
         weights = os.path.join(args["model_repository"], args["model_version"], "weights")
-        drafter = DFlashDrafter.from_pretrained(weights)
-        with open(params["cost_table"]) as f:
-            controller = LengthController(CostModel.from_json(json.load(f)), drafter.config.block_size)
-        self.slots = DrafterSlots(drafter, Transformer.from_pretrained(params["target_dir"]), config["max_batch_size"],
-                                  int(params["max_len"]), controller, float(params["idle_timeout_s"]))
+        self.slots = DrafterSlots(DFlashDrafter.from_pretrained(weights), TokenHeads.from_pretrained(params["target_dir"]),
+                                  int(params["max_active"]), int(params["max_len"]), float(params["idle_timeout_s"]))
 
     def execute(self, requests):
-        self.slots.release_stale()
-        responses = [None] * len(requests)
-        calls, rows, hints = [], [], []
-        for i, request in enumerate(requests):
-            tensors = _inputs(request)
-            try:
-                op = protocol.decode_op(tensors, (Op.DRAFT, Op.RELEASE))
-                if op is Op.RELEASE:
-                    self.slots.release(request.correlation_id())
-                    responses[i] = _response({})
-                    continue
-                call = protocol.decode_draft_call(tensors, request.correlation_id())
-                hint = protocol.decode_batch_hint(tensors)
-            except ValueError as exc:
-                responses[i] = pb_utils.InferenceResponse(
-                    error=pb_utils.TritonError(str(exc), pb_utils.TritonError.INVALID_ARG))
-                continue
-            calls.append(call)
-            hints.append(hint)
-            rows.append(i)
-        if calls:
-            for i, draft in zip(rows, self.slots.draft(calls, batch=max(max(hints), len(calls)))):
-                responses[i] = _response(protocol.encode_draft(draft))
-        return responses
+        return [self._one(r) for r in requests]
+
+    def _one(self, request):
+        tensors = _inputs(request)
+        try:
+            if protocol.decode_op(tensors, (Op.DRAFT, Op.RELEASE)) is Op.RELEASE:
+                for key in protocol.decode_keys(tensors):
+                    self.slots.release(key)
+                return _response({})
+            timed = self.slots.run(protocol.decode_draft_call(tensors))
+        except (ValueError, KeyError) as exc:
+            return pb_utils.InferenceResponse(error=pb_utils.TritonError(str(exc), pb_utils.TritonError.INVALID_ARG))
+        except RuntimeError as exc:  # no free slot
+            return pb_utils.InferenceResponse(error=pb_utils.TritonError(str(exc), pb_utils.TritonError.UNAVAILABLE))
+        return _response(protocol.encode_draft(timed.value, timed.ms))

@@ -1,15 +1,17 @@
-"""Decoupled BLS orchestrator: one coroutine per request runs prefill, then draft -> verify -> stream.
+"""Decoupled BLS orchestrator: one step loop for every active request (the core's Scheduler).
 
-The loop itself is the core's `run_request`; this file turns its calls into BLS requests
-(correlation id = the request's sequence id, START on a model's first call, END on release)
-and its steps into streamed responses, and keeps the Prometheus metrics. Every payload is
-encoded and decoded by protocol.py.
+Requests are admitted through the bounded queue and handed to the loop, which per step calls
+the `target` model once for every running sequence and each drafter model at most once, then
+streams a response per advanced sequence. This file maps the loop's calls to BLS requests and
+its sequences to responses, and keeps the Prometheus metrics. Every payload is protocol.py's.
 """
 
 import asyncio
 import itertools
 import json
 import os
+import time
+from dataclasses import dataclass
 
 import torch
 import triton_python_backend_utils as pb_utils
@@ -17,21 +19,22 @@ import triton_python_backend_utils as pb_utils
 from adaflash.decoding.costs import CostModel
 from adaflash.decoding.planner import Planner
 from adaflash.decoding.policy import LengthController
-from adaflash.decoding.sequence import validate_request
+from adaflash.decoding.scheduler import BackendError, Scheduler
+from adaflash.decoding.sequence import Sequence, validate_request
 from adaflash.models.drafter import DEFAULT_BLOCK_SIZE, DrafterConfig
 from adaflash.models.target import TargetConfig
 from adaflash.serving import protocol
 from adaflash.serving.admission import Admission, AdmissionCancelled, AdmissionRefused
-from adaflash.serving.protocol import Op, TargetCall
-from adaflash.serving.session import run_request
+from adaflash.serving.protocol import Op
+from adaflash.serving.remote import RemoteBackend
 
-START, END = pb_utils.TRITONSERVER_REQUEST_FLAG_SEQUENCE_START, pb_utils.TRITONSERVER_REQUEST_FLAG_SEQUENCE_END
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 STEP_BUCKETS = [float(b) for b in range(17)]
+BATCH_BUCKETS = [1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0]
 WAIT_BUCKETS = [0.001, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0]
+CANCEL_CHECK_S = 0.25  # how often the loop asks Triton whether a running request's client went away
 INPUTS, _ = protocol.MODEL_TENSORS[protocol.ORCHESTRATOR]
-TARGET_OUTPUTS = protocol.names(protocol.TARGET_RESULT)
-DRAFTER_OUTPUTS = protocol.names(protocol.DRAFTER_RESULT)
+OUTPUTS = {protocol.TARGET: protocol.names(protocol.TARGET_RESULT), protocol.DRAFTER: protocol.names(protocol.DRAFTER_RESULT)}
 
 
 def _inputs(request):
@@ -47,24 +50,20 @@ def _error(message, code):
     return pb_utils.InferenceResponse(error=pb_utils.TritonError(message, code))
 
 
-class BlsError(RuntimeError):
-    pass
+@dataclass
+class Client:
+    """One request's stream: where its responses go and what they carried so far."""
 
-
-async def _call(model, tensors, outputs, key, flags, timeout):
-    request = pb_utils.InferenceRequest(model_name=model, inputs=[pb_utils.Tensor(n, v) for n, v in tensors.items()],
-                                        requested_output_names=outputs, correlation_id=key, flags=flags)
-    try:
-        response = await asyncio.wait_for(request.async_exec(), timeout)
-    except asyncio.TimeoutError:
-        raise BlsError(f"{model}: no answer in {timeout:g} s") from None
-    if response.has_error():
-        raise BlsError(f"{model}: {response.error().message()}")
-    return {name: pb_utils.get_output_tensor_by_name(response, name).as_numpy() for name in outputs}
+    sender: object
+    stream: bool
+    done: asyncio.Future
+    sent_tokens: int = 0
+    sent_steps: int = 0
 
 
 class Metrics:
-    """Prometheus series on Triton's metrics endpoint, labelled by spec_mode."""
+    """Prometheus series on Triton's metrics endpoint, labelled by spec_mode. A family must outlive its
+    series: both are kept."""
 
     def __init__(self):
         fam = pb_utils.MetricFamily
@@ -74,12 +73,14 @@ class Metrics:
         self.active = fam("adaflash_active_sequences", "Sequences being generated", fam.GAUGE)
         self.accepted = fam("adaflash_accepted_tokens", "Accepted draft tokens per verify step", fam.HISTOGRAM)
         self.drafted = fam("adaflash_verified_draft_len", "Draft tokens sent to verification per step", fam.HISTOGRAM)
-        # A family must outlive its series: both are kept.
         self.queued_family = fam("adaflash_queued_requests", "Requests waiting for a sequence slot", fam.GAUGE)
         self.queued = self.queued_family.Metric(labels={})
         self.queue_wait_family = fam("adaflash_queue_wait_seconds", "Time admitted requests waited for a sequence slot",
                                      fam.HISTOGRAM)
         self.queue_wait = self.queue_wait_family.Metric(labels={}, buckets=WAIT_BUCKETS)
+        self.steps_family = fam("adaflash_step_sequences", "Sequences advanced per engine step (one target call)",
+                                fam.HISTOGRAM)
+        self.steps = self.steps_family.Metric(labels={}, buckets=BATCH_BUCKETS)
         self._series = {}
 
     def series(self, family, **labels):
@@ -106,83 +107,72 @@ class TritonPythonModel:
         with open(f"{params['target_dir']}/config.json") as f:
             self.target_config = TargetConfig.from_hf(json.load(f))
         self.has_drafter = bool(params["drafter_dir"])
-        block_size, self.feature_width, cost = DEFAULT_BLOCK_SIZE, 0, None
+        block_size, cost = DEFAULT_BLOCK_SIZE, None
         if self.has_drafter:
             with open(f"{params['drafter_dir']}/config.json") as f:
-                dcfg = DrafterConfig.from_hf(json.load(f))
-            block_size = dcfg.block_size
-            self.feature_width = len(dcfg.target_layer_ids) * dcfg.hidden_size
+                block_size = DrafterConfig.from_hf(json.load(f)).block_size
             with open(params["cost_table"]) as f:
                 cost = CostModel.from_json(json.load(f))
         self.planner = Planner(LengthController(cost, block_size))
         self.max_len = int(params["max_len"])
         self.metrics = Metrics()
-        self.admission = Admission(int(params["max_active"]), int(params["max_queued"]),
-                                   float(params["max_queue_wait_s"]), on_queue=self.metrics.queued.set)
-        self.drafter_timeout = float(params["drafter_timeout_s"])
-        self.target_timeout = float(params["target_timeout_s"])
+        max_active = int(params["max_active"])
+        self.admission = Admission(max_active, int(params["max_queued"]), float(params["max_queue_wait_s"]),
+                                   on_queue=self.metrics.queued.set)
+        self.timeouts = {protocol.TARGET: float(params["target_timeout_s"]),
+                         protocol.DRAFTER: float(params["drafter_timeout_s"])}
         self.repository = os.path.dirname(args["model_repository"])
+        backend = RemoteBackend(self._call, self._newest_drafter, log=pb_utils.Logger.log_error)
+        self.scheduler = Scheduler(backend, self.planner, cost, max_active, self.max_len, self.has_drafter)
+        self.clients = {}  # sequence id -> Client
         self.cancelled = set()  # sequence ids whose client went away (told by postprocessing)
+        self.next_cancel_check = 0.0
         self.ids = itertools.count(int.from_bytes(os.urandom(4), "little") << 20)
+        self.wake = None
+        self.loop = None
 
     async def execute(self, requests):
+        self._start_loop()
         await asyncio.gather(*(self._serve(r) for r in requests))
         return None
 
-    def _parse(self, tensors):
-        generation = protocol.decode_generation(tensors)
-        validate_request(generation.request, self.target_config.vocab_size, self.max_len, self.planner.block_size,
-                         self.has_drafter)
-        return generation
+    def finalize(self):
+        if self.loop is not None:
+            self.loop.cancel()
+
+    def _start_loop(self):
+        if self.loop is None or self.loop.done():
+            self.wake = asyncio.Event()
+            self.loop = asyncio.get_running_loop().create_task(self._run())
 
     async def _serve(self, request):
+        """Admit one request and wait until the loop has sent its final response."""
         sender = request.get_response_sender()
         tensors = _inputs(request)
         cancel = protocol.decode_cancel(tensors)
         if cancel is not None:
             self.cancelled.add(cancel)
+            self.wake.set()
             sender.send(flags=FINAL)
             return
         try:
-            generation = self._parse(tensors)
+            generation = protocol.decode_generation(tensors)
+            validate_request(generation.request, self.target_config.vocab_size, self.max_len, self.planner.block_size,
+                             self.has_drafter)
         except ValueError as exc:
             sender.send(_error(f"INVALID_ARGUMENT: {exc}", pb_utils.TritonError.INVALID_ARG), flags=FINAL)
             return
         if not await self._admit(sender):
             return
-        req, stream = generation.request, generation.stream
-        key = next(self.ids)
-        opened = {"target": False, "drafter": False, "drafter_model": self._drafter_model()}
-        gauge = self.metrics.series(self.metrics.active, spec_mode=req.mode)
-        gauge.increment(1)
-        sent = {"tokens": 0, "steps": 0}  # what the stream has carried so far
-        final = _error("generation failed: interrupted", pb_utils.TritonError.INTERNAL)
-        try:
-            seq = await run_request(
-                key, req, generation.stop_ids, self.planner, self.max_len,
-                prefill=lambda tokens: self._target(key, TargetCall(Op.PREFILL, tokens, req.sampling), opened),
-                verify=lambda feed: self._target(key, TargetCall(Op.VERIFY, feed), opened),
-                draft=(lambda call: self._draft(call, opened)) if self.has_drafter else None,
-                emit=lambda s, out_from, steps_from: self._emit(sender, s, stream, sent),
-                cancelled=lambda: key in self.cancelled or sender.is_cancelled(),
-                active=lambda: self.admission.active,
-            )
-            final = None if seq.finish_reason == "cancelled" else _response(
-                protocol.encode_step_response(seq, sent["tokens"], sent["steps"], final=True))
-            self.metrics.count(seq)
-        except Exception as exc:  # noqa: BLE001 - report any failure to the client instead of hanging it
-            final = _error(f"generation failed: {exc}", pb_utils.TritonError.INTERNAL)
-        finally:
-            self.cancelled.discard(key)
-            gauge.increment(-1)
-            # Released before the final response: once a request has its answer, nothing of it is left in
-            # the models (a drain that waits for the answers can then stop the server at once).
-            await self._release(key, opened)
-            if final is None:
-                sender.send(flags=FINAL)
-            else:
-                sender.send(final, flags=FINAL)
-            self.admission.leave()  # after the release: the next request may take the models' slot at once
+        req = generation.request
+        seq = Sequence(id=next(self.ids), request=req, tokens=list(req.prompt_ids), generator=None,
+                       stop_ids=generation.stop_ids, submitted_at=time.perf_counter())
+        client = Client(sender, generation.stream, asyncio.get_running_loop().create_future())
+        self.clients[seq.id] = client
+        self.metrics.series(self.metrics.active, spec_mode=req.mode).increment(1)
+        self.scheduler.add(seq)
+        self.wake.set()
+        await client.done
 
     async def _admit(self, sender):
         """Wait for a sequence slot in the bounded queue; False (the client told) when refused or cancelled."""
@@ -197,40 +187,90 @@ class TritonPythonModel:
         self.metrics.queue_wait.observe(waited)
         return True
 
-    async def _target(self, key, call, opened):
-        flags = START if call.op is Op.PREFILL else 0
-        out = await _call(protocol.TARGET, protocol.encode_target_call(call), TARGET_OUTPUTS, key, flags,
-                          self.target_timeout)
-        opened["target"] = True
-        return protocol.decode_target_result(out, self.feature_width)
+    async def _run(self):
+        """The step loop: sleeps while there is no work."""
+        while True:
+            if not self.scheduler.has_work:
+                self.wake.clear()
+                await self.wake.wait()
+            try:
+                touched = await self._cancel_departed()
+                touched += await self.scheduler.step()
+            except Exception as exc:  # noqa: BLE001 - a defect: end every request with it instead of hanging them
+                pb_utils.Logger.log_error(f"step failed: {exc!r}")
+                touched = await self._fail_all(exc)
+            self._respond(touched)
 
-    async def _draft(self, call, opened):
-        flags = 0 if opened["drafter"] else START
-        opened["drafter"] = True
-        out = await _call(opened["drafter_model"], protocol.encode_draft_call(call, self.admission.active),
-                          DRAFTER_OUTPUTS, call.key, flags, self.drafter_timeout)
-        return protocol.decode_draft(out)
+    async def _cancel_departed(self):
+        """End the sequences whose client went away: told by postprocessing, or asked of Triton now and then."""
+        seqs = [*self.scheduler.waiting, *self.scheduler.running.values()]
+        ask = time.monotonic() >= self.next_cancel_check
+        if ask:
+            self.next_cancel_check = time.monotonic() + CANCEL_CHECK_S
+        gone = [s for s in seqs if s.id in self.cancelled or (ask and self.clients[s.id].sender.is_cancelled())]
+        self.cancelled.clear()
+        if gone:
+            await self.scheduler.cancel(gone)
+        return gone
 
-    def _drafter_model(self):
-        """The newest loaded drafter (`drafter`, or a published `drafter_<n>`): a request keeps it to the
-        end, because the drafter's per-sequence context lives in that model."""
-        if not self.has_drafter:
-            return None
+    async def _fail_all(self, exc):
+        seqs = [*self.scheduler.waiting, *self.scheduler.running.values()]
+        for seq in seqs:
+            seq.finish_reason, seq.error = "error", f"internal error: {exc}"
+        self.scheduler.waiting.clear()
+        self.scheduler.running.clear()
+        await self.scheduler.backend.release(seqs)
+        return seqs
+
+    def _respond(self, touched):
+        stepped = sum(1 for s in touched if s.steps)
+        if stepped:
+            self.metrics.steps.observe(stepped)
+        for seq in touched:
+            client = self.clients.get(seq.id)
+            if client is None:
+                continue
+            if seq.finished:
+                self._finish(seq, client)
+            elif client.stream:
+                client.sender.send(_response(protocol.encode_step_response(seq, client.sent_tokens, client.sent_steps,
+                                                                           final=False)))
+                client.sent_tokens, client.sent_steps = len(seq.output), len(seq.steps)
+
+    def _finish(self, seq, client):
+        """The final response; the loop released the sequence in the models before."""
+        if seq.finish_reason == "cancelled":
+            client.sender.send(flags=FINAL)
+        elif seq.finish_reason == "error":
+            client.sender.send(_error(f"generation failed: {seq.error}", pb_utils.TritonError.INTERNAL), flags=FINAL)
+        else:
+            client.sender.send(_response(protocol.encode_step_response(seq, client.sent_tokens, client.sent_steps,
+                                                                       final=True)), flags=FINAL)
+        if seq.finish_reason != "error":
+            self.metrics.count(seq)
+        self.metrics.series(self.metrics.active, spec_mode=seq.request.mode).increment(-1)
+        del self.clients[seq.id]
+        self.admission.leave()
+        client.done.set_result(None)
+
+    async def _call(self, model, tensors):
+        """One BLS request; BackendError when the model fails or does not answer in time."""
+        outputs = [] if int(tensors["op"][0]) == Op.RELEASE else OUTPUTS[
+            protocol.TARGET if model == protocol.TARGET else protocol.DRAFTER]
+        timeout = self.timeouts[protocol.TARGET if model == protocol.TARGET else protocol.DRAFTER]
+        request = pb_utils.InferenceRequest(model_name=model, inputs=[pb_utils.Tensor(n, v) for n, v in tensors.items()],
+                                            requested_output_names=outputs)
+        try:
+            response = await asyncio.wait_for(request.async_exec(), timeout)
+        except asyncio.TimeoutError:
+            raise BackendError(f"{model}: no answer in {timeout:g} s") from None
+        except Exception as exc:  # noqa: BLE001 - e.g. the model is not loaded
+            raise BackendError(f"{model}: {exc}") from None
+        if response.has_error():
+            raise BackendError(f"{model}: {response.error().message()}")
+        return {name: pb_utils.get_output_tensor_by_name(response, name).as_numpy() for name in outputs}
+
+    def _newest_drafter(self):
+        """The newest loaded drafter (`drafter`, or a published `drafter_<n>`), None when none is ready."""
         newest_first = reversed(protocol.drafter_models_in(os.listdir(self.repository)))
-        return next((name for name in newest_first if pb_utils.is_model_ready(name)), protocol.DRAFTER)
-
-    async def _release(self, key, opened):
-        """END the sequence in each model that saw it: frees its cache slot and Triton's sequence slot."""
-        for model in ("target", "drafter"):
-            if opened[model]:
-                name = opened["drafter_model"] if model == "drafter" else protocol.TARGET
-                try:
-                    await _call(name, protocol.encode_release(), [], key, END, self.target_timeout)
-                except Exception as exc:  # noqa: BLE001 - the models also reclaim idle sequences themselves
-                    pb_utils.Logger.log_error(f"releasing sequence {key} in {name} failed: {exc}")
-
-    async def _emit(self, sender, seq, stream, sent):
-        """Stream what the last step produced; the final response waits for the release (`_serve`)."""
-        if stream and not seq.finished and not sender.is_cancelled():
-            sender.send(_response(protocol.encode_step_response(seq, sent["tokens"], sent["steps"], final=False)))
-            sent["tokens"], sent["steps"] = len(seq.output), len(seq.steps)
+        return next((name for name in newest_first if pb_utils.is_model_ready(name)), None)

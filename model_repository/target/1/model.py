@@ -1,7 +1,7 @@
-"""The target LLM: prefill and verify calls of many sequences batched into one forward each.
+"""The target LLM: one call per engine step prefills or verifies every sequence it names in one forward.
 
-Calls carry an `op` and the sequence's correlation id; the core's TargetSlots keeps each
-sequence's KV slot and sampling generator under that id. The payloads are protocol.py's.
+The core's TargetSlots keeps each sequence's KV slot and sampling generator under its key.
+The payloads are protocol.py's.
 """
 
 import json
@@ -15,7 +15,6 @@ spin_target_threads()  # before torch loads: the target's idle OpenMP threads sp
 from adaflash.models.drafter import DrafterConfig  # noqa: E402
 from adaflash.models.target import Transformer  # noqa: E402
 from adaflash.serving import protocol  # noqa: E402
-from adaflash.serving.protocol import Op  # noqa: E402
 from adaflash.serving.slots import TargetSlots  # noqa: E402
 
 INPUTS, _ = protocol.MODEL_TENSORS[protocol.TARGET]
@@ -30,48 +29,31 @@ def _response(tensors):
     return pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor(n, v) for n, v in tensors.items()])
 
 
-def _error(exc, unavailable=False):
-    code = pb_utils.TritonError.UNAVAILABLE if unavailable else pb_utils.TritonError.INVALID_ARG
+def _error(exc, code):
     return pb_utils.InferenceResponse(error=pb_utils.TritonError(str(exc), code))
 
 
 class TritonPythonModel:
     def initialize(self, args):
-        config = json.loads(args["model_config"])
-        params = protocol.model_parameters(config)
+        params = protocol.model_parameters(json.loads(args["model_config"]))
         capture = None
         if params["drafter_dir"]:
             with open(f"{params['drafter_dir']}/config.json") as f:
                 capture = DrafterConfig.from_hf(json.load(f)).target_layer_ids
-        self.slots = TargetSlots(Transformer.from_pretrained(params["target_dir"]), config["max_batch_size"],
+        self.slots = TargetSlots(Transformer.from_pretrained(params["target_dir"]), int(params["max_active"]),
                                  int(params["max_len"]), capture, float(params["idle_timeout_s"]))
 
     def execute(self, requests):
-        self.slots.release_stale()
-        responses = [None] * len(requests)
-        batches = {Op.PREFILL: [], Op.VERIFY: []}
-        for i, request in enumerate(requests):
-            key = request.correlation_id()
-            try:
-                call = protocol.decode_target_call(_inputs(request))
-                if call.op is Op.PREFILL:
-                    self.slots.open(key, call.tokens, call.sampling)
-                elif call.op is Op.VERIFY:
-                    self.slots.check_verify(key, call.tokens)
-                else:
-                    self.slots.release(key)
-                    responses[i] = _response({})
-                    continue
-            except (ValueError, KeyError) as exc:
-                responses[i] = _error(exc)
-                continue
-            except RuntimeError as exc:  # no free slot
-                responses[i] = _error(exc, unavailable=True)
-                continue
-            batches[call.op].append((i, key, call.tokens))
-        for op, run in ((Op.PREFILL, self.slots.prefill), (Op.VERIFY, self.slots.verify)):
-            if batches[op]:
-                results = run([(key, tokens) for _, key, tokens in batches[op]])
-                for (i, _, _), result in zip(batches[op], results):
-                    responses[i] = _response(protocol.encode_target_result(result))
-        return responses
+        return [self._one(r) for r in requests]
+
+    def _one(self, request):
+        try:
+            call = protocol.decode_target_call(_inputs(request))
+            timed = self.slots.run(call)
+        except (ValueError, KeyError) as exc:
+            return _error(exc, pb_utils.TritonError.INVALID_ARG)
+        except RuntimeError as exc:  # no free slot
+            return _error(exc, pb_utils.TritonError.UNAVAILABLE)
+        if call.op is protocol.Op.RELEASE:
+            return _response({})
+        return _response(protocol.encode_target_result(timed.value, timed.ms))

@@ -6,7 +6,8 @@ import json
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors import safe_open
+from safetensors.torch import save_file
 from torch import nn
 
 
@@ -14,16 +15,21 @@ def read_config(path: str | Path) -> dict:
     return json.loads((Path(path) / "config.json").read_text())
 
 
-def load_weights(model: nn.Module, path: str | Path, dtype: torch.dtype, optional: frozenset[str] = frozenset()) -> None:
+def load_weights(model: nn.Module, path: str | Path, dtype: torch.dtype, optional: frozenset[str] = frozenset(),
+                 part: bool = False) -> None:
     """Load every *.safetensors of `path` into `model` and cast it; any key missing or unexpected is an error,
-    except the `optional` ones (a tied LM head), because a silently half-loaded model still generates text."""
+    except the `optional` ones (a tied LM head), because a silently half-loaded model still generates text.
+    `part`: the model is a part of the checkpoint's (the target's embedding and head): only its tensors are
+    read, the others stay on disk."""
     path = Path(path)
     files = sorted(path.glob("*.safetensors"))
     if not files:
         raise FileNotFoundError(f"no *.safetensors in {path}")
+    wanted = set(model.state_dict()) if part else None
     state: dict[str, torch.Tensor] = {}
     for f in files:
-        state.update(load_file(f))
+        with safe_open(f, framework="pt") as tensors:
+            state.update({k: tensors.get_tensor(k) for k in tensors.keys() if wanted is None or k in wanted})
     for name in optional:
         state.pop(name, None)
     missing, unexpected = model.load_state_dict(state, strict=False)

@@ -206,7 +206,7 @@ class PositionHead(nn.Module):
 @dataclass
 class Draft:
     tokens: Tensor  # [n, block_length - 1] drafted ids (greedy: the draft is deterministic)
-    hidden: Tensor  # [n, block_size, D] final-norm hidden states of the block
+    hidden: Tensor | None  # [n, block_size, D] final-norm hidden states of the block (None: a draft sent over the wire)
     accept_ratio: Tensor | None  # [n] length head prediction of (accepted + 1) / block_size
     accept_rates: Tensor | None = None  # [n, block_size - 1] position head: P(j accepted | 1..j-1 accepted)
 

@@ -270,6 +270,26 @@ class Transformer(nn.Module):
         return ForwardOutput(logits=logits, hidden=hidden)
 
 
+class TokenHeads(nn.Module):
+    """The target's embedding and LM head alone, with its config: all a drafter reads of the target. A server's
+    drafter model loads this, so the server holds one full copy of the target (in the target model)."""
+
+    def __init__(self, cfg: TargetConfig) -> None:
+        super().__init__()
+        self.config = cfg
+        self.model = nn.Module()
+        self.model.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        if cfg.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+
+    @classmethod
+    def from_pretrained(cls, path: str | Path, dtype: torch.dtype = torch.float32) -> "TokenHeads":
+        heads = cls(TargetConfig.from_hf(read_config(path)))
+        load_weights(heads, path, dtype, _tied(heads.config), part=True)
+        return heads
+
+
 def _tied(cfg: TargetConfig) -> frozenset[str]:
     """The LM head's weights when it shares the embedding's: neither saved nor expected."""
     return frozenset({"lm_head.weight"}) if cfg.tie_word_embeddings else frozenset()

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Callable, Hashable, Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 from enum import Enum, IntEnum
 from typing import Any
@@ -22,10 +22,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from adaflash.decoding.planner import DraftRequest
 from adaflash.decoding.sampling import SamplingParams
 from adaflash.decoding.sequence import Request, Sequence
 from adaflash.decoding.steps import StepResult
+from adaflash.models.drafter import Draft
 
 Tensors = dict[str, np.ndarray]
 
@@ -36,21 +36,12 @@ DRAFTER_NAME = re.compile(r"drafter(?:_(\d+))?")  # `drafter`, then each publish
 
 
 class Op(IntEnum):
-    """What a call to the `target` or `drafter` model asks for."""
+    """What a call to the `target` or `drafter` model asks for, for every sequence it names."""
 
     PREFILL = 0
     VERIFY = 1
     RELEASE = 2
     DRAFT = 3
-
-
-@dataclass
-class DraftCall(DraftRequest):
-    """One sequence's request to the drafter model: the planner's decision (key, mode, cap, block_length,
-    rates) and what drafting needs."""
-
-    features: torch.Tensor  # [n, F] target features of positions committed since the last call (n may be 0)
-    anchor: int  # the last committed token: position 0 of the block
 
 
 # ---------------------------------------------------------------------------------------------
@@ -68,7 +59,6 @@ class TensorSpec:
     dtype: np.dtype
     dims: tuple[int, ...] = (1,)
     optional: bool = False
-    ragged: bool = False  # calls of different lengths batch into one execute
 
     @property
     def triton_type(self) -> str:
@@ -240,29 +230,40 @@ STEP_RESPONSE = (
     *STATS,
     TensorSpec("sequence_id", UINT64),
 )
+# The target and drafter models take one call per engine step carrying every sequence in it (no batch
+# dimension): `keys` names the sequences, ragged token lists travel flat with their `lengths`, features flat
+# with their `feature_rows`.
 OP = TensorSpec("op", INT32)
+KEYS = TensorSpec("keys", UINT64, (-1,))
+FEATURES = (TensorSpec("feature_rows", INT32, (-1,)), TensorSpec("features", FP32, (-1, -1)))
 TARGET_CALL = (
     OP,
-    TensorSpec("tokens", INT32, (-1,), optional=True, ragged=True),
-    *(replace(f.spec, optional=True) for f in SAMPLING_FIELDS),
+    KEYS,
+    TensorSpec("lengths", INT32, (-1,), optional=True),
+    TensorSpec("tokens", INT32, (-1,), optional=True),
+    *(replace(f.spec, dims=(-1,), optional=True) for f in SAMPLING_FIELDS),
 )
 TARGET_RESULT = (
+    TensorSpec("committed_lengths", INT32, (-1,)),
     TensorSpec("committed", INT32, (-1,)),
-    TensorSpec("accepted", INT32),
-    TensorSpec("expected_accepted", FP32),
-    TensorSpec("features", FP32, (-1, -1)),
+    TensorSpec("accepted", INT32, (-1,)),
+    TensorSpec("expected_accepted", FP32, (-1,)),
+    *FEATURES,
+    TensorSpec("forward_ms", FP32),
 )
 DRAFTER_CALL = (
     OP,
-    TensorSpec("features", FP32, (-1, -1), optional=True, ragged=True),
-    TensorSpec("anchor", INT32, optional=True),
-    TensorSpec("spec_mode", BYTES, optional=True),
-    TensorSpec("cap", INT32, optional=True),
+    KEYS,
+    TensorSpec("anchors", INT32, (-1,), optional=True),
+    *(replace(s, optional=True) for s in FEATURES),
     TensorSpec("block_length", INT32, optional=True),
-    TensorSpec("rates", FP32, (-1,), optional=True, ragged=True),
-    TensorSpec("batch_hint", INT32, optional=True),
 )
-DRAFTER_RESULT = (TensorSpec("draft", INT32, (-1,)),)
+DRAFTER_RESULT = (
+    TensorSpec("draft_tokens", INT32, (-1, -1)),
+    TensorSpec("accept_ratio", FP32, (-1,)),  # empty without a length head
+    TensorSpec("accept_rates", FP32, (-1, -1)),  # [0, 0] without a position head
+    TensorSpec("draft_ms", FP32),
+)
 
 # Every model's inputs and outputs, by model name (published drafters use the `drafter` entry).
 MODEL_TENSORS: dict[str, tuple[tuple[TensorSpec, ...], tuple[TensorSpec, ...]]] = {
@@ -296,6 +297,11 @@ def _array(value: Any, dtype: np.dtype) -> np.ndarray:
     if dtype == BYTES:
         values = [v.encode() if isinstance(v, str) else v for v in values]
     return np.asarray(values, dtype=dtype).reshape(1, -1)
+
+
+def _flat(value: Any, dtype: np.dtype) -> np.ndarray:
+    """A 1-D array (the per-step calls carry no batch dimension)."""
+    return np.asarray(value if isinstance(value, (list, tuple, np.ndarray)) else [value], dtype=dtype).reshape(-1)
 
 
 def _scalar(tensors: Tensors, name: str) -> Any:
@@ -342,9 +348,14 @@ def decode_op(tensors: Tensors, allowed: Iterable[Op]) -> Op:
     return Op(code)
 
 
-def encode_release() -> Tensors:
-    """Ends a sequence in the target or a drafter (sent with the END flag)."""
-    return {"op": _array(Op.RELEASE, INT32)}
+def encode_release(keys: list[int]) -> Tensors:
+    """Ends sequences in the target or a drafter: their cache slots are free again."""
+    return {"op": _flat(Op.RELEASE, INT32), "keys": _flat(keys, UINT64)}
+
+
+def decode_keys(tensors: Tensors) -> list[int]:
+    _required(tensors, ["keys"])
+    return _list(tensors, "keys")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -451,77 +462,121 @@ def encode_text_response(text: str, step: Tensors) -> Tensors:
 @dataclass
 class TargetCall:
     op: Op
-    tokens: list[int]  # prefill: the prompt; verify: [anchor] + draft
-    sampling: SamplingParams | None = None  # prefill only: the sequence keeps it
+    keys: list[int]  # the sequences, one entry each
+    feeds: list[list[int]]  # prefill: the prompts; verify: [anchor] + draft; release: none
+    sampling: list[SamplingParams] | None = None  # prefill only: each sequence keeps its own
+
+
+def _split(flat: list, lengths: list[int]) -> list[list]:
+    ends = np.cumsum(lengths).tolist()
+    return [flat[e - n : e] for e, n in zip(ends, lengths)]
 
 
 def encode_target_call(call: TargetCall) -> Tensors:
-    out = {"op": _array(call.op, INT32), "tokens": _array(call.tokens, INT32)}
+    out = {"op": _flat(call.op, INT32), "keys": _flat(call.keys, UINT64),
+           "lengths": _flat([len(f) for f in call.feeds], INT32),
+           "tokens": _flat([t for f in call.feeds for t in f], INT32)}
     if call.sampling is not None:
-        out.update({f.name: _to_wire(f.spec, getattr(call.sampling, f.target)) for f in SAMPLING_FIELDS})
+        out.update({f.name: _flat([getattr(sp, f.target) for sp in call.sampling], f.spec.dtype)
+                    for f in SAMPLING_FIELDS})
     return out
 
 
 def decode_target_call(tensors: Tensors) -> TargetCall:
-    """ValueError naming the field for an unknown op or invalid sampling settings."""
+    """ValueError naming the field for an unknown op, inconsistent lengths or invalid sampling settings."""
     op = decode_op(tensors, (Op.PREFILL, Op.VERIFY, Op.RELEASE))
-    tokens = [] if tensors.get("tokens") is None else _list(tensors, "tokens")
-    if op is not Op.PREFILL:
-        return TargetCall(op, tokens)
-    sampling = SamplingParams(**{f.target: _from_wire(f.spec, tensors[f.name]) for f in SAMPLING_FIELDS
-                                 if tensors.get(f.name) is not None})
-    sampling.validate()
-    return TargetCall(op, tokens, sampling)
+    keys = decode_keys(tensors)
+    if op is Op.RELEASE:
+        return TargetCall(op, keys, [])
+    _required(tensors, ["lengths", "tokens"])
+    lengths, tokens = _list(tensors, "lengths"), _list(tensors, "tokens")
+    if len(lengths) != len(keys) or sum(lengths) != len(tokens) or min(lengths, default=1) < 1:
+        raise ValueError(f"lengths: {len(lengths)} lengths summing to {sum(lengths)} for {len(keys)} keys and "
+                         f"{len(tokens)} tokens")
+    call = TargetCall(op, keys, _split(tokens, lengths))
+    if op is Op.PREFILL:
+        _required(tensors, [f.name for f in SAMPLING_FIELDS])
+        columns = {f.target: _list(tensors, f.name) for f in SAMPLING_FIELDS}
+        call.sampling = [SamplingParams(**{k: v[i] for k, v in columns.items()}) for i in range(len(keys))]
+        for sp in call.sampling:
+            sp.validate()
+    return call
 
 
-def encode_target_result(result: StepResult) -> Tensors:
-    features = np.zeros((0, 0), np.float32) if result.features is None else result.features.numpy()
-    return {"committed": _array(result.committed, INT32), "accepted": _array(result.accepted, INT32),
-            "expected_accepted": _array(result.expected_accepted, FP32),
-            "features": features.astype(np.float32)[None]}
+def _encode_features(features: list[torch.Tensor | None]) -> Tensors:
+    present = [f for f in features if f is not None]
+    flat = torch.cat(present).numpy() if present else np.zeros((0, 0), np.float32)
+    return {"feature_rows": _flat([0 if f is None else f.shape[0] for f in features], INT32),
+            "features": flat.astype(np.float32, copy=False)}
 
 
-def decode_target_result(tensors: Tensors, feature_width: int) -> StepResult:
-    """`feature_width` 0: the server has no drafter, so the features are not read."""
-    features = None
-    if feature_width:
-        features = torch.from_numpy(np.ascontiguousarray(tensors["features"].reshape(-1, feature_width)))
-    return StepResult(committed=_list(tensors, "committed"), accepted=int(_scalar(tensors, "accepted")),
-                      expected_accepted=float(_scalar(tensors, "expected_accepted")), features=features)
+def _decode_features(tensors: Tensors) -> list[torch.Tensor | None]:
+    rows = _list(tensors, "feature_rows")
+    flat = torch.from_numpy(np.ascontiguousarray(tensors["features"]))
+    parts = torch.split(flat, rows) if flat.numel() else [None] * len(rows)
+    return [None if n == 0 else p for p, n in zip(parts, rows)]
+
+
+def encode_target_result(results: list[StepResult], forward_ms: float) -> Tensors:
+    return {"committed_lengths": _flat([len(r.committed) for r in results], INT32),
+            "committed": _flat([t for r in results for t in r.committed], INT32),
+            "accepted": _flat([r.accepted for r in results], INT32),
+            "expected_accepted": _flat([r.expected_accepted for r in results], FP32),
+            **_encode_features([r.features for r in results]), "forward_ms": _flat(forward_ms, FP32)}
+
+
+def decode_target_result(tensors: Tensors) -> tuple[list[StepResult], float]:
+    """The results in call order, and the forward's milliseconds."""
+    committed = _split(_list(tensors, "committed"), _list(tensors, "committed_lengths"))
+    return ([StepResult(c, a, e, f) for c, a, e, f in zip(committed, _list(tensors, "accepted"),
+                                                          _list(tensors, "expected_accepted"), _decode_features(tensors))],
+            float(_scalar(tensors, "forward_ms")))
 
 
 # ---------------------------------------------------------------------------------------------
 # The drafter model: orchestrator <-> drafter
 
 
-def encode_draft_call(call: DraftCall, batch_hint: int) -> Tensors:
-    """`batch_hint`: sequences the orchestrator is running, the batch the drafter's cost model plans for."""
-    return {"op": _array(Op.DRAFT, INT32), "features": call.features.numpy().astype(np.float32)[None],
-            "anchor": _array(call.anchor, INT32), "spec_mode": _array(call.mode, BYTES),
-            "cap": _array(call.cap, INT32), "block_length": _array(call.block_length, INT32),
-            "rates": _array(np.asarray(call.rates, dtype=np.float32), FP32),
-            "batch_hint": _array(batch_hint, INT32)}
+@dataclass
+class DraftCall:
+    """Draft one block per sequence. Features: the target's, of positions each sequence committed since its
+    last draft (None: none), appended to its context before drafting."""
+
+    keys: list[int]
+    anchors: list[int]
+    features: list[torch.Tensor | None]
+    block_length: int
 
 
-def decode_draft_call(tensors: Tensors, key: Hashable) -> DraftCall:
+def encode_draft_call(call: DraftCall) -> Tensors:
+    return {"op": _flat(Op.DRAFT, INT32), "keys": _flat(call.keys, UINT64), "anchors": _flat(call.anchors, INT32),
+            **_encode_features(call.features), "block_length": _flat(call.block_length, INT32)}
+
+
+def decode_draft_call(tensors: Tensors) -> DraftCall:
     _required(tensors, names(DRAFTER_CALL))
-    features = np.asarray(tensors["features"], dtype=np.float32)
-    return DraftCall(key=key, features=torch.from_numpy(np.ascontiguousarray(features.reshape(-1, features.shape[-1]))),
-                     anchor=int(_scalar(tensors, "anchor")), mode=_scalar(tensors, "spec_mode").decode(),
-                     cap=int(_scalar(tensors, "cap")), block_length=int(_scalar(tensors, "block_length")),
-                     rates=np.asarray(tensors["rates"], dtype=np.float64).reshape(-1))
+    call = DraftCall(decode_keys(tensors), _list(tensors, "anchors"), _decode_features(tensors),
+                     int(_scalar(tensors, "block_length")))
+    if not len(call.keys) == len(call.anchors) == len(call.features):
+        raise ValueError(f"anchors: {len(call.anchors)} anchors and {len(call.features)} feature counts for "
+                         f"{len(call.keys)} keys")
+    return call
 
 
-def decode_batch_hint(tensors: Tensors) -> int:
-    return int(_scalar(tensors, "batch_hint"))
+def encode_draft(draft: Draft, draft_ms: float) -> Tensors:
+    """What cutting the blocks needs (tokens, head outputs); the block's hidden states stay in the drafter."""
+    ratio = np.zeros(0, np.float32) if draft.accept_ratio is None else draft.accept_ratio.float().numpy()
+    rates = np.zeros((0, 0), np.float32) if draft.accept_rates is None else draft.accept_rates.float().numpy()
+    return {"draft_tokens": draft.tokens.numpy().astype(np.int32), "accept_ratio": ratio, "accept_rates": rates,
+            "draft_ms": _flat(draft_ms, FP32)}
 
 
-def encode_draft(draft: list[int]) -> Tensors:
-    return {"draft": _array(draft, INT32)}
-
-
-def decode_draft(tensors: Tensors) -> list[int]:
-    return _list(tensors, "draft")
+def decode_draft(tensors: Tensors) -> tuple[Draft, float]:
+    def optional(name: str) -> torch.Tensor | None:
+        return torch.from_numpy(np.ascontiguousarray(tensors[name])) if tensors[name].size else None
+    tokens = torch.from_numpy(np.asarray(tensors["draft_tokens"], dtype=np.int64))
+    return (Draft(tokens=tokens, hidden=None, accept_ratio=optional("accept_ratio"),
+                  accept_rates=optional("accept_rates")), float(_scalar(tensors, "draft_ms")))
 
 
 # ---------------------------------------------------------------------------------------------

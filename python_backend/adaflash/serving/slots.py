@@ -1,9 +1,9 @@
-"""The target and the drafter with per-sequence state keyed by a sequence id, for servers that route calls
-per sequence.
+"""The target and the drafter with per-sequence state keyed by a sequence id, for a server whose models live
+in processes of their own.
 
-A Triton model (or any other server) receives batches of calls from different sequences;
-these classes own the caches and keep each sequence's slot in them (and its sampling
-generator) under its key, and run one batched forward per call batch. Slots idle for longer than
+The orchestrator calls each model once per step for every sequence in it; these classes own
+the caches and keep each sequence's slot in them (and its sampling generator) under its key,
+and run one batched forward per call. Slots idle for longer than
 `idle_timeout_s` are reclaimed, so a client that vanishes without releasing cannot leak them.
 """
 
@@ -14,14 +14,13 @@ from collections.abc import Hashable
 
 import torch
 
-from adaflash.decoding.planner import Load, Planner
-from adaflash.decoding.policy import LengthController
 from adaflash.decoding.sampling import SamplingParams
+from adaflash.decoding.scheduler import Timed
 from adaflash.decoding.steps import StepResult, prefill_batch, verify_batch
 from adaflash.models.cache import KVCache
-from adaflash.models.drafter import DFlashDrafter
-from adaflash.models.target import Transformer
-from adaflash.serving.protocol import DraftCall
+from adaflash.models.drafter import DFlashDrafter, Draft
+from adaflash.models.target import TokenHeads, Transformer
+from adaflash.serving.protocol import DraftCall, Op, TargetCall
 
 
 class SlotTable:
@@ -85,6 +84,10 @@ class CacheSlots:
         return stale
 
 
+def _ms_since(t0: float) -> float:
+    return (time.perf_counter() - t0) * 1000
+
+
 class TargetSlots(CacheSlots):
     def __init__(self, target: Transformer, num_slots: int, max_len: int, capture: list[int] | None,
                  idle_timeout_s: float = 600.0) -> None:
@@ -92,27 +95,39 @@ class TargetSlots(CacheSlots):
         self.target, self.capture, self.max_len = target, capture, max_len
         self.sampling: dict[Hashable, tuple[SamplingParams, torch.Generator]] = {}
 
-    def open(self, key: Hashable, prompt: list[int], sampling: SamplingParams) -> None:
-        """Claim a slot for a new sequence (raises if none is free or the prompt cannot fit)."""
-        if len(prompt) >= self.max_len:
-            raise ValueError(f"prompt of {len(prompt)} tokens does not fit the context of {self.max_len}")
-        self.slots.acquire(key)
-        self.sampling[key] = (sampling, torch.Generator().manual_seed(sampling.seed))
+    def run(self, call: TargetCall) -> Timed[list[StepResult]]:
+        """Prefill, verify or release every sequence of the call, in one forward. Raises ValueError or KeyError
+        for a call that does not fit its sequences (nothing changes then), RuntimeError when no slot is free."""
+        self.release_stale()
+        if call.op is Op.RELEASE:
+            for key in call.keys:
+                self.release(key)
+            return Timed([], 0.0)
+        if call.op is Op.PREFILL:
+            self._open(call)
+        for key, feed in zip(call.keys, call.feeds):
+            if self.cache.lengths[self.slots.get(key)] + len(feed) > self.max_len:
+                raise ValueError(f"sequence {key} would exceed the context of {self.max_len} tokens")
+        run = prefill_batch if call.op is Op.PREFILL else verify_batch
+        t0 = time.perf_counter()
+        results = run(self.target, self.cache, [self.slots.get(k) for k in call.keys], call.feeds,
+                      [self.sampling[k][0] for k in call.keys], [self.sampling[k][1] for k in call.keys], self.capture)
+        return Timed(results, _ms_since(t0))
 
-    def prefill(self, items: list[tuple[Hashable, list[int]]]) -> list[StepResult]:
-        keys = [k for k, _ in items]
-        return prefill_batch(self.target, self.cache, [self.slots.get(k) for k in keys], [p for _, p in items],
-                             [self.sampling[k][0] for k in keys], [self.sampling[k][1] for k in keys], self.capture)
-
-    def check_verify(self, key: Hashable, feed: list[int]) -> None:
-        slot = self.slots.get(key)
-        if self.cache.lengths[slot] + len(feed) > self.max_len:
-            raise ValueError(f"sequence {key} would exceed the context of {self.max_len} tokens")
-
-    def verify(self, items: list[tuple[Hashable, list[int]]]) -> list[StepResult]:
-        keys = [k for k, _ in items]
-        return verify_batch(self.target, self.cache, [self.slots.get(k) for k in keys], [f for _, f in items],
-                            [self.sampling[k][0] for k in keys], [self.sampling[k][1] for k in keys], self.capture)
+    def _open(self, call: TargetCall) -> None:
+        """Claim a slot per new sequence, all or none."""
+        opened = []
+        try:
+            for key, prompt, sampling in zip(call.keys, call.feeds, call.sampling):
+                if len(prompt) >= self.max_len:
+                    raise ValueError(f"prompt of {len(prompt)} tokens does not fit the context of {self.max_len}")
+                self.slots.acquire(key)
+                opened.append(key)
+                self.sampling[key] = (sampling, torch.Generator().manual_seed(sampling.seed))
+        except (ValueError, RuntimeError):
+            for key in opened:
+                self.release(key)
+            raise
 
     def release(self, key: Hashable) -> None:
         self.sampling.pop(key, None)
@@ -120,27 +135,24 @@ class TargetSlots(CacheSlots):
 
 
 class DrafterSlots(CacheSlots):
-    def __init__(self, drafter: DFlashDrafter, target: Transformer, num_slots: int, max_len: int,
-                 controller: LengthController, idle_timeout_s: float = 600.0) -> None:
+    def __init__(self, drafter: DFlashDrafter, target: Transformer | TokenHeads, num_slots: int, max_len: int,
+                 idle_timeout_s: float = 600.0) -> None:
         drafter.check_target(target)
         super().__init__(drafter.new_cache(num_slots, max_len), idle_timeout_s)
         self.drafter, self.target = drafter, target
-        self.planner = Planner(controller)
 
-    def draft(self, calls: list[DraftCall], batch: int) -> list[list[int]]:
-        """Draft for every call in one forward and cut each draft to the length the planner chooses.
-
-        `batch` is how many sequences the next verify is expected to carry (for the cost model).
-        """
-        for c in calls:
-            if c.key not in self.slots.slot_of:
-                self.slots.acquire(c.key)
-        slots = [self.slots.get(c.key) for c in calls]
-        fresh = [(s, c.features) for s, c in zip(slots, calls) if c.features.shape[0]]
+    def run(self, call: DraftCall) -> Timed[Draft]:
+        """Append each sequence's new features to its context (a new sequence takes a slot), then draft every
+        block in one forward; the caller cuts the drafts."""
+        self.release_stale()
+        for key in call.keys:
+            if key not in self.slots.slot_of:
+                self.slots.acquire(key)
+        slots = [self.slots.get(k) for k in call.keys]
+        t0 = time.perf_counter()
+        fresh = [(s, f) for s, f in zip(slots, call.features) if f is not None]
         if fresh:
             self.drafter.append_context(self.cache, [s for s, _ in fresh], torch.cat([f for _, f in fresh]),
                                         [f.shape[0] for _, f in fresh])
-        draft = self.drafter.draft(self.target, self.cache, slots, [c.anchor for c in calls],
-                                   self.planner.draft_block_length(calls))
-        ks = self.planner.cut(calls, draft, Load.peers(max(0, batch - len(calls))))
-        return [tokens[:k] for tokens, k in zip(draft.tokens.tolist(), ks)]
+        draft = self.drafter.draft(self.target, self.cache, slots, call.anchors, call.block_length)
+        return Timed(draft, _ms_since(t0))

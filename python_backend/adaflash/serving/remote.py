@@ -1,0 +1,91 @@
+"""The scheduler's backend when the target and the drafter are models of their own (Triton's `target` and
+`drafter`): per step, one call to the target for every sequence, at most one call to each drafter model.
+
+Transport-free: a server supplies `call(model, tensors) -> tensors`, which raises BackendError when the
+model fails or does not answer. Payloads are protocol.py's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+
+import torch
+
+from adaflash.decoding.scheduler import BackendError, Timed
+from adaflash.decoding.sequence import Sequence
+from adaflash.decoding.steps import StepResult
+from adaflash.models.drafter import Draft
+from adaflash.serving import protocol
+from adaflash.serving.protocol import DraftCall, Op, TargetCall, Tensors
+
+Call = Callable[[str, Tensors], Awaitable[Tensors]]
+
+
+class RemoteBackend:
+    """`newest_drafter()` names the drafter model a new sequence uses (None: none is ready): a sequence keeps
+    it to the end, because its context lives in that model, so a hot swap never moves a running sequence."""
+
+    def __init__(self, call: Call, newest_drafter: Callable[[], str | None],
+                 log: Callable[[str], None] = lambda message: None) -> None:
+        self.call, self.newest_drafter, self.log = call, newest_drafter, log
+        self.drafter_of: dict[int, str] = {}  # sequence -> the drafter model it started with
+
+    async def prefill(self, seqs: list[Sequence]) -> Timed[list[StepResult]]:
+        drafter = self.newest_drafter() if any(s.can_draft for s in seqs) else None
+        if drafter is not None:
+            self.drafter_of.update((s.id, drafter) for s in seqs if s.can_draft)
+        call = TargetCall(Op.PREFILL, [s.id for s in seqs], [s.tokens for s in seqs], [s.request.sampling for s in seqs])
+        return await self._target(call)
+
+    async def verify(self, seqs: list[Sequence], feeds: list[list[int]]) -> Timed[list[StepResult]]:
+        return await self._target(TargetCall(Op.VERIFY, [s.id for s in seqs], feeds))
+
+    async def _target(self, call: TargetCall) -> Timed[list[StepResult]]:
+        results, ms = protocol.decode_target_result(await self.call(protocol.TARGET, protocol.encode_target_call(call)))
+        return Timed(results, ms)
+
+    async def draft(self, seqs: list[Sequence], block_length: int) -> Timed[Draft]:
+        """One call per drafter model the sequences use (one, except while a newer drafter takes over)."""
+        by_model: dict[str, list[int]] = {}
+        for i, seq in enumerate(seqs):
+            if seq.id not in self.drafter_of:
+                raise BackendError("no drafter model was ready when the sequence started")
+            by_model.setdefault(self.drafter_of[seq.id], []).append(i)
+        parts, total_ms = {}, 0.0
+        for model, rows in by_model.items():
+            group = [seqs[i] for i in rows]
+            call = DraftCall([s.id for s in group], [s.tokens[-1] for s in group],
+                             [torch.cat(s.pending_context) if s.pending_context else None for s in group], block_length)
+            draft, ms = protocol.decode_draft(await self.call(model, protocol.encode_draft_call(call)))
+            for s in group:
+                s.pending_context.clear()
+            parts[model], total_ms = draft, total_ms + ms
+        return Timed(_in_order([(rows, parts[m]) for m, rows in by_model.items()]), total_ms)
+
+    async def release(self, seqs: list[Sequence]) -> None:
+        """Free the sequences in the target and in their drafter models. A failure is logged, not raised: the
+        models reclaim slots left idle themselves."""
+        releases = {protocol.TARGET: [s.id for s in seqs]}
+        for seq in seqs:
+            model = self.drafter_of.pop(seq.id, None)
+            if model is not None:
+                releases.setdefault(model, []).append(seq.id)
+        for model, keys in releases.items():
+            try:
+                await self.call(model, protocol.encode_release(keys))
+            except BackendError as exc:
+                self.log(f"releasing {len(keys)} sequences in {model} failed: {exc}")
+
+
+def _in_order(parts: list[tuple[list[int], Draft]]) -> Draft:
+    """Drafts of several models as one, rows back in the order of the sequences asked."""
+    if len(parts) == 1:
+        return parts[0][1]
+    order = torch.tensor([i for rows, _ in parts for i in rows]).argsort()
+
+    def joined(field: str) -> torch.Tensor | None:
+        values = [getattr(d, field) for _, d in parts]
+        return None if any(v is None for v in values) else torch.cat(values)[order]
+
+    return Draft(tokens=joined("tokens"), hidden=None, accept_ratio=joined("accept_ratio"),
+                 accept_rates=joined("accept_rates"))

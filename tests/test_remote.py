@@ -1,0 +1,163 @@
+"""The served step loop (Scheduler over RemoteBackend) through the wire protocol, with the target and drafter
+services in process: the same output as the engine, one target call per step, and the failure rules."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from helpers import clone_target, fixed_costs, random_prompts
+
+from adaflash.decoding.engine import Engine
+from adaflash.decoding.modes import MODE_NAMES
+from adaflash.decoding.planner import Planner
+from adaflash.decoding.policy import LengthController
+from adaflash.decoding.scheduler import BackendError, Scheduler
+from adaflash.decoding.sequence import Request, Sequence
+from adaflash.serving import protocol
+from adaflash.serving.protocol import Op
+from adaflash.serving.remote import RemoteBackend
+from adaflash.serving.slots import DrafterSlots, TargetSlots
+
+MAX_TOKENS = 32
+MAX_LEN = 30 + MAX_TOKENS + 16 + 10
+
+
+class Models:
+    """The target and drafter models as the orchestrator sees them: tensors in, tensors out, by model name."""
+
+    def __init__(self, bundle, slots: int, drafters: tuple[str, ...] = ("drafter",)) -> None:
+        target = clone_target(bundle.target)
+        self.target = TargetSlots(target, slots, MAX_LEN, bundle.drafter.config.target_layer_ids)
+        self.drafters = {name: DrafterSlots(bundle.drafter, target, slots, MAX_LEN) for name in drafters}
+        self.newest = drafters[-1]
+        self.calls: list[tuple[str, Op, int]] = []  # (model, op, sequences)
+        self.failing: set[str] = set()
+
+    async def call(self, model: str, tensors: protocol.Tensors) -> protocol.Tensors:
+        await asyncio.sleep(0)  # a real transport suspends here
+        op = Op(int(tensors["op"][0]))
+        self.calls.append((model, op, len(tensors["keys"])))
+        if model in self.failing:
+            raise BackendError(f"{model}: stub process is not healthy")
+        if model == protocol.TARGET:
+            call = protocol.decode_target_call(tensors)
+            timed = self.target.run(call)
+            return {} if op is Op.RELEASE else protocol.encode_target_result(timed.value, timed.ms)
+        if op is Op.RELEASE:
+            for key in protocol.decode_keys(tensors):
+                self.drafters[model].release(key)
+            return {}
+        timed = self.drafters[model].run(protocol.decode_draft_call(tensors))
+        return protocol.encode_draft(timed.value, timed.ms)
+
+    def empty(self) -> bool:
+        return len(self.target.slots) == 0 and all(len(d.slots) == 0 for d in self.drafters.values())
+
+
+def serve(bundle, requests: list[Request], models: Models, before_step=None) -> tuple[list[Sequence], dict]:
+    """Run the requests through the served loop; returns the sequences and what was streamed per sequence."""
+    backend = RemoteBackend(models.call, lambda: models.newest)
+    scheduler = Scheduler(backend, Planner(LengthController(fixed_costs(), bundle.drafter.config.block_size)),
+                          fixed_costs(), len(requests), MAX_LEN, has_drafter=True)
+    seqs = [Sequence(id=1000 + i, request=r, tokens=list(r.prompt_ids), generator=None, stop_ids=frozenset())
+            for i, r in enumerate(requests)]
+    for s in seqs:
+        scheduler.add(s)
+    streamed: dict[int, list[int]] = {}
+    sent: dict[int, int] = {}
+
+    async def run() -> None:
+        step = 0
+        while scheduler.has_work:
+            if before_step:
+                before_step(step)
+            for seq in await scheduler.step():
+                streamed.setdefault(seq.id, []).extend(seq.output[sent.get(seq.id, 0):])
+                sent[seq.id] = len(seq.output)
+            step += 1
+
+    asyncio.run(run())
+    return seqs, streamed
+
+
+def reference(bundle, prompts):
+    engine = Engine(clone_target(bundle.target), None, num_slots=len(prompts), max_len=MAX_LEN)
+    return [s.output for s in engine.generate([Request(p, MAX_TOKENS, stop_ids=()) for p in prompts])]
+
+
+@pytest.mark.parametrize("mode", MODE_NAMES)
+def test_served_loop_equals_the_engine_with_one_target_call_per_step(trained_tiny, mode):
+    prompts = random_prompts(12, seed=11)
+    models = Models(trained_tiny, 12)
+    seqs, streamed = serve(trained_tiny, [Request(p, MAX_TOKENS, mode=mode, stop_ids=()) for p in prompts], models)
+    want = reference(trained_tiny, prompts)
+    engine = Engine(clone_target(trained_tiny.target), trained_tiny.drafter, num_slots=12, max_len=MAX_LEN,
+                    cost_model=fixed_costs())
+    in_process = engine.generate([Request(p, MAX_TOKENS, mode=mode, stop_ids=()) for p in prompts])
+    for seq, ref, local in zip(seqs, want, in_process):
+        assert seq.output == ref == streamed[seq.id]
+        if mode != "adaflash":  # (adaflash's choices follow the live cost scales: timing)
+            assert [(s.draft_len, s.accepted) for s in seq.steps] == [(s.draft_len, s.accepted) for s in local.steps]
+    verifies = [n for model, op, n in models.calls if model == protocol.TARGET and op is Op.VERIFY]
+    prefills = [n for model, op, n in models.calls if model == protocol.TARGET and op is Op.PREFILL]
+    assert prefills == [12] and verifies[0] == 12  # every sequence in one call
+    assert len(verifies) == max(len(s.steps) for s in seqs)  # one target call per step
+    drafts = [(model, op) for model, op, _ in models.calls if op is Op.DRAFT]
+    assert len(drafts) <= len(verifies)
+    if mode in ("dflash", "adaflash-published"):
+        assert any(st.accepted > 0 for s in seqs for st in s.steps)
+    assert models.empty()
+
+
+def test_sampled_output_equals_the_engine_for_the_same_seeds(trained_tiny):
+    from adaflash.decoding.sampling import SamplingParams
+    prompts = random_prompts(6, seed=13)
+    reqs = [Request(p, MAX_TOKENS, mode=m, stop_ids=(), sampling=SamplingParams(temperature=0.8, top_p=0.9, seed=i))
+            for i, (p, m) in enumerate(zip(prompts, ["ar", "ngram", "dflash"] * 2))]
+    engine = Engine(clone_target(trained_tiny.target), trained_tiny.drafter, num_slots=6, max_len=MAX_LEN,
+                    cost_model=fixed_costs())
+    local = [s.output for s in engine.generate(reqs)]
+    seqs, _ = serve(trained_tiny, reqs, Models(trained_tiny, 6))
+    assert [s.output for s in seqs] == local
+
+
+def test_a_failing_drafter_leaves_plain_decoding(trained_tiny):
+    prompts = random_prompts(4, seed=12)
+    models = Models(trained_tiny, 4)
+    models.failing.add("drafter")
+    seqs, _ = serve(trained_tiny, [Request(p, MAX_TOKENS, mode="dflash", stop_ids=()) for p in prompts], models)
+    assert [s.output for s in seqs] == reference(trained_tiny, prompts)
+    assert all(st.draft_len == 0 for s in seqs for st in s.steps)
+    assert sum(op is Op.DRAFT for _, op, _ in models.calls) == 1  # tried once, then never again
+    assert len(models.target.slots) == 0
+
+
+def test_a_failing_target_ends_its_sequences_with_the_reason(trained_tiny):
+    prompts = random_prompts(3, seed=14)
+    models = Models(trained_tiny, 3)
+    seqs, _ = serve(trained_tiny, [Request(p, MAX_TOKENS, mode="adaflash", stop_ids=()) for p in prompts], models,
+                    before_step=lambda step: step == 3 and models.failing.add("target"))
+    assert all(s.finish_reason == "error" and "not healthy" in s.error for s in seqs)
+    assert all(0 < len(s.output) < MAX_TOKENS for s in seqs)
+
+
+def test_a_hot_swap_keeps_running_sequences_on_their_drafter(trained_tiny):
+    prompts = random_prompts(6, seed=15)
+    models = Models(trained_tiny, 6, drafters=("drafter", "drafter_2"))
+    models.newest = "drafter"
+
+    def swap(step: int) -> None:
+        if step == 1:  # after their prefill, before their first draft
+            models.newest = "drafter_2"
+
+    reqs = [Request(p, MAX_TOKENS, mode="dflash", stop_ids=()) for p in prompts]
+    backend_seqs, _ = serve(trained_tiny, reqs[:3], models, before_step=swap)
+    assert [s.output for s in backend_seqs] == reference(trained_tiny, prompts[:3])
+    used = {model for model, op, _ in models.calls if op is Op.DRAFT}
+    assert used == {"drafter"}  # they started there and stayed
+    models.calls.clear()
+    later, _ = serve(trained_tiny, reqs[3:], models)
+    assert {model for model, op, _ in models.calls if op is Op.DRAFT} == {"drafter_2"}
+    assert [s.output for s in later] == reference(trained_tiny, prompts[3:])
+    assert models.empty()
