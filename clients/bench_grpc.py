@@ -1,31 +1,37 @@
-"""Time the served gRPC path against the in-process engine: same model folder, prompts, mode, greedy.
+"""Time the served gRPC path against the in-process engine: same model folder, prompts, modes, greedy.
 
 Why: a request served by Triton takes a longer road than `Engine.generate` (gRPC, the ensemble's
-preprocessing and postprocessing, the orchestrator's BLS calls to the `target` and `drafter`
-models, the sequence batcher's queue delay, one streamed response per step). This measures
-what that road costs in output tokens per second at each concurrency, and checks first that
-it computes the same thing: every served text must equal the decoded in-process output, and
-a concurrency where any differs gets no speed (the run then exits 1).
+preprocessing and postprocessing, the orchestrator's step loop with its BLS calls to the `target`
+and `drafter` models, one streamed response per step). This measures what that road costs in
+output tokens per second at each concurrency, and checks first that it computes the same thing:
+every served text must equal the decoded in-process output, and a concurrency where any differs
+gets no speed (the run then exits 1).
 
-The two paths run one after the other, never at once: the server's target, drafter and
-orchestrator processes and this process's engine would otherwise compete for the same CPU
-cores (torch threads in each). Without --url the in-process rows run before the server starts,
-and the engine uses the verify/draft cost table measured for the server's repository, so the
-`adaflash` length policy works from the same figures on both paths.
+The client is lean: asyncio gRPC streams in this one process (tritonclient's aio client), its own
+CPU time reported, because it shares the machine's cores with the server. The two paths run one
+after the other, never at once (the server's processes and this process's engine would compete
+for the same cores). The in-process rows run before the server starts, with the verify/draft cost
+table measured for the server's repository, so `adaflash` plans from the same figures on both paths.
+Per served run the orchestrator's own metrics say how many sequences each `target` and `drafter`
+call carried, and Triton's statistics how many times each model executed.
 
-    .venv/bin/python clients/bench_grpc.py --json /tmp/bench_grpc.json
+    .venv/bin/python clients/bench_grpc.py --model-dir models/default --json docs/serving/bench_grpc.json
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
+import re
 import sys
 import tempfile
 import time
-from concurrent.futures import ThreadPoolExecutor
+import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
+
+import tritonclient.grpc.aio as grpcaio
 
 from adaflash.cli_args import csv_list
 from adaflash.decoding.costs import CostModel
@@ -35,13 +41,14 @@ from adaflash.decoding.sequence import Request, Sequence
 from adaflash.evaluation.prompts import load_prompts
 from adaflash.models.bundle import Bundle, load_bundle
 from adaflash_build.repository import RepositoryConfig, build_repository, tiny_model_dir
-from adaflash_client import AdaFlashClient, Completion, GenerationParams
+from adaflash_client.client import GenerationError, GenerationParams, build_inputs, is_final, parse_chunk
 from adaflash_server.launcher import ServerConfig, TritonServer
 
 PROMPT_CHARS = 300  # prompts keep their last characters, well inside max_prompt_tokens
 WARMUP_TOKENS = 4
 REPOSITORY = RepositoryConfig(max_active=64, max_batch_size=64, max_len=1024, max_prompt_tokens=400,
                               max_output_tokens=600)
+CALLS = re.compile(r'^adaflash_model_call_sequences_(sum|count)\{model="([^"]+)",op="([^"]+)"\} (\S+)$', re.M)
 
 
 @dataclass
@@ -52,25 +59,29 @@ class PathRun:
     tokens_per_s: float
     tau: float | None
     mean_ttft_ms: float | None = None
+    client_cpu_share: float | None = None  # the client's CPU seconds per wall second
+    calls: dict | None = None  # per model and op: calls and mean sequences per call
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model-dir", type=Path, help="folder with target/ and drafter/ (default: tiny random models)")
     p.add_argument("--drafter", default="drafter", help="drafter folder name in --model-dir ('' for none)")
-    p.add_argument("--url", help="HOST:PORT of a running server (default: start one on free ports)")
-    p.add_argument("--mode", default="adaflash", choices=MODE_NAMES)
-    p.add_argument("--concurrency", type=csv_list(int), default=[1, 16], help="comma-separated concurrencies")
-    p.add_argument("--num-prompts", type=int, default=20)
+    p.add_argument("--modes", type=csv_list(str), default=["ar", "adaflash"], help=f"of {', '.join(MODE_NAMES)}")
+    p.add_argument("--concurrency", type=csv_list(int), default=[1, 8, 32, 64], help="comma-separated concurrencies")
     p.add_argument("--prompts", type=Path, help="JSON lines with `prompt` (default: the packaged sample prompts)")
+    p.add_argument("--requests-per-user", type=int, default=2, help="prompts per run: this many per concurrent user, "
+                   "at least --min-requests")
+    p.add_argument("--min-requests", type=int, default=16)
     p.add_argument("--max-tokens", type=int, default=64)
     p.add_argument("--json", type=Path, help="write the results here")
     return p.parse_args(argv)
 
 
-def load_texts(path: Path | None, n: int) -> list[str]:
-    """The benchmark prompts, each cut to its last PROMPT_CHARS characters."""
-    return [p.text[-PROMPT_CHARS:] for p in load_prompts(path, n)]
+def prompts_for(all_prompts: list[str], concurrency: int, per_user: int, least: int) -> list[str]:
+    """The run's prompts: the first ones, repeated when the file has fewer."""
+    n = max(least, per_user * concurrency)
+    return [all_prompts[i % len(all_prompts)] for i in range(n)]
 
 
 def mean(values: list[float]) -> float | None:
@@ -83,7 +94,6 @@ def sequence_tau(seq: Sequence) -> float | None:
 
 
 def make_engine(bundle: Bundle, num_slots: int, cost_table: Path | None) -> Engine:
-    """The in-process engine; with the server's cost table when there is one (else it measures its own)."""
     cost = CostModel.from_json(json.loads(cost_table.read_text())) if cost_table else None
     return Engine(bundle.target, bundle.drafter, num_slots=num_slots, max_len=REPOSITORY.max_len, cost_model=cost)
 
@@ -100,64 +110,144 @@ def run_in_process(engine: Engine, bundle: Bundle, prompts: list[str], mode: str
                    tau=mean([t for t in map(sequence_tau, seqs) if t is not None]))
 
 
-def run_grpc(client: AdaFlashClient, prompts: list[str], mode: str, max_tokens: int, concurrency: int) -> PathRun:
-    """All prompts as streaming requests from `concurrency` threads; wall-clock throughput, mean TTFT and tau."""
+@dataclass
+class Served:
+    text: str
+    tokens: int
+    ttft_s: float | None
+    steps: int
+
+
+async def one_request(client: grpcaio.InferenceServerClient, prompt: str, params: GenerationParams) -> Served:
+    """One streaming request on a gRPC stream of its own, read to its final response."""
+    async def requests():
+        yield {"model_name": "adaflash", "inputs": build_inputs(prompt, params, stream=True)}
+
+    start, ttft, text, tokens, steps = time.perf_counter(), None, [], 0, 0
+    async for result, error in client.stream_infer(requests()):
+        if error is not None:
+            raise GenerationError.from_triton(error)
+        chunk = parse_chunk(result)
+        if chunk is not None:
+            ttft = ttft if ttft is not None or not chunk.text else time.perf_counter() - start
+            text.append(chunk.text)
+            tokens = chunk.num_output_tokens
+            steps += len(chunk.accepted_per_step)
+        if is_final(result):
+            break
+    return Served("".join(text), tokens, ttft, steps)
+
+
+async def run_grpc(url: str, prompts: list[str], mode: str, max_tokens: int, concurrency: int) -> tuple[PathRun, float]:
+    """`concurrency` users, each sending its next prompt when the last one finished; texts in prompt order."""
     params = GenerationParams(max_tokens=max_tokens, spec_mode=mode)
-    with ThreadPoolExecutor(concurrency) as pool:
-        start = time.perf_counter()
-        done: list[Completion] = list(pool.map(lambda p: client.generate_streaming(p, params), prompts))
-        wall = time.perf_counter() - start
-    ttfts = [c.time_to_first_token_s * 1000 for c in done if c.time_to_first_token_s is not None]
-    return PathRun(texts=[c.text for c in done], tokens_per_s=sum(c.num_output_tokens for c in done) / wall,
-                   tau=mean([c.tau for c in done if c.tau is not None]), mean_ttft_ms=mean(ttfts))
+    client = grpcaio.InferenceServerClient(url)
+    results: list[Served | None] = [None] * len(prompts)
+    todo = iter(range(len(prompts)))
+
+    async def user() -> None:
+        for i in todo:
+            results[i] = await one_request(client, prompts[i], params)
+
+    try:
+        cpu0, start = time.process_time(), time.perf_counter()
+        await asyncio.gather(*(user() for _ in range(concurrency)))
+        wall, cpu = time.perf_counter() - start, time.process_time() - cpu0
+    finally:
+        await client.close()
+    run = PathRun(texts=[r.text for r in results], tokens_per_s=sum(r.tokens for r in results) / wall,
+                  tau=mean([(r.tokens - 1) / r.steps for r in results if r.steps]),
+                  mean_ttft_ms=mean([r.ttft_s * 1000 for r in results if r.ttft_s is not None]),
+                  client_cpu_share=cpu / wall)
+    return run, wall
 
 
-def in_process_runs(model_dir: Path, drafter: str | None, cost_table: Path | None, prompts: list[str], mode: str,
-                    max_tokens: int, concurrencies: list[int]) -> dict[int, PathRun]:
-    """Load the model folder, warm the engine with one short request, then one run per concurrency."""
+def call_counts(metrics_url: str) -> dict[tuple[str, str], tuple[float, float]]:
+    """(model, op) -> (sequences, calls) so far, from the orchestrator's histogram."""
+    text = urllib.request.urlopen(metrics_url, timeout=10).read().decode()
+    out: dict[tuple[str, str], list[float]] = {}
+    for kind, model, op, value in CALLS.findall(text):
+        out.setdefault((model, op), [0.0, 0.0])[0 if kind == "sum" else 1] = float(value)
+    return {k: (v[0], v[1]) for k, v in out.items()}
+
+
+def executions(http_url: str) -> dict[str, int]:
+    """Each loaded model's execution count (Triton's statistics API)."""
+    with urllib.request.urlopen(f"{http_url}/v2/models/stats", timeout=10) as r:
+        stats = json.load(r)["model_stats"]
+    return {s["name"]: int(s["execution_count"]) for s in stats}
+
+
+def call_summary(before: dict, after: dict, exec_before: dict, exec_after: dict) -> dict:
+    """Calls and mean sequences per call for each model and op during a run, with Triton's execution counts."""
+    out = {}
+    for key, (seqs, calls) in after.items():
+        s0, c0 = before.get(key, (0.0, 0.0))
+        if calls - c0:
+            out[f"{key[0]}.{key[1]}"] = {"calls": int(calls - c0), "mean_sequences": round((seqs - s0) / (calls - c0), 2)}
+    for model in ("target", "drafter"):
+        out[f"{model}.triton_executions"] = exec_after.get(model, 0) - exec_before.get(model, 0)
+    verifies = out.get("target.verify", {}).get("calls", 0)
+    if verifies:
+        out["target_executions_per_step"] = round(out["target.triton_executions"] / verifies, 3)
+    return out
+
+
+def in_process_runs(model_dir: Path, drafter: str | None, cost_table: Path | None, prompts: list[str],
+                    args: argparse.Namespace) -> dict[tuple[str, int], PathRun]:
     bundle = load_bundle(model_dir, drafter)
-    engine = make_engine(bundle, max(concurrencies), cost_table)
-    engine.generate([Request(bundle.tokenizer.encode(prompts[0]).ids, WARMUP_TOKENS, mode=mode)])
+    engine = make_engine(bundle, max(args.concurrency), cost_table)
     runs = {}
-    for c in concurrencies:
-        runs[c] = run_in_process(engine, bundle, prompts, mode, max_tokens, c)
-        print(f"in-process c={c}: {runs[c].tokens_per_s:.1f} tok/s", flush=True)
+    for mode in args.modes:
+        engine.generate([Request(bundle.tokenizer.encode(prompts[0]).ids, WARMUP_TOKENS, mode=mode)])
+        for c in args.concurrency:
+            chosen = prompts_for(prompts, c, args.requests_per_user, args.min_requests)
+            runs[mode, c] = run_in_process(engine, bundle, chosen, mode, args.max_tokens, c)
+            print(f"in-process {mode} c={c}: {runs[mode, c].tokens_per_s:.1f} tok/s", flush=True)
     return runs
 
 
-def grpc_runs(url: str, prompts: list[str], mode: str, max_tokens: int, concurrencies: list[int]) -> dict[int, PathRun]:
-    """Warm the server with one short request, then one run per concurrency."""
+async def grpc_runs(server: TritonServer, prompts: list[str], args: argparse.Namespace) -> dict[tuple[str, int], PathRun]:
     runs = {}
-    with AdaFlashClient(url, timeout_s=600) as client:
-        client.generate_streaming(prompts[0], GenerationParams(max_tokens=WARMUP_TOKENS, spec_mode=mode))
-        for c in concurrencies:
-            runs[c] = run_grpc(client, prompts, mode, max_tokens, c)
-            print(f"gRPC       c={c}: {runs[c].tokens_per_s:.1f} tok/s", flush=True)
+    for mode in args.modes:
+        await run_grpc(server.grpc_url, prompts[:1], mode, WARMUP_TOKENS, 1)
+        for c in args.concurrency:
+            chosen = prompts_for(prompts, c, args.requests_per_user, args.min_requests)
+            before, exec_before = call_counts(server.metrics_url), executions(server.http_url)
+            run, _ = await run_grpc(server.grpc_url, chosen, mode, args.max_tokens, c)
+            run.calls = call_summary(before, call_counts(server.metrics_url), exec_before, executions(server.http_url))
+            runs[mode, c] = run
+            print(f"gRPC       {mode} c={c}: {run.tokens_per_s:.1f} tok/s, client CPU {run.client_cpu_share:.2f}",
+                  flush=True)
     return runs
 
 
-def make_row(c: int, local: PathRun, served: PathRun) -> dict:
+def make_row(mode: str, c: int, local: PathRun, served: PathRun) -> dict:
     """One output row; a concurrency whose texts differ reports no speed."""
     equal = local.texts == served.texts
     row = {
+        "mode": mode,
         "concurrency": c,
+        "requests": len(local.texts),
         "in_process_tokens_per_s": round(local.tokens_per_s, 2) if equal else None,
         "grpc_tokens_per_s": round(served.tokens_per_s, 2) if equal else None,
         "ratio_grpc_over_in_process": round(served.tokens_per_s / local.tokens_per_s, 4) if equal else None,
         "grpc_mean_ttft_ms": None if served.mean_ttft_ms is None else round(served.mean_ttft_ms, 2),
         "in_process_tau": None if local.tau is None else round(local.tau, 4),
         "grpc_tau": None if served.tau is None else round(served.tau, 4),
+        "client_cpu_share": round(served.client_cpu_share, 3),
         "text_equal": equal,
+        "calls": served.calls,
     }
     if not equal:
         first = next(i for i, (a, b) in enumerate(zip(local.texts, served.texts)) if a != b)
-        print(f"c={c}: prompt {first} differs:\n  in-process {local.texts[first]!r}\n  gRPC       "
+        print(f"{mode} c={c}: prompt {first} differs:\n  in-process {local.texts[first]!r}\n  gRPC       "
               f"{served.texts[first]!r}", file=sys.stderr)
     return row
 
 
 def print_table(rows: list[dict]) -> None:
-    cols = list(rows[0])
+    cols = [k for k in rows[0] if k != "calls"]
     print(" | ".join(cols))
     for r in rows:
         print(" | ".join("-" if r[k] is None else str(r[k]) for k in cols))
@@ -165,25 +255,20 @@ def print_table(rows: list[dict]) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    concurrencies = args.concurrency
     drafter = args.drafter or None
-    prompts = load_texts(args.prompts, args.num_prompts)
+    prompts = [p.text[-PROMPT_CHARS:] for p in load_prompts(args.prompts, None)]
     with tempfile.TemporaryDirectory(prefix="bench-grpc-") as tmp:
         work = Path(tmp)
         model_dir = args.model_dir or tiny_model_dir(work)
-        if args.url:
-            local = in_process_runs(model_dir, drafter, None, prompts, args.mode, args.max_tokens, concurrencies)
-            served = grpc_runs(args.url, prompts, args.mode, args.max_tokens, concurrencies)
-        else:
-            repo = build_repository(work / "model_repository", model_dir, drafter, REPOSITORY)
-            cost_table = repo.parent / f"{repo.name}.cost.json" if drafter else None
-            local = in_process_runs(model_dir, drafter, cost_table, prompts, args.mode, args.max_tokens, concurrencies)
-            with TritonServer(ServerConfig(model_repository=repo, state_dir=work / "server")) as server:
-                served = grpc_runs(server.grpc_url, prompts, args.mode, args.max_tokens, concurrencies)
-    rows = [make_row(c, local[c], served[c]) for c in concurrencies]
+        repo = build_repository(work / "model_repository", model_dir, drafter, REPOSITORY)
+        cost_table = repo.parent / f"{repo.name}.cost.json" if drafter else None
+        local = in_process_runs(model_dir, drafter, cost_table, prompts, args)
+        with TritonServer(ServerConfig(model_repository=repo, state_dir=work / "server")) as server:
+            served = asyncio.run(grpc_runs(server, prompts, args))
+    rows = [make_row(m, c, local[m, c], served[m, c]) for m in args.modes for c in args.concurrency]
     where = str(args.model_dir) if args.model_dir else "tiny random (seed 0, written to a temp dir)"
-    result = {"model_dir": where, "mode": args.mode, "max_tokens": args.max_tokens,
-              "num_prompts": len(prompts), "rows": rows}
+    result = {"model_dir": where, "prompts": str(args.prompts or "packaged sample prompts"),
+              "max_tokens": args.max_tokens, "rows": rows}
     print_table(rows)
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)

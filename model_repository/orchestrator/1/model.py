@@ -78,15 +78,15 @@ class Metrics:
         self.queue_wait_family = fam("adaflash_queue_wait_seconds", "Time admitted requests waited for a sequence slot",
                                      fam.HISTOGRAM)
         self.queue_wait = self.queue_wait_family.Metric(labels={}, buckets=WAIT_BUCKETS)
-        self.steps_family = fam("adaflash_step_sequences", "Sequences advanced per engine step (one target call)",
-                                fam.HISTOGRAM)
-        self.steps = self.steps_family.Metric(labels={}, buckets=BATCH_BUCKETS)
+        self.calls = fam("adaflash_model_call_sequences", "Sequences per call to the target and drafter models",
+                         fam.HISTOGRAM)
         self._series = {}
 
     def series(self, family, **labels):
         key = (id(family), tuple(sorted(labels.items())))
         if key not in self._series:
             extra = {"buckets": STEP_BUCKETS} if family in (self.accepted, self.drafted) else {}
+            extra = {"buckets": BATCH_BUCKETS} if family is self.calls else extra
             self._series[key] = family.Metric(labels=labels, **extra)
         return self._series[key]
 
@@ -223,9 +223,6 @@ class TritonPythonModel:
         return seqs
 
     def _respond(self, touched):
-        stepped = sum(1 for s in touched if s.steps)
-        if stepped:
-            self.metrics.steps.observe(stepped)
         for seq in touched:
             client = self.clients.get(seq.id)
             if client is None:
@@ -255,7 +252,9 @@ class TritonPythonModel:
 
     async def _call(self, model, tensors):
         """One BLS request; BackendError when the model fails or does not answer in time."""
-        outputs = [] if int(tensors["op"][0]) == Op.RELEASE else OUTPUTS[
+        op = protocol.Op(int(tensors["op"][0]))
+        self.metrics.series(self.metrics.calls, model=model, op=op.name.lower()).observe(len(tensors["keys"]))
+        outputs = [] if op is Op.RELEASE else OUTPUTS[
             protocol.TARGET if model == protocol.TARGET else protocol.DRAFTER]
         timeout = self.timeouts[protocol.TARGET if model == protocol.TARGET else protocol.DRAFTER]
         request = pb_utils.InferenceRequest(model_name=model, inputs=[pb_utils.Tensor(n, v) for n, v in tensors.items()],
