@@ -10,6 +10,8 @@ import asyncio
 import itertools
 import json
 import os
+import queue
+import threading
 import time
 from dataclasses import dataclass
 
@@ -130,6 +132,10 @@ class TritonPythonModel:
         self.ids = itertools.count(int.from_bytes(os.urandom(4), "little") << 20)
         self.wake = None
         self.loop = None
+        # Responses go out from a thread of their own: a send is a blocking call into Triton, and the step
+        # loop meanwhile sends the next call to the target (one FIFO keeps each stream in order).
+        self.outbox = queue.SimpleQueue()
+        threading.Thread(target=self._send_responses, name="responses", daemon=True).start()
 
     async def execute(self, requests):
         self._start_loop()
@@ -139,6 +145,15 @@ class TritonPythonModel:
     def finalize(self):
         if self.loop is not None:
             self.loop.cancel()
+        self.outbox.put(None)
+
+    def _send_responses(self):
+        while (item := self.outbox.get()) is not None:
+            sender, response, flags = item
+            try:
+                sender.send(response, flags=flags) if response is not None else sender.send(flags=flags)
+            except Exception as exc:  # noqa: BLE001 - a client gone mid-stream must not stop the other streams
+                pb_utils.Logger.log_error(f"sending a response failed: {exc}")
 
     def _start_loop(self):
         if self.loop is None or self.loop.done():
@@ -230,19 +245,19 @@ class TritonPythonModel:
             if seq.finished:
                 self._finish(seq, client)
             elif client.stream:
-                client.sender.send(_response(protocol.encode_step_response(seq, client.sent_tokens, client.sent_steps,
-                                                                           final=False)))
+                self.outbox.put((client.sender, _response(protocol.encode_step_response(
+                    seq, client.sent_tokens, client.sent_steps, final=False)), 0))
                 client.sent_tokens, client.sent_steps = len(seq.output), len(seq.steps)
 
     def _finish(self, seq, client):
         """The final response; the loop released the sequence in the models before."""
         if seq.finish_reason == "cancelled":
-            client.sender.send(flags=FINAL)
+            response = None
         elif seq.finish_reason == "error":
-            client.sender.send(_error(f"generation failed: {seq.error}", pb_utils.TritonError.INTERNAL), flags=FINAL)
+            response = _error(f"generation failed: {seq.error}", pb_utils.TritonError.INTERNAL)
         else:
-            client.sender.send(_response(protocol.encode_step_response(seq, client.sent_tokens, client.sent_steps,
-                                                                       final=True)), flags=FINAL)
+            response = _response(protocol.encode_step_response(seq, client.sent_tokens, client.sent_steps, final=True))
+        self.outbox.put((client.sender, response, FINAL))
         if seq.finish_reason != "error":
             self.metrics.count(seq)
         self.metrics.series(self.metrics.active, spec_mode=seq.request.mode).increment(-1)
