@@ -138,7 +138,7 @@ async def one_request(client: grpcaio.InferenceServerClient, prompt: str, params
     return Served("".join(text), tokens, ttft, steps)
 
 
-async def run_grpc(url: str, prompts: list[str], mode: str, max_tokens: int, concurrency: int) -> tuple[PathRun, float]:
+async def run_grpc(url: str, prompts: list[str], mode: str, max_tokens: int, concurrency: int) -> PathRun:
     """`concurrency` users, each sending its next prompt when the last one finished; texts in prompt order."""
     params = GenerationParams(max_tokens=max_tokens, spec_mode=mode)
     client = grpcaio.InferenceServerClient(url)
@@ -155,11 +155,10 @@ async def run_grpc(url: str, prompts: list[str], mode: str, max_tokens: int, con
         wall, cpu = time.perf_counter() - start, time.process_time() - cpu0
     finally:
         await client.close()
-    run = PathRun(texts=[r.text for r in results], tokens_per_s=sum(r.tokens for r in results) / wall,
+    return PathRun(texts=[r.text for r in results], tokens_per_s=sum(r.tokens for r in results) / wall,
                   tau=mean([(r.tokens - 1) / r.steps for r in results if r.steps]),
                   mean_ttft_ms=mean([r.ttft_s * 1000 for r in results if r.ttft_s is not None]),
                   client_cpu_share=cpu / wall)
-    return run, wall
 
 
 def call_counts(metrics_url: str) -> dict[tuple[str, str], tuple[float, float]]:
@@ -214,7 +213,7 @@ async def grpc_runs(server: TritonServer, prompts: list[str], args: argparse.Nam
         for c in args.concurrency:
             chosen = prompts_for(prompts, c, args.requests_per_user, args.min_requests)
             before, exec_before = call_counts(server.metrics_url), executions(server.http_url)
-            run, _ = await run_grpc(server.grpc_url, chosen, mode, args.max_tokens, c)
+            run = await run_grpc(server.grpc_url, chosen, mode, args.max_tokens, c)
             run.calls = call_summary(before, call_counts(server.metrics_url), exec_before, executions(server.http_url))
             runs[mode, c] = run
             print(f"gRPC       {mode} c={c}: {run.tokens_per_s:.1f} tok/s, client CPU {run.client_cpu_share:.2f}",

@@ -161,3 +161,27 @@ def test_a_hot_swap_keeps_running_sequences_on_their_drafter(trained_tiny):
     assert {model for model, op, _ in models.calls if op is Op.DRAFT} == {"drafter_2"}
     assert [s.output for s in later] == reference(trained_tiny, prompts[3:])
     assert models.empty()
+
+
+def test_failing_everything_ends_and_releases_every_sequence(trained_tiny):
+    """What the orchestrator does when a step itself raised: no request is left waiting, no slot held."""
+    prompts = random_prompts(4, seed=16)
+    models = Models(trained_tiny, 2)
+    scheduler = Scheduler(RemoteBackend(models.call, lambda: models.newest),
+                          Planner(LengthController(fixed_costs(), trained_tiny.drafter.config.block_size)),
+                          fixed_costs(), 2, MAX_LEN, has_drafter=True)
+    seqs = [Sequence(id=i, request=Request(p, MAX_TOKENS, mode="dflash", stop_ids=()), tokens=list(p), generator=None,
+                     stop_ids=frozenset()) for i, p in enumerate(prompts)]
+    for s in seqs:
+        scheduler.add(s)
+
+    async def run() -> list[Sequence]:
+        await scheduler.step()
+        await scheduler.step()
+        return await scheduler.fail_all("internal error: boom")
+
+    ended = asyncio.run(run())
+    assert sorted(s.id for s in ended) == [0, 1, 2, 3] and not scheduler.has_work
+    assert all(s.finish_reason == "error" and s.error == "internal error: boom" for s in seqs)
+    assert seqs[0].output and not seqs[3].output  # two ran, two waited
+    assert models.empty()

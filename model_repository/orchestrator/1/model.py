@@ -82,14 +82,14 @@ class Metrics:
         self.queue_wait = self.queue_wait_family.Metric(labels={}, buckets=WAIT_BUCKETS)
         self.calls = fam("adaflash_model_call_sequences", "Sequences per call to the target and drafter models",
                          fam.HISTOGRAM)
+        self._buckets = {id(self.accepted): STEP_BUCKETS, id(self.drafted): STEP_BUCKETS, id(self.calls): BATCH_BUCKETS}
         self._series = {}
 
     def series(self, family, **labels):
         key = (id(family), tuple(sorted(labels.items())))
         if key not in self._series:
-            extra = {"buckets": STEP_BUCKETS} if family in (self.accepted, self.drafted) else {}
-            extra = {"buckets": BATCH_BUCKETS} if family is self.calls else extra
-            self._series[key] = family.Metric(labels=labels, **extra)
+            buckets = self._buckets.get(id(family))
+            self._series[key] = family.Metric(labels=labels, **({"buckets": buckets} if buckets else {}))
         return self._series[key]
 
     def count(self, seq):
@@ -213,7 +213,7 @@ class TritonPythonModel:
                 touched += await self.scheduler.step()
             except Exception as exc:  # noqa: BLE001 - a defect: end every request with it instead of hanging them
                 pb_utils.Logger.log_error(f"step failed: {exc!r}")
-                touched = await self._fail_all(exc)
+                touched = await self.scheduler.fail_all(f"internal error: {exc}")
             self._respond(touched)
 
     async def _cancel_departed(self):
@@ -227,15 +227,6 @@ class TritonPythonModel:
         if gone:
             await self.scheduler.cancel(gone)
         return gone
-
-    async def _fail_all(self, exc):
-        seqs = [*self.scheduler.waiting, *self.scheduler.running.values()]
-        for seq in seqs:
-            seq.finish_reason, seq.error = "error", f"internal error: {exc}"
-        self.scheduler.waiting.clear()
-        self.scheduler.running.clear()
-        await self.scheduler.backend.release(seqs)
-        return seqs
 
     def _respond(self, touched):
         for seq in touched:
@@ -269,9 +260,9 @@ class TritonPythonModel:
         """One BLS request; BackendError when the model fails or does not answer in time."""
         op = protocol.Op(int(tensors["op"][0]))
         self.metrics.series(self.metrics.calls, model=model, op=op.name.lower()).observe(len(tensors["keys"]))
-        outputs = [] if op is Op.RELEASE else OUTPUTS[
-            protocol.TARGET if model == protocol.TARGET else protocol.DRAFTER]
-        timeout = self.timeouts[protocol.TARGET if model == protocol.TARGET else protocol.DRAFTER]
+        kind = protocol.TARGET if model == protocol.TARGET else protocol.DRAFTER  # drafter_<n> are drafters
+        outputs = [] if op is Op.RELEASE else OUTPUTS[kind]
+        timeout = self.timeouts[kind]
         request = pb_utils.InferenceRequest(model_name=model, inputs=[pb_utils.Tensor(n, v) for n, v in tensors.items()],
                                             requested_output_names=outputs)
         try:

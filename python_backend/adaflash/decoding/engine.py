@@ -8,6 +8,8 @@ sequence a slot in them; the models only read and write the caches passed.
 from __future__ import annotations
 
 import time
+from collections import deque
+from collections.abc import Hashable
 from itertools import count
 
 import torch
@@ -15,15 +17,12 @@ import torch
 from adaflash.decoding.costs import CostModel, measure_costs
 from adaflash.decoding.planner import Planner
 from adaflash.decoding.policy import LengthController
-from adaflash.decoding.scheduler import Scheduler, Timed, run_now
+from adaflash.decoding.scheduler import Scheduler, Timed, ms_since, run_now
 from adaflash.decoding.sequence import Request, Sequence, validate_request
 from adaflash.decoding.steps import StepResult, prefill_batch, verify_batch
+from adaflash.models.cache import KVCache
 from adaflash.models.drafter import DFlashDrafter, Draft, block_size_of
 from adaflash.models.target import Transformer
-
-
-def _ms_since(t0: float) -> float:
-    return (time.perf_counter() - t0) * 1000
 
 
 class LocalBackend:
@@ -42,20 +41,20 @@ class LocalBackend:
         t0 = time.perf_counter()
         results = prefill_batch(self.target, self.cache, [s.slot for s in seqs], [s.tokens for s in seqs],
                                 [s.request.sampling for s in seqs], [s.generator for s in seqs], self.capture)
-        return Timed(results, _ms_since(t0))
+        return Timed(results, ms_since(t0))
 
     async def verify(self, seqs: list[Sequence], feeds: list[list[int]]) -> Timed[list[StepResult]]:
         t0 = time.perf_counter()
         results = verify_batch(self.target, self.cache, [s.slot for s in seqs], feeds,
                                [s.request.sampling for s in seqs], [s.generator for s in seqs], self.capture)
-        return Timed(results, _ms_since(t0))
+        return Timed(results, ms_since(t0))
 
     async def draft(self, seqs: list[Sequence], block_length: int) -> Timed[Draft]:
         self.flush_context(seqs)
         t0 = time.perf_counter()
         draft = self.drafter.draft(self.target, self.context, [s.slot for s in seqs], [s.tokens[-1] for s in seqs],
                                    block_length)
-        return Timed(draft, _ms_since(t0))
+        return Timed(draft, ms_since(t0))
 
     def flush_context(self, seqs: list[Sequence]) -> None:
         """Project queued features into the drafter's context cache, all sequences in one call."""
@@ -113,11 +112,11 @@ class Engine:
         return self.planner.block_size
 
     @property
-    def cache(self):
+    def cache(self) -> KVCache:
         return self.backend.cache
 
     @property
-    def context(self):
+    def context(self) -> KVCache | None:
         return self.backend.context
 
     @property
@@ -125,11 +124,11 @@ class Engine:
         return self.backend.free_slots
 
     @property
-    def running(self) -> dict:
+    def running(self) -> dict[Hashable, Sequence]:
         return self.scheduler.running
 
     @property
-    def waiting(self):
+    def waiting(self) -> deque[Sequence]:
         return self.scheduler.waiting
 
     @property

@@ -39,6 +39,11 @@ class Timed(Generic[T]):
     ms: float  # the forward's time where it ran (no transport): what the cost model learns from
 
 
+def ms_since(t0: float) -> float:
+    """Milliseconds since a `time.perf_counter()` stamp: how backends time their forwards."""
+    return (time.perf_counter() - t0) * 1000
+
+
 class BackendError(RuntimeError):
     """A model behind the backend failed or did not answer. A failed target call ends its sequences with
     this message; a failed draft only stops its sequences drafting (their output does not change)."""
@@ -85,7 +90,7 @@ class Scheduler:
     def add(self, seq: Sequence) -> None:
         """Queue a sequence (its request already validated); it is admitted when a step has room."""
         seq.can_draft = self.has_drafter and get_mode(seq.request.mode).drafter
-        seq.policy = seq.policy or self.planner.controller.new_sequence()
+        seq.policy = self.planner.controller.new_sequence()
         self.waiting.append(seq)
 
     async def cancel(self, seqs: list[Sequence]) -> None:
@@ -94,9 +99,17 @@ class Scheduler:
             if seq in self.waiting:
                 self.waiting.remove(seq)
             seq.finish_reason = seq.finish_reason or "cancelled"
-        await self._retire([s for s in seqs if self.running.get(s.id) is s])
-        for seq in seqs:
             seq.finished_at = seq.finished_at or time.perf_counter()
+        await self._retire([s for s in seqs if self.running.get(s.id) is s])
+
+    async def fail_all(self, message: str) -> list[Sequence]:
+        """End every waiting and running sequence with `message` and release them: what a server does when a
+        step itself failed (a defect), so that no request is left waiting. Returns them."""
+        seqs = [*self.waiting, *self.running.values()]
+        self.waiting.clear()
+        _fail(seqs, BackendError(message))
+        await self._retire([s for s in seqs if s.id in self.running])
+        return seqs
 
     async def step(self) -> list[Sequence]:
         """Admit what fits, then one draft + verify round for every running sequence; retire the finished.

@@ -15,7 +15,7 @@ from collections.abc import Hashable
 import torch
 
 from adaflash.decoding.sampling import SamplingParams
-from adaflash.decoding.scheduler import Timed
+from adaflash.decoding.scheduler import Timed, ms_since
 from adaflash.decoding.steps import StepResult, prefill_batch, verify_batch
 from adaflash.models.cache import KVCache
 from adaflash.models.drafter import DFlashDrafter, Draft
@@ -84,10 +84,6 @@ class CacheSlots:
         return stale
 
 
-def _ms_since(t0: float) -> float:
-    return (time.perf_counter() - t0) * 1000
-
-
 class TargetSlots(CacheSlots):
     def __init__(self, target: Transformer, num_slots: int, max_len: int, capture: list[int] | None,
                  idle_timeout_s: float = 600.0) -> None:
@@ -105,14 +101,15 @@ class TargetSlots(CacheSlots):
             return Timed([], 0.0)
         if call.op is Op.PREFILL:
             self._open(call)
-        for key, feed in zip(call.keys, call.feeds):
-            if self.cache.lengths[self.slots.get(key)] + len(feed) > self.max_len:
+        slots = [self.slots.get(k) for k in call.keys]
+        for key, slot, feed in zip(call.keys, slots, call.feeds):
+            if self.cache.lengths[slot] + len(feed) > self.max_len:
                 raise ValueError(f"sequence {key} would exceed the context of {self.max_len} tokens")
         run = prefill_batch if call.op is Op.PREFILL else verify_batch
         t0 = time.perf_counter()
-        results = run(self.target, self.cache, [self.slots.get(k) for k in call.keys], call.feeds,
+        results = run(self.target, self.cache, slots, call.feeds,
                       [self.sampling[k][0] for k in call.keys], [self.sampling[k][1] for k in call.keys], self.capture)
-        return Timed(results, _ms_since(t0))
+        return Timed(results, ms_since(t0))
 
     def _open(self, call: TargetCall) -> None:
         """Claim a slot per new sequence, all or none."""
@@ -155,4 +152,4 @@ class DrafterSlots(CacheSlots):
             self.drafter.append_context(self.cache, [s for s, _ in fresh], torch.cat([f for _, f in fresh]),
                                         [f.shape[0] for _, f in fresh])
         draft = self.drafter.draft(self.target, self.cache, slots, call.anchors, call.block_length)
-        return Timed(draft, _ms_since(t0))
+        return Timed(draft, ms_since(t0))
