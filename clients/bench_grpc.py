@@ -28,7 +28,7 @@ import sys
 import tempfile
 import time
 import urllib.request
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import tritonclient.grpc.aio as grpcaio
@@ -74,6 +74,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    "at least --min-requests")
     p.add_argument("--min-requests", type=int, default=16)
     p.add_argument("--max-tokens", type=int, default=64)
+    p.add_argument("--stream-interval-ms", type=float, default=REPOSITORY.stream_interval_ms,
+                   help="the server's stream interval (0: a response per step)")
     p.add_argument("--json", type=Path, help="write the results here")
     return p.parse_args(argv)
 
@@ -259,7 +261,8 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="bench-grpc-") as tmp:
         work = Path(tmp)
         model_dir = args.model_dir or tiny_model_dir(work)
-        repo = build_repository(work / "model_repository", model_dir, drafter, REPOSITORY)
+        config = replace(REPOSITORY, stream_interval_ms=args.stream_interval_ms)
+        repo = build_repository(work / "model_repository", model_dir, drafter, config)
         cost_table = repo.parent / f"{repo.name}.cost.json" if drafter else None
         local = in_process_runs(model_dir, drafter, cost_table, prompts, args)
         with TritonServer(ServerConfig(model_repository=repo, state_dir=work / "server")) as server:
@@ -267,6 +270,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = [make_row(m, c, local[m, c], served[m, c]) for m in args.modes for c in args.concurrency]
     where = str(args.model_dir) if args.model_dir else "tiny random (seed 0, written to a temp dir)"
     result = {"model_dir": where, "prompts": str(args.prompts or "packaged sample prompts"),
+              "stream_interval_ms": args.stream_interval_ms,
               "max_tokens": args.max_tokens, "rows": rows}
     print_table(rows)
     if args.json:

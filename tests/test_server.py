@@ -12,6 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
+from helpers import fixed_costs
 from tritonclient.utils import InferenceServerException
 
 from adaflash.decoding.engine import Engine
@@ -19,7 +20,7 @@ from adaflash.decoding.modes import MODE_NAMES
 from adaflash.decoding.sampling import SamplingParams
 from adaflash.decoding.sequence import Request
 from adaflash.evaluation.prompts import load_prompts
-from adaflash.models.bundle import load_bundle, save_bundle
+from adaflash.models.bundle import load_bundle, save_bundle, tiny_random_bundle
 from adaflash_build.repository import RepositoryConfig, build_repository
 from adaflash_client import AdaFlashClient, GenerationParams
 from adaflash_server.launcher import ServerConfig, TritonServer
@@ -270,3 +271,27 @@ def test_http_fields_the_server_does_not_implement_are_refused_by_name(served, f
     good = json.dumps({"text_input": "hello", "max_tokens": 4}).encode()
     request = urllib.request.Request(f"{served[0].http_url}/v2/models/adaflash/generate", data=good, method="POST")
     assert json.loads(urllib.request.urlopen(request, timeout=60).read())["num_output_tokens"] == 4
+
+
+def test_a_stream_interval_carries_several_steps_per_response(tmp_path):
+    """With a stream interval longer than the whole request, a stream gets its first step's tokens at once (the
+    admitting step: prefill and one verify) and the rest in the final response: the same text, in two responses."""
+    model_dir = save_bundle(tiny_random_bundle(seed=0), tmp_path / "models")
+    cfg = RepositoryConfig(max_active=4, max_batch_size=4, max_len=512, max_prompt_tokens=64, max_output_tokens=200,
+                           stream_interval_ms=600_000)
+    repo = build_repository(tmp_path / "model_repository", model_dir, "drafter", cfg, _fixed_cost_table(tmp_path))
+    params = GenerationParams(max_tokens=40, spec_mode="ar")
+    with TritonServer(ServerConfig(model_repository=repo, state_dir=tmp_path / "state")) as server:
+        with AdaFlashClient(server.grpc_url, timeout_s=120) as client:
+            chunks = list(client.stream("a stream in two parts", params))
+            whole = client.generate("a stream in two parts", params)
+    assert len(chunks) == 2 and 1 <= chunks[0].num_output_tokens < 40 == chunks[1].num_output_tokens
+    assert "".join(c.text for c in chunks) == whole.text
+    steps = sum(len(c.accepted_per_step) for c in chunks)
+    assert steps == 39 and len(chunks[1].accepted_per_step) > 30  # the final response carries the steps since
+
+
+def _fixed_cost_table(tmp_path):
+    path = tmp_path / "cost.json"
+    fixed_costs(4).save(path)
+    return path

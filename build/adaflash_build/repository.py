@@ -43,6 +43,7 @@ class RepositoryConfig:
     max_active: int = 64  # sequences generated at once; also the target's and drafter's batch size
     max_queued: int = 256  # requests beyond max_active wait in a FIFO of this size (a burst of 4x max_active)
     max_queue_wait_s: float = 60.0  # a request that waits longer for a sequence slot is refused (UNAVAILABLE)
+    stream_interval_ms: float = 0.0  # a stream's responses at most this often; 0: one per step (see orchestrator)
     max_batch_size: int = 64  # requests per execute of the ensemble-facing models
     max_len: int = 2048  # tokens per sequence (prompt + output + one draft block)
     max_prompt_tokens: int = 1024

@@ -61,6 +61,7 @@ class Client:
     done: asyncio.Future
     sent_tokens: int = 0
     sent_steps: int = 0
+    sent_at: float = float("-inf")  # time.monotonic() of the last response
 
 
 class Metrics:
@@ -121,6 +122,9 @@ class TritonPythonModel:
         max_active = int(params["max_active"])
         self.admission = Admission(max_active, int(params["max_queued"]), float(params["max_queue_wait_s"]),
                                    on_queue=self.metrics.queued.set)
+        # Each streamed response costs CPU in Triton, postprocessing and the client, whatever it carries; a
+        # stream interval lets a response carry the tokens of several steps under load.
+        self.stream_interval_s = float(params["stream_interval_ms"]) / 1000
         self.timeouts = {protocol.TARGET: float(params["target_timeout_s"]),
                          protocol.DRAFTER: float(params["drafter_timeout_s"])}
         self.repository = os.path.dirname(args["model_repository"])
@@ -229,16 +233,17 @@ class TritonPythonModel:
         return gone
 
     def _respond(self, touched):
+        now = time.monotonic()
         for seq in touched:
             client = self.clients.get(seq.id)
             if client is None:
                 continue
             if seq.finished:
                 self._finish(seq, client)
-            elif client.stream:
+            elif client.stream and now - client.sent_at >= self.stream_interval_s:
                 self.outbox.put((client.sender, _response(protocol.encode_step_response(
                     seq, client.sent_tokens, client.sent_steps, final=False)), 0))
-                client.sent_tokens, client.sent_steps = len(seq.output), len(seq.steps)
+                client.sent_tokens, client.sent_steps, client.sent_at = len(seq.output), len(seq.steps), now
 
     def _finish(self, seq, client):
         """The final response; the loop released the sequence in the models before."""
