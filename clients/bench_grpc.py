@@ -10,8 +10,10 @@ gets no speed (the run then exits 1).
 The client is lean: asyncio gRPC streams in this one process (tritonclient's aio client), its own
 CPU time reported, because it shares the machine's cores with the server. The two paths run one
 after the other, never at once (the server's processes and this process's engine would compete
-for the same cores). The in-process rows run before the server starts, with the verify/draft cost
-table measured for the server's repository, so `adaflash` plans from the same figures on both paths.
+for the same cores); each served run follows its in-process twin at once, with the server idle
+meanwhile, because this machine's speed drifts by tens of percent over minutes and a ratio is only
+worth what its two halves share. One verify/draft cost table, measured here and given to the server,
+is what `adaflash` plans from on both paths.
 Per served run the orchestrator's own metrics say how many sequences each `target` and `drafter`
 call carried, and Triton's statistics how many times each model executed.
 
@@ -34,7 +36,7 @@ from pathlib import Path
 import tritonclient.grpc.aio as grpcaio
 
 from adaflash.cli_args import csv_list
-from adaflash.decoding.costs import CostModel
+from adaflash.decoding.costs import CostModel, measure_costs
 from adaflash.decoding.engine import Engine
 from adaflash.decoding.modes import MODE_NAMES
 from adaflash.decoding.sequence import Request, Sequence
@@ -59,6 +61,7 @@ class PathRun:
     tokens_per_s: float
     tau: float | None
     mean_ttft_ms: float | None = None
+    tokens_per_response: float | None = None  # how many tokens a streamed response carried, on average
     client_cpu_share: float | None = None  # the client's CPU seconds per wall second
     calls: dict | None = None  # per model and op: calls and mean sequences per call
 
@@ -76,6 +79,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-tokens", type=int, default=64)
     p.add_argument("--stream-interval-ms", type=float, default=REPOSITORY.stream_interval_ms,
                    help="the server's stream interval (0: a response per step)")
+    p.add_argument("--max-responses-per-s", type=float, default=REPOSITORY.max_responses_per_s,
+                   help="the server's rate of streamed responses, shared by the streams (0: no limit)")
     p.add_argument("--json", type=Path, help="write the results here")
     return p.parse_args(argv)
 
@@ -100,6 +105,14 @@ def make_engine(bundle: Bundle, num_slots: int, cost_table: Path | None) -> Engi
     return Engine(bundle.target, bundle.drafter, num_slots=num_slots, max_len=REPOSITORY.max_len, cost_model=cost)
 
 
+def measured_cost_table(bundle: Bundle, out: Path) -> Path | None:
+    """The verify/draft cost table both paths plan from, measured as the target model would at startup."""
+    if bundle.drafter is None:
+        return None
+    measure_costs(bundle.target, bundle.drafter, REPOSITORY.max_active).save(out)
+    return out
+
+
 def run_in_process(engine: Engine, bundle: Bundle, prompts: list[str], mode: str, max_tokens: int,
                    concurrency: int) -> PathRun:
     """All prompts through `engine.generate` at once, at most `concurrency` in flight; wall-clock throughput."""
@@ -118,6 +131,7 @@ class Served:
     tokens: int
     ttft_s: float | None
     steps: int
+    responses: int
 
 
 async def one_request(client: grpcaio.InferenceServerClient, prompt: str, params: GenerationParams) -> Served:
@@ -125,19 +139,20 @@ async def one_request(client: grpcaio.InferenceServerClient, prompt: str, params
     async def requests():
         yield {"model_name": "adaflash", "inputs": build_inputs(prompt, params, stream=True)}
 
-    start, ttft, text, tokens, steps = time.perf_counter(), None, [], 0, 0
+    start, ttft, text, tokens, steps, responses = time.perf_counter(), None, [], 0, 0, 0
     async for result, error in client.stream_infer(requests()):
         if error is not None:
             raise GenerationError.from_triton(error)
         chunk = parse_chunk(result)
         if chunk is not None:
+            responses += 1
             ttft = ttft if ttft is not None or not chunk.text else time.perf_counter() - start
             text.append(chunk.text)
             tokens = chunk.num_output_tokens
             steps += len(chunk.accepted_per_step)
         if is_final(result):
             break
-    return Served("".join(text), tokens, ttft, steps)
+    return Served("".join(text), tokens, ttft, steps, responses)
 
 
 async def run_grpc(url: str, prompts: list[str], mode: str, max_tokens: int, concurrency: int) -> PathRun:
@@ -160,6 +175,7 @@ async def run_grpc(url: str, prompts: list[str], mode: str, max_tokens: int, con
     return PathRun(texts=[r.text for r in results], tokens_per_s=sum(r.tokens for r in results) / wall,
                   tau=mean([(r.tokens - 1) / r.steps for r in results if r.steps]),
                   mean_ttft_ms=mean([r.ttft_s * 1000 for r in results if r.ttft_s is not None]),
+                  tokens_per_response=sum(r.tokens for r in results) / sum(r.responses for r in results),
                   client_cpu_share=cpu / wall)
 
 
@@ -194,33 +210,25 @@ def call_summary(before: dict, after: dict, exec_before: dict, exec_after: dict)
     return out
 
 
-def in_process_runs(model_dir: Path, drafter: str | None, cost_table: Path | None, prompts: list[str],
-                    args: argparse.Namespace) -> dict[tuple[str, int], PathRun]:
-    bundle = load_bundle(model_dir, drafter)
-    engine = make_engine(bundle, max(args.concurrency), cost_table)
-    runs = {}
+async def paired_runs(server: TritonServer, engine: Engine, bundle: Bundle, prompts: list[str],
+                      args: argparse.Namespace) -> list[dict]:
+    """Per mode and concurrency, the in-process run and then the served one; a row for each pair."""
+    rows = []
     for mode in args.modes:
         engine.generate([Request(bundle.tokenizer.encode(prompts[0]).ids, WARMUP_TOKENS, mode=mode)])
-        for c in args.concurrency:
-            chosen = prompts_for(prompts, c, args.requests_per_user, args.min_requests)
-            runs[mode, c] = run_in_process(engine, bundle, chosen, mode, args.max_tokens, c)
-            print(f"in-process {mode} c={c}: {runs[mode, c].tokens_per_s:.1f} tok/s", flush=True)
-    return runs
-
-
-async def grpc_runs(server: TritonServer, prompts: list[str], args: argparse.Namespace) -> dict[tuple[str, int], PathRun]:
-    runs = {}
-    for mode in args.modes:
         await run_grpc(server.grpc_url, prompts[:1], mode, WARMUP_TOKENS, 1)
         for c in args.concurrency:
             chosen = prompts_for(prompts, c, args.requests_per_user, args.min_requests)
+            local = run_in_process(engine, bundle, chosen, mode, args.max_tokens, c)
             before, exec_before = call_counts(server.metrics_url), executions(server.http_url)
-            run = await run_grpc(server.grpc_url, chosen, mode, args.max_tokens, c)
-            run.calls = call_summary(before, call_counts(server.metrics_url), exec_before, executions(server.http_url))
-            runs[mode, c] = run
-            print(f"gRPC       {mode} c={c}: {run.tokens_per_s:.1f} tok/s, client CPU {run.client_cpu_share:.2f}",
+            served = await run_grpc(server.grpc_url, chosen, mode, args.max_tokens, c)
+            served.calls = call_summary(before, call_counts(server.metrics_url), exec_before,
+                                        executions(server.http_url))
+            print(f"{mode} c={c}: in-process {local.tokens_per_s:.1f} tok/s, gRPC {served.tokens_per_s:.1f} tok/s "
+                  f"({served.tokens_per_response:.1f} tokens per response), client CPU {served.client_cpu_share:.2f}",
                   flush=True)
-    return runs
+            rows.append(make_row(mode, c, local, served))
+    return rows
 
 
 def make_row(mode: str, c: int, local: PathRun, served: PathRun) -> dict:
@@ -234,6 +242,7 @@ def make_row(mode: str, c: int, local: PathRun, served: PathRun) -> dict:
         "grpc_tokens_per_s": round(served.tokens_per_s, 2) if equal else None,
         "ratio_grpc_over_in_process": round(served.tokens_per_s / local.tokens_per_s, 4) if equal else None,
         "grpc_mean_ttft_ms": None if served.mean_ttft_ms is None else round(served.mean_ttft_ms, 2),
+        "grpc_tokens_per_response": round(served.tokens_per_response, 2),
         "in_process_tau": None if local.tau is None else round(local.tau, 4),
         "grpc_tau": None if served.tau is None else round(served.tau, 4),
         "client_cpu_share": round(served.client_cpu_share, 3),
@@ -261,16 +270,17 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="bench-grpc-") as tmp:
         work = Path(tmp)
         model_dir = args.model_dir or tiny_model_dir(work)
-        config = replace(REPOSITORY, stream_interval_ms=args.stream_interval_ms)
-        repo = build_repository(work / "model_repository", model_dir, drafter, config)
-        cost_table = repo.parent / f"{repo.name}.cost.json" if drafter else None
-        local = in_process_runs(model_dir, drafter, cost_table, prompts, args)
+        config = replace(REPOSITORY, stream_interval_ms=args.stream_interval_ms,
+                         max_responses_per_s=args.max_responses_per_s)
+        bundle = load_bundle(model_dir, drafter)
+        cost_table = measured_cost_table(bundle, work / "cost.json")
+        repo = build_repository(work / "model_repository", model_dir, drafter, config, cost_table)
+        engine = make_engine(bundle, max(args.concurrency), cost_table)
         with TritonServer(ServerConfig(model_repository=repo, state_dir=work / "server")) as server:
-            served = asyncio.run(grpc_runs(server, prompts, args))
-    rows = [make_row(m, c, local[m, c], served[m, c]) for m in args.modes for c in args.concurrency]
+            rows = asyncio.run(paired_runs(server, engine, bundle, prompts, args))
     where = str(args.model_dir) if args.model_dir else "tiny random (seed 0, written to a temp dir)"
     result = {"model_dir": where, "prompts": str(args.prompts or "packaged sample prompts"),
-              "stream_interval_ms": args.stream_interval_ms,
+              "stream_interval_ms": args.stream_interval_ms, "max_responses_per_s": args.max_responses_per_s,
               "max_tokens": args.max_tokens, "rows": rows}
     print_table(rows)
     if args.json:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from helpers import fixed_costs
 
 from adaflash.decoding.modes import MODE_NAMES
 from adaflash.decoding.sampling import SamplingParams
@@ -210,3 +211,14 @@ def test_request_parameters_are_refused_by_name_except_tritons_own():
     protocol.refuse_parameters({"sequence_id": 0, "triton_enable_empty_final_response": True})
     with pytest.raises(ValueError, match="^min_tokens: not an input of this server"):
         protocol.refuse_parameters({"seed": 1, "min_tokens": 2})  # the first of them in name order
+
+
+def test_the_cost_table_travels_from_the_target_model_as_declared():
+    cost = fixed_costs(4)
+    tensors = protocol.encode_cost_table(cost)
+    assert protocol.decode_cost_table(tensors).to_json() == cost.to_json()
+    assert list(tensors) == protocol.result_names(protocol.Op.COSTS)
+    declared = {s.name: s for s in protocol.MODEL_TENSORS["target"][1]}
+    assert all(v.dtype == declared[n].dtype and v.ndim == len(declared[n].dims) for n, v in tensors.items())
+    call = protocol.encode_costs_call()
+    assert protocol.decode_op(call, tuple(protocol.Op)) is protocol.Op.COSTS and protocol.decode_keys(call) == []

@@ -1,5 +1,6 @@
 """Faults: a model process killed with SIGKILL is noticed, readiness turns false, the model is reloaded and
-the server serves again without an operator (before, every later request failed while it reported ready)."""
+the server serves again without an operator (before, every later request failed while it reported ready);
+a drafter that fails leaves the requests in flight decoding plainly, with the same text."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import os
 import signal
 import urllib.error
 import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 from helpers import fixed_costs, wait_until
@@ -55,3 +57,27 @@ def test_a_killed_model_process_is_reloaded_and_readiness_tells_the_truth(server
     with AdaFlashClient(server.grpc_url, timeout_s=60) as client:
         after = client.generate("canary", GenerationParams(max_tokens=8, spec_mode="adaflash"))
     assert after.num_output_tokens == 8 and after.text == before  # greedy: the same answer as before the fault
+
+
+def test_requests_decode_plainly_when_the_drafter_never_answers_in_time(tmp_path):
+    """The drafter-failure fallback through a live server: every draft call outlives `drafter_timeout_s`, so
+    each drafting sequence stops drafting and finishes as plain decoding, with the same text as `ar`."""
+    model_dir = save_bundle(tiny_random_bundle(seed=0), tmp_path / "models")
+    cost = tmp_path / "cost.json"
+    fixed_costs(4).save(cost)
+    cfg = RepositoryConfig(max_active=4, max_batch_size=8, max_len=512, max_prompt_tokens=64, max_output_tokens=256,
+                           drafter_timeout_s=1e-6)
+    repo = build_repository(tmp_path / "model_repository", model_dir, "drafter", cfg, cost)
+    prompts = ["the drafter is gone", "so the target decodes alone", "four at once", "and all must finish"]
+    with TritonServer(ServerConfig(model_repository=repo, state_dir=tmp_path / "state")) as server:
+        def run(prompt: str, mode: str):
+            with AdaFlashClient(server.grpc_url, timeout_s=60) as client:
+                return client.generate(prompt, GenerationParams(max_tokens=24, spec_mode=mode))
+
+        plain = [run(p, "ar") for p in prompts]
+        with ThreadPoolExecutor(len(prompts)) as pool:
+            drafted = list(pool.map(run, prompts, ["dflash"] * len(prompts)))
+    for ar, got in zip(plain, drafted):
+        assert got.finish_reason == ar.finish_reason and got.text == ar.text
+        assert got.num_output_tokens == ar.num_output_tokens
+        assert not any(got.draft_len_per_step)  # no draft ever reached verification

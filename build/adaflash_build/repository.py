@@ -2,8 +2,9 @@
 
 The templates carry `${...}` fields (model folders, instance counts, sequence slots, queue
 delays, limits, and each model's tensors and the ensemble's wiring, written from the declarations
-in `adaflash.serving.protocol`); this fills them, copies the model code, and measures the
-verify/draft cost table of this machine for the length policy, so the server starts with it ready.
+in `adaflash.serving.protocol`); this fills them and copies the model code. It loads no model: the
+verify/draft cost table of the length policy is measured by the target model when it starts, in
+the process and on the device that run its forwards (or a given table is reused).
 """
 
 from __future__ import annotations
@@ -16,9 +17,8 @@ import string
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
-from adaflash.decoding.costs import measure_costs
 from adaflash.decoding.modes import modes_served
-from adaflash.models.bundle import load_bundle, save_bundle, tiny_random_bundle
+from adaflash.models.bundle import save_bundle, tiny_random_bundle
 from adaflash.models.drafter import DEFAULT_BLOCK_SIZE, DrafterConfig
 from adaflash.models.target import TargetConfig
 from adaflash.serving.protocol import (
@@ -44,6 +44,7 @@ class RepositoryConfig:
     max_queued: int = 256  # requests beyond max_active wait in a FIFO of this size (a burst of 4x max_active)
     max_queue_wait_s: float = 60.0  # a request that waits longer for a sequence slot is refused (UNAVAILABLE)
     stream_interval_ms: float = 0.0  # a stream's responses at most this often; 0: one per step (see orchestrator)
+    max_responses_per_s: float = 0.0  # streamed responses per second, shared by the streams; 0: no limit
     max_batch_size: int = 64  # requests per execute of the ensemble-facing models
     max_len: int = 2048  # tokens per sequence (prompt + output + one draft block)
     max_prompt_tokens: int = 1024
@@ -68,11 +69,13 @@ def build_repository(out_dir: str | Path, model_dir: str | Path, drafter: str | 
     if out_dir.exists():
         shutil.rmtree(out_dir)
     out_dir.mkdir(parents=True)
+    # Without a given table the target model measures one when it starts (`load_or_measure_costs`).
     cost_path = out_dir.parent / f"{out_dir.name}.cost.json"
-    if drafter_dir:
-        _cost_table(model_dir, drafter, cfg, cost_table, cost_path)
+    cost_path.unlink(missing_ok=True)
+    if drafter_dir and cost_table:
+        shutil.copyfile(cost_table, cost_path)
     fields = {**{k: str(v) for k, v in asdict(cfg).items()}, "target_dir": str(model_dir / "target"),
-              "drafter_dir": str(drafter_dir or ""), "cost_table": str(cost_path if drafter_dir else ""),
+              "drafter_dir": str(drafter_dir or ""), "cost_table": str(cost_path if cost_path.exists() else ""),
               "idle_us": str(cfg.idle_timeout_s * 1_000_000), "default_spec_mode": default_mode,
               **_ensemble_wiring()}
     for name in MODELS:
@@ -173,15 +176,6 @@ def fit_to_context(cfg: RepositoryConfig, context: int) -> RepositoryConfig:
     output = min(cfg.max_output_tokens, context - prompt)
     return replace(cfg, max_prompt_tokens=prompt, max_output_tokens=output,
                    max_len=min(cfg.max_len, prompt + output + DEFAULT_BLOCK_SIZE))
-
-
-def _cost_table(model_dir: Path, drafter: str, cfg: RepositoryConfig, given: str | Path | None, out: Path) -> None:
-    """Reuse a measured table when given, else time verify and draft forwards on this machine."""
-    if given:
-        shutil.copyfile(given, out)
-        return
-    bundle = load_bundle(model_dir, drafter)
-    measure_costs(bundle.target, bundle.drafter, cfg.max_active).save(out)
 
 
 def tiny_model_dir(state_dir: str | Path) -> Path:

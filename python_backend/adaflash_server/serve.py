@@ -71,7 +71,8 @@ def model_dir_to_serve(model_dir: Path | None, tiny_random: bool, state_dir: Pat
 def run(args: argparse.Namespace) -> int:
     model_dir = model_dir_to_serve(args.model_dir, args.tiny_random, args.state_dir)
     cfg = RepositoryConfig(**{k: getattr(args, k) for k in asdict(RepositoryConfig())})
-    print(f"building the model repository for {model_dir} (measuring this machine's verify costs)", flush=True)
+    print(f"building the model repository for {model_dir} (the target measures its verify costs when it starts)",
+          flush=True)
     repo = build_repository(args.state_dir / "model_repository", model_dir, args.drafter or None, cfg, args.cost_table)
     server = TritonServer(ServerConfig(model_repository=repo, grpc_port=args.grpc_port, http_port=args.http_port,
                                        drain_timeout_s=args.drain_timeout_s,

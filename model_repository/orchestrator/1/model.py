@@ -14,11 +14,11 @@ import queue
 import threading
 import time
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 import triton_python_backend_utils as pb_utils
 
-from adaflash.decoding.costs import CostModel
 from adaflash.decoding.planner import Planner
 from adaflash.decoding.policy import LengthController
 from adaflash.decoding.scheduler import BackendError, Scheduler
@@ -36,7 +36,6 @@ BATCH_BUCKETS = [1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0]
 WAIT_BUCKETS = [0.001, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0]
 CANCEL_CHECK_S = 0.25  # how often the loop asks Triton whether a running request's client went away
 INPUTS, _ = protocol.MODEL_TENSORS[protocol.ORCHESTRATOR]
-OUTPUTS = {protocol.TARGET: protocol.names(protocol.TARGET_RESULT), protocol.DRAFTER: protocol.names(protocol.DRAFTER_RESULT)}
 
 
 def _inputs(request):
@@ -93,14 +92,23 @@ class Metrics:
             self._series[key] = family.Metric(labels=labels, **({"buckets": buckets} if buckets else {}))
         return self._series[key]
 
-    def count(self, seq):
+    def started(self, mode):
+        self.series(self.active, spec_mode=mode).increment(1)
+
+    def finished(self, seq):
         mode = seq.request.mode
+        self.series(self.active, spec_mode=mode).increment(-1)
+        if seq.finish_reason == "error":
+            return
         self.series(self.requests, spec_mode=mode, finish_reason=seq.finish_reason or "").increment(1)
         self.series(self.tokens, spec_mode=mode).increment(len(seq.output))
         self.series(self.forwards, spec_mode=mode).increment(1 + len(seq.steps))
         for s in seq.steps:
             self.series(self.accepted, spec_mode=mode).observe(s.accepted)
             self.series(self.drafted, spec_mode=mode).observe(s.draft_len)
+
+    def called(self, model, op, sequences):
+        self.series(self.calls, model=model, op=op).observe(sequences)
 
 
 class TritonPythonModel:
@@ -110,36 +118,38 @@ class TritonPythonModel:
         with open(f"{params['target_dir']}/config.json") as f:
             self.target_config = TargetConfig.from_hf(json.load(f))
         self.has_drafter = bool(params["drafter_dir"])
-        block_size, cost = DEFAULT_BLOCK_SIZE, None
+        block_size = DEFAULT_BLOCK_SIZE
         if self.has_drafter:
             with open(f"{params['drafter_dir']}/config.json") as f:
                 block_size = DrafterConfig.from_hf(json.load(f)).block_size
-            with open(params["cost_table"]) as f:
-                cost = CostModel.from_json(json.load(f))
-        self.planner = Planner(LengthController(cost, block_size))
+        # The cost table comes from the target model (measured in its process) before the first step.
+        self.planner = Planner(LengthController(None, block_size))
         self.max_len = int(params["max_len"])
         self.metrics = Metrics()
+        # Responses and metric updates are calls into Triton (each a round trip to the server process); they
+        # run on a thread of their own, in FIFO order, so that the step loop sends the next call to the target
+        # first (one queue keeps each stream in order).
+        self.outbox = queue.SimpleQueue()
+        threading.Thread(target=self._run_outbox, name="outbox", daemon=True).start()
         max_active = int(params["max_active"])
         self.admission = Admission(max_active, int(params["max_queued"]), float(params["max_queue_wait_s"]),
-                                   on_queue=self.metrics.queued.set)
-        # Each streamed response costs CPU in Triton, postprocessing and the client, whatever it carries; a
-        # stream interval lets a response carry the tokens of several steps under load.
+                                   on_queue=partial(self._later, self.metrics.queued.set))
+        # Each streamed response costs CPU in Triton, postprocessing and the client, whatever it carries. A
+        # stream interval, and a rate of responses shared by the streams, let a response carry the tokens of
+        # several steps under load.
         self.stream_interval_s = float(params["stream_interval_ms"]) / 1000
+        self.max_responses_per_s = float(params["max_responses_per_s"])
         self.timeouts = {protocol.TARGET: float(params["target_timeout_s"]),
                          protocol.DRAFTER: float(params["drafter_timeout_s"])}
         self.repository = os.path.dirname(args["model_repository"])
         backend = RemoteBackend(self._call, self._newest_drafter, log=pb_utils.Logger.log_error)
-        self.scheduler = Scheduler(backend, self.planner, cost, max_active, self.max_len, self.has_drafter)
+        self.scheduler = Scheduler(backend, self.planner, None, max_active, self.max_len, self.has_drafter)
         self.clients = {}  # sequence id -> Client
         self.cancelled = set()  # sequence ids whose client went away (told by postprocessing)
         self.next_cancel_check = 0.0
         self.ids = itertools.count(int.from_bytes(os.urandom(4), "little") << 20)
         self.wake = None
         self.loop = None
-        # Responses go out from a thread of their own: a send is a blocking call into Triton, and the step
-        # loop meanwhile sends the next call to the target (one FIFO keeps each stream in order).
-        self.outbox = queue.SimpleQueue()
-        threading.Thread(target=self._send_responses, name="responses", daemon=True).start()
 
     async def execute(self, requests):
         self._start_loop()
@@ -151,13 +161,26 @@ class TritonPythonModel:
             self.loop.cancel()
         self.outbox.put(None)
 
-    def _send_responses(self):
-        while (item := self.outbox.get()) is not None:
-            sender, response, flags = item
+    def _later(self, call, *args):
+        """Run `call(*args)` on the outbox thread."""
+        self.outbox.put(partial(call, *args))
+
+    def _run_outbox(self):
+        while (job := self.outbox.get()) is not None:
             try:
-                sender.send(response, flags=flags) if response is not None else sender.send(flags=flags)
+                job()
             except Exception as exc:  # noqa: BLE001 - a client gone mid-stream must not stop the other streams
-                pb_utils.Logger.log_error(f"sending a response failed: {exc}")
+                pb_utils.Logger.log_error(f"sending a response or a metric failed: {exc}")
+
+    @staticmethod
+    def _send(sender, payload, flags):
+        """payload: a step response's tensors, an error message, or None (nothing but the flags)."""
+        if payload is None:
+            sender.send(flags=flags)
+        elif isinstance(payload, str):
+            sender.send(_error(payload, pb_utils.TritonError.INTERNAL), flags=flags)
+        else:
+            sender.send(_response(payload), flags=flags)
 
     def _start_loop(self):
         if self.loop is None or self.loop.done():
@@ -188,7 +211,7 @@ class TritonPythonModel:
                        stop_ids=generation.stop_ids, submitted_at=time.perf_counter())
         client = Client(sender, generation.stream, asyncio.get_running_loop().create_future())
         self.clients[seq.id] = client
-        self.metrics.series(self.metrics.active, spec_mode=req.mode).increment(1)
+        self._later(self.metrics.started, req.mode)
         self.scheduler.add(seq)
         self.wake.set()
         await client.done
@@ -203,7 +226,7 @@ class TritonPythonModel:
         except AdmissionCancelled:
             sender.send(flags=FINAL)
             return False
-        self.metrics.queue_wait.observe(waited)
+        self._later(self.metrics.queue_wait.observe, waited)
         return True
 
     async def _run(self):
@@ -213,12 +236,21 @@ class TritonPythonModel:
                 self.wake.clear()
                 await self.wake.wait()
             try:
+                await self._fetch_costs()
                 touched = await self._cancel_departed()
                 touched += await self.scheduler.step()
+            except BackendError as exc:  # no cost table yet: the requests fail, a later one asks again
+                touched = await self.scheduler.fail_all(str(exc))
             except Exception as exc:  # noqa: BLE001 - a defect: end every request with it instead of hanging them
                 pb_utils.Logger.log_error(f"step failed: {exc!r}")
                 touched = await self.scheduler.fail_all(f"internal error: {exc}")
             self._respond(touched)
+
+    async def _fetch_costs(self):
+        """Ask the target model for its cost table, once (a server without a drafter needs none)."""
+        if self.has_drafter and self.scheduler.cost is None:
+            cost = protocol.decode_cost_table(await self._call(protocol.TARGET, protocol.encode_costs_call()))
+            self.planner.controller.cost = self.scheduler.cost = cost
 
     async def _cancel_departed(self):
         """End the sequences whose client went away: told by postprocessing, or asked of Triton now and then."""
@@ -233,30 +265,36 @@ class TritonPythonModel:
         return gone
 
     def _respond(self, touched):
-        now = time.monotonic()
+        now, gap = time.monotonic(), self._response_gap()
         for seq in touched:
             client = self.clients.get(seq.id)
             if client is None:
                 continue
             if seq.finished:
                 self._finish(seq, client)
-            elif client.stream and now - client.sent_at >= self.stream_interval_s:
-                self.outbox.put((client.sender, _response(protocol.encode_step_response(
-                    seq, client.sent_tokens, client.sent_steps, final=False)), 0))
+            elif client.stream and now - client.sent_at >= gap:
+                tensors = protocol.encode_step_response(seq, client.sent_tokens, client.sent_steps, final=False)
+                self._later(self._send, client.sender, tensors, 0)
                 client.sent_tokens, client.sent_steps, client.sent_at = len(seq.output), len(seq.steps), now
+
+    def _response_gap(self):
+        """Seconds between two responses of a stream: the stream interval, or more when the streams' share of
+        `max_responses_per_s` is smaller. The first and the final response are never held."""
+        if self.max_responses_per_s <= 0:
+            return self.stream_interval_s
+        streams = sum(1 for c in self.clients.values() if c.stream)
+        return max(self.stream_interval_s, streams / self.max_responses_per_s)
 
     def _finish(self, seq, client):
         """The final response; the loop released the sequence in the models before."""
         if seq.finish_reason == "cancelled":
-            response = None
+            payload = None
         elif seq.finish_reason == "error":
-            response = _error(f"generation failed: {seq.error}", pb_utils.TritonError.INTERNAL)
+            payload = f"generation failed: {seq.error}"
         else:
-            response = _response(protocol.encode_step_response(seq, client.sent_tokens, client.sent_steps, final=True))
-        self.outbox.put((client.sender, response, FINAL))
-        if seq.finish_reason != "error":
-            self.metrics.count(seq)
-        self.metrics.series(self.metrics.active, spec_mode=seq.request.mode).increment(-1)
+            payload = protocol.encode_step_response(seq, client.sent_tokens, client.sent_steps, final=True)
+        self._later(self._send, client.sender, payload, FINAL)
+        self._later(self.metrics.finished, seq)
         del self.clients[seq.id]
         self.admission.leave()
         client.done.set_result(None)
@@ -264,10 +302,10 @@ class TritonPythonModel:
     async def _call(self, model, tensors):
         """One BLS request; BackendError when the model fails or does not answer in time."""
         op = protocol.Op(int(tensors["op"][0]))
-        self.metrics.series(self.metrics.calls, model=model, op=op.name.lower()).observe(len(tensors["keys"]))
-        kind = protocol.TARGET if model == protocol.TARGET else protocol.DRAFTER  # drafter_<n> are drafters
-        outputs = [] if op is Op.RELEASE else OUTPUTS[kind]
-        timeout = self.timeouts[kind]
+        if op is not Op.COSTS:
+            self._later(self.metrics.called, model, op.name.lower(), len(tensors["keys"]))
+        outputs = protocol.result_names(op)
+        timeout = self.timeouts[protocol.TARGET if model == protocol.TARGET else protocol.DRAFTER]  # or drafter_<n>
         request = pb_utils.InferenceRequest(model_name=model, inputs=[pb_utils.Tensor(n, v) for n, v in tensors.items()],
                                             requested_output_names=outputs)
         try:

@@ -3,9 +3,12 @@
 Triton's ensemble marks a cancelled client request only on steps scheduled after the
 cancellation, so this step sees it and the running orchestrator does not: this step tells
 the orchestrator (a `cancel_sequence` request), which then stops and frees the sequence.
+Asking Triton is a round trip to the server process, so a stream is asked at most every
+CANCEL_CHECK_S, not on each of its responses.
 """
 
 import json
+import time
 
 import torch
 import triton_python_backend_utils as pb_utils
@@ -15,6 +18,8 @@ from adaflash.serving import protocol
 from adaflash.serving.api import text_delta
 
 INPUTS, _ = protocol.MODEL_TENSORS["postprocessing"]
+CANCEL_CHECK_S = 0.25
+FORGET_AFTER_S = 60.0  # a stream not seen for this long ended without a final response here (error, cancel)
 
 
 def _tensors(tensors):
@@ -26,13 +31,14 @@ class TritonPythonModel:
         torch.set_num_threads(1)  # tokenising only: leave the cores to the target and the drafter
         params = protocol.model_parameters(json.loads(args["model_config"]))
         self.tokenizer = load_tokenizer(params["tokenizer_dir"])
+        self.next_check = {}  # sequence id -> time.monotonic() after which its cancellation is asked again
 
     def execute(self, requests):
         responses = []
         for request in requests:
             tensors = {s.name: pb_utils.get_input_tensor_by_name(request, s.name).as_numpy() for s in INPUTS}
             step = protocol.decode_step_response(tensors)
-            if request.is_cancelled():
+            if self._departed(request, step):
                 self._cancel(step.sequence_id)
                 responses.append(pb_utils.InferenceResponse(
                     error=pb_utils.TritonError("request cancelled", pb_utils.TritonError.CANCELLED)))
@@ -41,6 +47,19 @@ class TritonPythonModel:
             out = protocol.encode_text_response(text, tensors)
             responses.append(pb_utils.InferenceResponse(output_tensors=_tensors(out)))
         return responses
+
+    def _departed(self, request, step):
+        """Whether the client cancelled: asked of Triton when the stream's check is due."""
+        now = time.monotonic()
+        if step.final:
+            self.next_check.pop(step.sequence_id, None)
+        elif now < self.next_check.get(step.sequence_id, now):
+            return False
+        else:
+            self.next_check[step.sequence_id] = now + CANCEL_CHECK_S
+            if len(self.next_check) > 4 * 1024:
+                self.next_check = {k: t for k, t in self.next_check.items() if t > now - FORGET_AFTER_S}
+        return request.is_cancelled()
 
     def _cancel(self, sequence_id):
         request = pb_utils.InferenceRequest(model_name=protocol.ORCHESTRATOR, requested_output_names=[],

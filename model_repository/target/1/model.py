@@ -12,12 +12,14 @@ from adaflash.serving.threads import spin_target_threads
 
 spin_target_threads()  # before torch loads: the target's idle OpenMP threads spin briefly instead of sleeping
 
+from adaflash.decoding.costs import load_or_measure_costs  # noqa: E402
 from adaflash.models.drafter import DrafterConfig  # noqa: E402
 from adaflash.models.target import Transformer  # noqa: E402
 from adaflash.serving import protocol  # noqa: E402
 from adaflash.serving.slots import TargetSlots  # noqa: E402
 
 INPUTS, _ = protocol.MODEL_TENSORS[protocol.TARGET]
+OPS = (protocol.Op.PREFILL, protocol.Op.VERIFY, protocol.Op.RELEASE, protocol.Op.COSTS)
 
 
 def _inputs(request):
@@ -40,15 +42,24 @@ class TritonPythonModel:
         if params["drafter_dir"]:
             with open(f"{params['drafter_dir']}/config.json") as f:
                 capture = DrafterConfig.from_hf(json.load(f)).target_layer_ids
-        self.slots = TargetSlots(Transformer.from_pretrained(params["target_dir"]), int(params["max_active"]),
-                                 int(params["max_len"]), capture, float(params["idle_timeout_s"]))
+        target = Transformer.from_pretrained(params["target_dir"])
+        # The orchestrator's planner asks for this table (Op.COSTS) before its first step.
+        self.cost = None
+        if params["drafter_dir"]:
+            self.cost = load_or_measure_costs(params["cost_table"], target, params["drafter_dir"],
+                                              int(params["max_active"]))
+        self.slots = TargetSlots(target, int(params["max_active"]), int(params["max_len"]), capture,
+                                 float(params["idle_timeout_s"]))
 
     def execute(self, requests):
         return [self._one(r) for r in requests]
 
     def _one(self, request):
         try:
-            call = protocol.decode_target_call(_inputs(request))
+            tensors = _inputs(request)
+            if protocol.decode_op(tensors, OPS) is protocol.Op.COSTS:
+                return self._costs()
+            call = protocol.decode_target_call(tensors)
             timed = self.slots.run(call)
         except (ValueError, KeyError) as exc:
             return _error(exc, pb_utils.TritonError.INVALID_ARG)
@@ -57,3 +68,8 @@ class TritonPythonModel:
         if call.op is protocol.Op.RELEASE:
             return _response({})
         return _response(protocol.encode_target_result(timed.value, timed.ms))
+
+    def _costs(self):
+        if self.cost is None:
+            return _error("no cost table: this server has no drafter", pb_utils.TritonError.UNSUPPORTED)
+        return _response(protocol.encode_cost_table(self.cost))

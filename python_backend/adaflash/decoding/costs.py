@@ -107,6 +107,18 @@ def _follow(scale: float, ratio: float, weight: float = 0.05) -> float:
     return float(np.clip(np.exp((1 - weight) * np.log(scale) + weight * np.log(ratio)), 0.25, 4.0))
 
 
+def load_or_measure_costs(given: str | Path | None, target: "Transformer", drafter_dir: str | Path,
+                          max_batch: int) -> CostModel:
+    """The table at `given`, else one measured now with the drafter loaded for the purpose (and dropped
+    after). Called by the target's server process, so a server holds one copy of the target and the figures
+    are those of the device that runs its forwards."""
+    if given:
+        return CostModel.from_json(json.loads(Path(given).read_text()))
+    from adaflash.models.drafter import DFlashDrafter
+
+    return measure_costs(target, DFlashDrafter.from_pretrained(drafter_dir), max_batch)
+
+
 def measure_costs(
     target: "Transformer",
     drafter: "DFlashDrafter | None",

@@ -12,6 +12,7 @@ left unset travels as `UNSET` and is None again after one `decode`.
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from collections.abc import Callable, Iterable
@@ -22,6 +23,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from adaflash.decoding.costs import CostModel
 from adaflash.decoding.sampling import SamplingParams
 from adaflash.decoding.sequence import Request, Sequence
 from adaflash.decoding.steps import StepResult
@@ -42,6 +44,7 @@ class Op(IntEnum):
     VERIFY = 1
     RELEASE = 2
     DRAFT = 3
+    COSTS = 4  # the target model's cost table (no sequences): measured where its forwards run
 
 
 # ---------------------------------------------------------------------------------------------
@@ -251,6 +254,7 @@ TARGET_RESULT = (
     *FEATURES,
     TensorSpec("forward_ms", FP32),
 )
+COST_TABLE = TensorSpec("cost_table", BYTES)  # the target's answer to Op.COSTS: CostModel.to_json() as JSON
 DRAFTER_CALL = (
     OP,
     KEYS,
@@ -273,7 +277,7 @@ MODEL_TENSORS: dict[str, tuple[tuple[TensorSpec, ...], tuple[TensorSpec, ...]]] 
     # Optional: a request may instead carry only `cancel_sequence`.
     ORCHESTRATOR: (tuple(replace(s, optional=True) for s in (*GENERATION, CANCEL)), STEP_RESPONSE),
     "postprocessing": (STEP_RESPONSE, (TEXT_OUTPUT, *(replace(s, name=forwarded_name(s.name)) for s in STATS))),
-    TARGET: (TARGET_CALL, TARGET_RESULT),
+    TARGET: (TARGET_CALL, (*TARGET_RESULT, COST_TABLE)),
     DRAFTER: (DRAFTER_CALL, DRAFTER_RESULT),
 }
 
@@ -351,6 +355,23 @@ def decode_op(tensors: Tensors, allowed: Iterable[Op]) -> Op:
 def encode_release(keys: list[int]) -> Tensors:
     """Ends sequences in the target or a drafter: their cache slots are free again."""
     return {"op": _flat(Op.RELEASE, INT32), "keys": _flat(keys, UINT64)}
+
+
+def result_names(op: Op) -> list[str]:
+    """The outputs a call of `op` asks for by name (a model returns only those)."""
+    return {Op.RELEASE: [], Op.COSTS: [COST_TABLE.name], Op.DRAFT: names(DRAFTER_RESULT)}.get(op, names(TARGET_RESULT))
+
+
+def encode_costs_call() -> Tensors:
+    return {"op": _flat(Op.COSTS, INT32), "keys": _flat([], UINT64)}
+
+
+def encode_cost_table(cost: CostModel) -> Tensors:
+    return {COST_TABLE.name: _flat(json.dumps(cost.to_json()).encode(), BYTES)}
+
+
+def decode_cost_table(tensors: Tensors) -> CostModel:
+    return CostModel.from_json(json.loads(_scalar(tensors, COST_TABLE.name)))
 
 
 def decode_keys(tensors: Tensors) -> list[int]:
