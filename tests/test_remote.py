@@ -4,6 +4,7 @@ services in process: the same output as the engine, one target call per step, an
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 
 import pytest
 from helpers import clone_target, fixed_costs, random_prompts
@@ -55,11 +56,12 @@ class Models:
         return len(self.target.slots) == 0 and all(len(d.slots) == 0 for d in self.drafters.values())
 
 
-def serve(bundle, requests: list[Request], models: Models, before_step=None) -> tuple[list[Sequence], dict]:
+def serve(bundle, requests: list[Request], models: Models, before_step=None,
+          max_active: int | None = None) -> tuple[list[Sequence], dict]:
     """Run the requests through the served loop; returns the sequences and what was streamed per sequence."""
     backend = RemoteBackend(models.call, lambda: models.newest)
     scheduler = Scheduler(backend, Planner(LengthController(fixed_costs(), bundle.drafter.config.block_size)),
-                          fixed_costs(), len(requests), MAX_LEN, has_drafter=True)
+                          fixed_costs(), max_active or len(requests), MAX_LEN, has_drafter=True)
     seqs = [Sequence(id=1000 + i, request=r, tokens=list(r.prompt_ids), generator=None, stop_ids=frozenset())
             for i, r in enumerate(requests)]
     for s in seqs:
@@ -107,6 +109,21 @@ def test_served_loop_equals_the_engine_with_one_target_call_per_step(trained_tin
     assert len(drafts) <= len(verifies)
     if mode in ("dflash", "adaflash-published"):
         assert any(st.accepted > 0 for s in seqs for st in s.steps)
+    assert models.empty()
+
+
+def test_releases_ride_on_the_next_call_and_nothing_is_held_at_the_end(trained_tiny):
+    """Sequences that finish at different steps are freed by the models' next calls (before those claim slots),
+    so a busy loop makes no release calls of its own; only the loop going idle sends one per model."""
+    prompts = random_prompts(8, seed=14)
+    models = Models(trained_tiny, 4)  # 8 requests through 4 slots: later prefills need the slots freed
+    reqs = [Request(p, 4 + 3 * i, mode="dflash", stop_ids=()) for i, p in enumerate(prompts)]
+    seqs, _ = serve(trained_tiny, reqs, models, max_active=4)
+    plain = Engine(clone_target(trained_tiny.target), None, num_slots=8, max_len=MAX_LEN)
+    assert [s.output for s in seqs] == [s.output for s in plain.generate([replace(r, mode="ar") for r in reqs])]
+    releases = [(i, model) for i, (model, op, _) in enumerate(models.calls) if op is Op.RELEASE]
+    assert sorted(model for _, model in releases) == ["drafter", protocol.TARGET]
+    assert min(i for i, _ in releases) >= len(models.calls) - 2  # the last two calls: the loop idles
     assert models.empty()
 
 

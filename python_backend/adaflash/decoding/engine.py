@@ -76,6 +76,9 @@ class LocalBackend:
             self.free_slots.append(seq.slot)
             seq.slot = -1
 
+    async def idle(self) -> None:
+        """Nothing to do: `release` freed every slot at once."""
+
 
 class Engine:
     """Runs many requests at once over one target (and optionally one drafter)."""

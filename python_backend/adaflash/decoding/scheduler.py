@@ -59,7 +59,10 @@ class Backend(Protocol):
         """Draft a block after each anchor; appends (and clears) each sequence's `pending_context` first."""
 
     async def release(self, seqs: list[Sequence]) -> None:
-        """Free what the models keep of finished sequences."""
+        """Free what the models keep of finished sequences (at once, or with the models' next call)."""
+
+    async def idle(self) -> None:
+        """No sequence is left: whatever `release` still owes is freed now."""
 
 
 def run_now(coro: Coroutine[Any, Any, T]) -> T:
@@ -205,6 +208,8 @@ class Scheduler:
             seq.finished_at = seq.finished_at or time.perf_counter()
             seq.pending_context.clear()
         await self.backend.release(seqs)
+        if not self.has_work:
+            await self.backend.idle()
 
 
 def _fail(seqs: list[Sequence], exc: BackendError) -> None:

@@ -16,7 +16,7 @@ import json
 import math
 import re
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from enum import Enum, IntEnum
 from typing import Any
 
@@ -238,10 +238,14 @@ STEP_RESPONSE = (
 # with their `feature_rows`.
 OP = TensorSpec("op", INT32)
 KEYS = TensorSpec("keys", UINT64, (-1,))
+# Sequences that ended since the model's last call, freed before the call runs: releases ride on the next call
+# instead of a call of their own (Op.RELEASE remains for a server with nothing else to send).
+RELEASE_KEYS = TensorSpec("release", UINT64, (-1,), optional=True)
 FEATURES = (TensorSpec("feature_rows", INT32, (-1,)), TensorSpec("features", FP32, (-1, -1)))
 TARGET_CALL = (
     OP,
     KEYS,
+    RELEASE_KEYS,
     TensorSpec("lengths", INT32, (-1,), optional=True),
     TensorSpec("tokens", INT32, (-1,), optional=True),
     *(replace(f.spec, dims=(-1,), optional=True) for f in SAMPLING_FIELDS),
@@ -258,6 +262,7 @@ COST_TABLE = TensorSpec("cost_table", BYTES)  # the target's answer to Op.COSTS:
 DRAFTER_CALL = (
     OP,
     KEYS,
+    RELEASE_KEYS,
     TensorSpec("anchors", INT32, (-1,), optional=True),
     *(replace(s, optional=True) for s in FEATURES),
     TensorSpec("block_length", INT32, optional=True),
@@ -374,6 +379,14 @@ def decode_cost_table(tensors: Tensors) -> CostModel:
     return CostModel.from_json(json.loads(_scalar(tensors, COST_TABLE.name)))
 
 
+def _encode_release(keys: list[int]) -> Tensors:
+    return {RELEASE_KEYS.name: _flat(keys, UINT64)} if keys else {}
+
+
+def _decode_release(tensors: Tensors) -> list[int]:
+    return _list(tensors, RELEASE_KEYS.name) if tensors.get(RELEASE_KEYS.name) is not None else []
+
+
 def decode_keys(tensors: Tensors) -> list[int]:
     _required(tensors, ["keys"])
     return _list(tensors, "keys")
@@ -486,6 +499,7 @@ class TargetCall:
     keys: list[int]  # the sequences, one entry each
     feeds: list[list[int]]  # prefill: the prompts; verify: [anchor] + draft; release: none
     sampling: list[SamplingParams] | None = None  # prefill only: each sequence keeps its own
+    release: list[int] = field(default_factory=list)  # sequences to free first
 
 
 def _split(flat: list, lengths: list[int]) -> list[list]:
@@ -496,7 +510,7 @@ def _split(flat: list, lengths: list[int]) -> list[list]:
 def encode_target_call(call: TargetCall) -> Tensors:
     out = {"op": _flat(call.op, INT32), "keys": _flat(call.keys, UINT64),
            "lengths": _flat([len(f) for f in call.feeds], INT32),
-           "tokens": _flat([t for f in call.feeds for t in f], INT32)}
+           "tokens": _flat([t for f in call.feeds for t in f], INT32), **_encode_release(call.release)}
     if call.sampling is not None:
         out.update({f.name: _flat([getattr(sp, f.target) for sp in call.sampling], f.spec.dtype)
                     for f in SAMPLING_FIELDS})
@@ -509,12 +523,13 @@ def decode_target_call(tensors: Tensors) -> TargetCall:
     keys = decode_keys(tensors)
     if op is Op.RELEASE:
         return TargetCall(op, keys, [])
+    release = _decode_release(tensors)
     _required(tensors, ["lengths", "tokens"])
     lengths, tokens = _list(tensors, "lengths"), _list(tensors, "tokens")
     if len(lengths) != len(keys) or sum(lengths) != len(tokens) or min(lengths, default=1) < 1:
         raise ValueError(f"lengths: {len(lengths)} lengths summing to {sum(lengths)} for {len(keys)} keys and "
                          f"{len(tokens)} tokens")
-    call = TargetCall(op, keys, _split(tokens, lengths))
+    call = TargetCall(op, keys, _split(tokens, lengths), release=release)
     if op is Op.PREFILL:
         _required(tensors, [f.name for f in SAMPLING_FIELDS])
         columns = {f.target: _list(tensors, f.name) for f in SAMPLING_FIELDS}
@@ -567,17 +582,19 @@ class DraftCall:
     anchors: list[int]
     features: list[torch.Tensor | None]
     block_length: int
+    release: list[int] = field(default_factory=list)
 
 
 def encode_draft_call(call: DraftCall) -> Tensors:
     return {"op": _flat(Op.DRAFT, INT32), "keys": _flat(call.keys, UINT64), "anchors": _flat(call.anchors, INT32),
-            **_encode_features(call.features), "block_length": _flat(call.block_length, INT32)}
+            **_encode_features(call.features), "block_length": _flat(call.block_length, INT32),
+            **_encode_release(call.release)}
 
 
 def decode_draft_call(tensors: Tensors) -> DraftCall:
-    _required(tensors, names(DRAFTER_CALL))
+    _required(tensors, [s.name for s in DRAFTER_CALL if s is not RELEASE_KEYS])
     call = DraftCall(decode_keys(tensors), _list(tensors, "anchors"), _decode_features(tensors),
-                     int(_scalar(tensors, "block_length")))
+                     int(_scalar(tensors, "block_length")), _decode_release(tensors))
     if not len(call.keys) == len(call.anchors) == len(call.features):
         raise ValueError(f"anchors: {len(call.anchors)} anchors and {len(call.features)} feature counts for "
                          f"{len(call.keys)} keys")

@@ -29,6 +29,7 @@ class RemoteBackend:
                  log: Callable[[str], None] = lambda message: None) -> None:
         self.call, self.newest_drafter, self.log = call, newest_drafter, log
         self.drafter_of: dict[int, str] = {}  # sequence -> the drafter model it started with
+        self.releasing: dict[str, list[int]] = {}  # model -> sequences ended since its last call
 
     async def prefill(self, seqs: list[Sequence]) -> Timed[list[StepResult]]:
         drafter = self.newest_drafter() if any(s.can_draft for s in seqs) else None
@@ -41,6 +42,7 @@ class RemoteBackend:
         return await self._target(TargetCall(Op.VERIFY, [s.id for s in seqs], feeds))
 
     async def _target(self, call: TargetCall) -> Timed[list[StepResult]]:
+        call.release = self.releasing.pop(protocol.TARGET, [])
         results, ms = protocol.decode_target_result(await self.call(protocol.TARGET, protocol.encode_target_call(call)))
         return Timed(results, ms)
 
@@ -55,7 +57,8 @@ class RemoteBackend:
         for model, rows in by_model.items():
             group = [seqs[i] for i in rows]
             call = DraftCall([s.id for s in group], [s.tokens[-1] for s in group],
-                             [torch.cat(s.pending_context) if s.pending_context else None for s in group], block_length)
+                             [torch.cat(s.pending_context) if s.pending_context else None for s in group], block_length,
+                             self.releasing.pop(model, []))
             draft, ms = protocol.decode_draft(await self.call(model, protocol.encode_draft_call(call)))
             for s in group:
                 s.pending_context.clear()
@@ -63,14 +66,19 @@ class RemoteBackend:
         return Timed(_in_order([(rows, parts[m]) for m, rows in by_model.items()]), total_ms)
 
     async def release(self, seqs: list[Sequence]) -> None:
-        """Free the sequences in the target and in their drafter models. A failure is logged, not raised: the
-        models reclaim slots left idle themselves."""
-        releases = {protocol.TARGET: [s.id for s in seqs]}
+        """Free the sequences in the target and in their drafter models, with each model's next call (a call
+        frees them before it claims slots for new sequences), or when the loop idles."""
+        self.releasing.setdefault(protocol.TARGET, []).extend(s.id for s in seqs)
         for seq in seqs:
             model = self.drafter_of.pop(seq.id, None)
             if model is not None:
-                releases.setdefault(model, []).append(seq.id)
-        for model, keys in releases.items():
+                self.releasing.setdefault(model, []).append(seq.id)
+
+    async def idle(self) -> None:
+        """Nothing runs: free what is still owed in a call of its own per model. A failure is logged, not
+        raised: the models reclaim slots left idle themselves."""
+        owed, self.releasing = self.releasing, {}
+        for model, keys in owed.items():
             try:
                 await self.call(model, protocol.encode_release(keys))
             except BackendError as exc:

@@ -95,9 +95,9 @@ class TargetSlots(CacheSlots):
         """Prefill, verify or release every sequence of the call, in one forward. Raises ValueError or KeyError
         for a call that does not fit its sequences (nothing changes then), RuntimeError when no slot is free."""
         self.release_stale()
+        for key in call.keys if call.op is Op.RELEASE else call.release:
+            self.release(key)
         if call.op is Op.RELEASE:
-            for key in call.keys:
-                self.release(key)
             return Timed([], 0.0)
         if call.op is Op.PREFILL:
             self._open(call)
@@ -140,8 +140,10 @@ class DrafterSlots(CacheSlots):
 
     def run(self, call: DraftCall) -> Timed[Draft]:
         """Append each sequence's new features to its context (a new sequence takes a slot), then draft every
-        block in one forward; the caller cuts the drafts."""
+        block in one forward; the caller cuts the drafts. The sequences the call releases are freed first."""
         self.release_stale()
+        for key in call.release:
+            self.release(key)
         for key in call.keys:
             if key not in self.slots.slot_of:
                 self.slots.acquire(key)
