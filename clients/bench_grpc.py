@@ -42,6 +42,7 @@ from adaflash.decoding.modes import MODE_NAMES
 from adaflash.decoding.sequence import Request, Sequence
 from adaflash.evaluation.prompts import load_prompts
 from adaflash.models.bundle import Bundle, load_bundle
+from adaflash.serving.pacing import response_rate
 from adaflash_build.repository import RepositoryConfig, build_repository, tiny_model_dir
 from adaflash_client.client import GenerationError, GenerationParams, build_inputs, is_final, parse_chunk
 from adaflash_server.launcher import ServerConfig, TritonServer
@@ -80,7 +81,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--stream-interval-ms", type=float, default=REPOSITORY.stream_interval_ms,
                    help="the server's stream interval (0: a response per step)")
     p.add_argument("--max-responses-per-s", type=float, default=REPOSITORY.max_responses_per_s,
-                   help="the server's rate of streamed responses, shared by the streams (0: no limit)")
+                   help="the server's rate of streamed responses, shared by the streams (0: no limit; "
+                   "-1, the default: sized to this machine's cores)")
     p.add_argument("--json", type=Path, help="write the results here")
     return p.parse_args(argv)
 
@@ -281,6 +283,7 @@ def main(argv: list[str] | None = None) -> int:
     where = str(args.model_dir) if args.model_dir else "tiny random (seed 0, written to a temp dir)"
     result = {"model_dir": where, "prompts": str(args.prompts or "packaged sample prompts"),
               "stream_interval_ms": args.stream_interval_ms, "max_responses_per_s": args.max_responses_per_s,
+              "responses_per_s_shared_by_the_streams": response_rate(args.max_responses_per_s),
               "max_tokens": args.max_tokens, "rows": rows}
     print_table(rows)
     if args.json:

@@ -21,6 +21,7 @@ from adaflash.decoding.modes import modes_served
 from adaflash.models.bundle import save_bundle, tiny_random_bundle
 from adaflash.models.drafter import DEFAULT_BLOCK_SIZE, DrafterConfig
 from adaflash.models.target import TargetConfig
+from adaflash.serving.pacing import AUTO
 from adaflash.serving.protocol import (
     GENERATION,
     MODEL_TENSORS,
@@ -43,8 +44,9 @@ class RepositoryConfig:
     max_active: int = 64  # sequences generated at once; also the target's and drafter's batch size
     max_queued: int = 256  # requests beyond max_active wait in a FIFO of this size (a burst of 4x max_active)
     max_queue_wait_s: float = 60.0  # a request that waits longer for a sequence slot is refused (UNAVAILABLE)
-    stream_interval_ms: float = 0.0  # a stream's responses at most this often; 0: one per step (see orchestrator)
-    max_responses_per_s: float = 0.0  # streamed responses per second, shared by the streams; 0: no limit
+    stream_interval_ms: float = 0.0  # a stream's responses at most this often; 0: one per step (serving/pacing.py)
+    max_responses_per_s: float = AUTO  # streamed responses per second, shared by the streams; 0: no limit;
+    # AUTO (-1): RESPONSES_PER_CORE_S per CPU core of the serving machine
     max_batch_size: int = 64  # requests per execute of the ensemble-facing models
     max_len: int = 2048  # tokens per sequence (prompt + output + one draft block)
     max_prompt_tokens: int = 1024

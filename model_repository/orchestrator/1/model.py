@@ -27,6 +27,7 @@ from adaflash.models.drafter import DEFAULT_BLOCK_SIZE, DrafterConfig
 from adaflash.models.target import TargetConfig
 from adaflash.serving import protocol
 from adaflash.serving.admission import Admission, AdmissionCancelled, AdmissionRefused
+from adaflash.serving.pacing import response_gap, response_rate
 from adaflash.serving.protocol import Op
 from adaflash.serving.remote import RemoteBackend
 
@@ -134,11 +135,8 @@ class TritonPythonModel:
         max_active = int(params["max_active"])
         self.admission = Admission(max_active, int(params["max_queued"]), float(params["max_queue_wait_s"]),
                                    on_queue=partial(self._later, self.metrics.queued.set))
-        # Each streamed response costs CPU in Triton, postprocessing and the client, whatever it carries. A
-        # stream interval, and a rate of responses shared by the streams, let a response carry the tokens of
-        # several steps under load.
         self.stream_interval_s = float(params["stream_interval_ms"]) / 1000
-        self.max_responses_per_s = float(params["max_responses_per_s"])
+        self.response_rate = response_rate(float(params["max_responses_per_s"]))
         self.timeouts = {protocol.TARGET: float(params["target_timeout_s"]),
                          protocol.DRAFTER: float(params["drafter_timeout_s"])}
         self.repository = os.path.dirname(args["model_repository"])
@@ -265,7 +263,8 @@ class TritonPythonModel:
         return gone
 
     def _respond(self, touched):
-        now, gap = time.monotonic(), self._response_gap()
+        streams = sum(1 for c in self.clients.values() if c.stream)
+        now, gap = time.monotonic(), response_gap(streams, self.stream_interval_s, self.response_rate)
         for seq in touched:
             client = self.clients.get(seq.id)
             if client is None:
@@ -276,14 +275,6 @@ class TritonPythonModel:
                 tensors = protocol.encode_step_response(seq, client.sent_tokens, client.sent_steps, final=False)
                 self._later(self._send, client.sender, tensors, 0)
                 client.sent_tokens, client.sent_steps, client.sent_at = len(seq.output), len(seq.steps), now
-
-    def _response_gap(self):
-        """Seconds between two responses of a stream: the stream interval, or more when the streams' share of
-        `max_responses_per_s` is smaller. The first and the final response are never held."""
-        if self.max_responses_per_s <= 0:
-            return self.stream_interval_s
-        streams = sum(1 for c in self.clients.values() if c.stream)
-        return max(self.stream_interval_s, streams / self.max_responses_per_s)
 
     def _finish(self, seq, client):
         """The final response; the loop released the sequence in the models before."""
