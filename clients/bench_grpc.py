@@ -206,9 +206,9 @@ def call_summary(before: dict, after: dict, exec_before: dict, exec_after: dict)
             out[f"{key[0]}.{key[1]}"] = {"calls": int(calls - c0), "mean_sequences": round((seqs - s0) / (calls - c0), 2)}
     for model in ("target", "drafter"):
         out[f"{model}.triton_executions"] = exec_after.get(model, 0) - exec_before.get(model, 0)
-    verifies = out.get("target.verify", {}).get("calls", 0)
-    if verifies:
-        out["target_executions_per_step"] = round(out["target.triton_executions"] / verifies, 3)
+    steps = out.get("target.step", {}).get("calls", 0)
+    if steps:
+        out["target_executions_per_step"] = round(out["target.triton_executions"] / steps, 3)
     return out
 
 

@@ -110,11 +110,11 @@ def test_a_generation_request_missing_a_tensor_names_it():
 
 def test_target_calls_and_results_round_trip():
     sampling = [SamplingParams(temperature=1.0, top_k=50, top_p=0.5, seed=123), SamplingParams()]
-    call = protocol.decode_target_call(protocol.encode_target_call(
-        protocol.TargetCall(protocol.Op.PREFILL, [7, 2**40], [[1, 2], [3]], sampling)))
-    assert (call.op, call.keys, call.feeds, call.sampling) == (protocol.Op.PREFILL, [7, 2**40], [[1, 2], [3]], sampling)
-    verify = protocol.decode_target_call(protocol.encode_target_call(protocol.TargetCall(protocol.Op.VERIFY, [7], [[3]])))
-    assert (verify.op, verify.keys, verify.feeds, verify.sampling) == (protocol.Op.VERIFY, [7], [[3]], None)
+    step = protocol.TargetCall(protocol.Op.STEP, [7, 2**40, 9], [[1, 2], [3], [4, 5, 6]], sampling, release=[3])
+    call = protocol.decode_target_call(protocol.encode_target_call(step))
+    assert call == step  # two new sequences with their settings, then one verifying; one to free first
+    verify = protocol.decode_target_call(protocol.encode_target_call(protocol.TargetCall(protocol.Op.STEP, [7], [[3]])))
+    assert (verify.op, verify.keys, verify.feeds, verify.sampling, verify.release) == (protocol.Op.STEP, [7], [[3]], [], [])
     release = protocol.decode_target_call(protocol.encode_release([7, 8]))
     assert (release.op, release.keys) == (protocol.Op.RELEASE, [7, 8])
     features = torch.arange(10, dtype=torch.float32).reshape(5, 2)
@@ -129,11 +129,15 @@ def test_target_calls_and_results_round_trip():
 def test_bad_target_calls_name_their_field():
     with pytest.raises(ValueError, match="^op: unknown operation 3"):
         protocol.decode_target_call(protocol.encode_target_call(protocol.TargetCall(protocol.Op.DRAFT, [1], [[1]])))
-    tensors = protocol.encode_target_call(protocol.TargetCall(protocol.Op.PREFILL, [1], [[1]], [SamplingParams()]))
+    tensors = protocol.encode_target_call(protocol.TargetCall(protocol.Op.STEP, [1], [[1]], [SamplingParams()]))
     tensors["top_p"] = np.array([0.0], dtype=np.float32)
     with pytest.raises(ValueError, match="top_p"):
         protocol.decode_target_call(tensors)
-    tensors = protocol.encode_target_call(protocol.TargetCall(protocol.Op.VERIFY, [1, 2], [[1], [2, 3]]))
+    tensors = protocol.encode_target_call(protocol.TargetCall(protocol.Op.STEP, [1], [[1]], [SamplingParams()]))
+    tensors["random_seed"] = np.array([1, 2], dtype=np.uint64)
+    with pytest.raises(ValueError, match="^temperature: sampling settings"):
+        protocol.decode_target_call(tensors)
+    tensors = protocol.encode_target_call(protocol.TargetCall(protocol.Op.STEP, [1, 2], [[1], [2, 3]]))
     tensors["lengths"] = np.array([1, 1], dtype=np.int32)
     with pytest.raises(ValueError, match="^lengths:"):
         protocol.decode_target_call(tensors)
@@ -177,7 +181,7 @@ def test_every_encoded_payload_matches_its_declaration():
         ("preprocessing", 1): protocol.encode_generation([1], [0], values),
         ("orchestrator", 1): step,
         ("postprocessing", 1): protocol.encode_text_response("x", step),
-        ("target", 0): protocol.encode_target_call(protocol.TargetCall(protocol.Op.PREFILL, [1], [[1]],
+        ("target", 0): protocol.encode_target_call(protocol.TargetCall(protocol.Op.STEP, [1], [[1]],
                                                                        [SamplingParams()])),
         ("target", 1): protocol.encode_target_result([StepResult([1], 0, 0.0, torch.zeros(1, 2))], 1.0),
         ("drafter", 0): protocol.encode_draft_call(protocol.DraftCall([1], [1], [torch.zeros(1, 2)], 2)),

@@ -19,7 +19,7 @@ from adaflash.serving import protocol  # noqa: E402
 from adaflash.serving.slots import TargetSlots  # noqa: E402
 
 INPUTS, _ = protocol.MODEL_TENSORS[protocol.TARGET]
-OPS = (protocol.Op.PREFILL, protocol.Op.VERIFY, protocol.Op.RELEASE, protocol.Op.COSTS)
+OPS = (protocol.Op.STEP, protocol.Op.RELEASE, protocol.Op.COSTS)
 
 
 def _inputs(request):

@@ -35,19 +35,18 @@ class LocalBackend:
         self.context = drafter.new_cache(num_slots, max_len) if drafter is not None else None
         self.free_slots = list(range(num_slots - 1, -1, -1))
 
-    async def prefill(self, seqs: list[Sequence]) -> Timed[list[StepResult]]:
-        for seq in seqs:
+    async def forward(self, prefill: list[Sequence], verify: list[Sequence],
+                      feeds: list[list[int]]) -> Timed[tuple[list[StepResult], list[StepResult]]]:
+        for seq in prefill:
             seq.slot = self.free_slots.pop()
+        prefilled = prefill_batch(self.target, self.cache, [s.slot for s in prefill], [s.tokens for s in prefill],
+                                  [s.request.sampling for s in prefill], [s.generator for s in prefill],
+                                  self.capture) if prefill else []
         t0 = time.perf_counter()
-        results = prefill_batch(self.target, self.cache, [s.slot for s in seqs], [s.tokens for s in seqs],
-                                [s.request.sampling for s in seqs], [s.generator for s in seqs], self.capture)
-        return Timed(results, ms_since(t0))
-
-    async def verify(self, seqs: list[Sequence], feeds: list[list[int]]) -> Timed[list[StepResult]]:
-        t0 = time.perf_counter()
-        results = verify_batch(self.target, self.cache, [s.slot for s in seqs], feeds,
-                               [s.request.sampling for s in seqs], [s.generator for s in seqs], self.capture)
-        return Timed(results, ms_since(t0))
+        verified = verify_batch(self.target, self.cache, [s.slot for s in verify], feeds,
+                                [s.request.sampling for s in verify], [s.generator for s in verify],
+                                self.capture) if verify else []
+        return Timed((prefilled, verified), ms_since(t0))
 
     async def draft(self, seqs: list[Sequence], block_length: int) -> Timed[Draft]:
         self.flush_context(seqs)
@@ -153,7 +152,8 @@ class Engine:
         run_now(self.scheduler.cancel([seq]))
 
     def step(self) -> list[Sequence]:
-        """Admit what fits, then one draft + verify round for every running sequence.
+        """One draft + verify round for every running sequence, prefilling the newly admitted ones in the same
+        target call.
 
         Returns the sequences that produced tokens in this call (newly admitted ones included).
         """

@@ -50,10 +50,10 @@ class BackendError(RuntimeError):
 
 
 class Backend(Protocol):
-    async def prefill(self, seqs: list[Sequence]) -> Timed[list[StepResult]]: ...
-
-    async def verify(self, seqs: list[Sequence], feeds: list[list[int]]) -> Timed[list[StepResult]]:
-        """feeds[i] = [anchor] + the draft tokens sequence i verifies."""
+    async def forward(self, prefill: list[Sequence], verify: list[Sequence],
+                      feeds: list[list[int]]) -> Timed[tuple[list[StepResult], list[StepResult]]]:
+        """One target call: prefill the new sequences (a cache slot each) and verify the others, feeds[i] =
+        [anchor] + the draft tokens verify[i] verifies. The time is the verify forward's."""
 
     async def draft(self, seqs: list[Sequence], block_length: int) -> Timed[Draft]:
         """Draft a block after each anchor; appends (and clears) each sequence's `pending_context` first."""
@@ -115,19 +115,19 @@ class Scheduler:
         return seqs
 
     async def step(self) -> list[Sequence]:
-        """Admit what fits, then one draft + verify round for every running sequence; retire the finished.
+        """One draft + verify round for every running sequence, with what fits of the waiting ones admitted
+        and prefilled in the same target call (they verify from the next step on); retire the finished.
 
         Returns the sequences that changed (admitted, advanced, finished or failed)."""
-        touched = {s.id: s for s in await self._admit()}
         active = [s for s in self.running.values() if not s.finished]
-        if active:
-            feeds, copied = await self._propose(active)
-            await self._verify(active, feeds, copied)
-            touched.update((s.id, s) for s in active)
+        admitted = self._admit()
+        feeds, copied = await self._propose(active) if active else ([], {})
+        if admitted or active:
+            await self._forward(admitted, active, feeds, copied)
         await self._retire([s for s in self.running.values() if s.finished])
-        return list(touched.values())
+        return [*admitted, *active]
 
-    async def _admit(self) -> list[Sequence]:
+    def _admit(self) -> list[Sequence]:
         batch: list[Sequence] = []
         budget = self.prefill_tokens
         while self.waiting and len(self.running) < self.max_active:
@@ -138,16 +138,6 @@ class Scheduler:
             self.running[seq.id] = seq
             budget -= len(seq.tokens)
             batch.append(seq)
-        if not batch:
-            return batch
-        try:
-            results = (await self.backend.prefill(batch)).value
-        except BackendError as exc:
-            _fail(batch, exc)
-            return batch
-        for seq, res in zip(batch, results):
-            self._queue_context(seq, res)
-            seq.commit(res.committed)
         return batch
 
     def _cap(self, seq: Sequence) -> int:
@@ -180,15 +170,20 @@ class Scheduler:
         tokens = timed.value.tokens.tolist()
         return {r.key: tokens[i][:k] for i, (r, k) in enumerate(zip(plan.drafts, ks))}
 
-    async def _verify(self, active: list[Sequence], feeds: list[list[int]], copied: dict[Hashable, int]) -> None:
+    async def _forward(self, admitted: list[Sequence], active: list[Sequence], feeds: list[list[int]],
+                       copied: dict[Hashable, int]) -> None:
         try:
-            timed = await self.backend.verify(active, feeds)
+            timed = await self.backend.forward(admitted, active, feeds)
         except BackendError as exc:
-            _fail(active, exc)
+            _fail([*admitted, *active], exc)
             return
-        if self.cost is not None:
+        prefilled, verified = timed.value
+        for seq, res in zip(admitted, prefilled):
+            self._queue_context(seq, res)
+            seq.commit(res.committed)
+        if active and self.cost is not None:
             self.cost.observe_verify(len(active), sum(map(len, feeds)), timed.ms)
-        for seq, feed, res in zip(active, feeds, timed.value):
+        for seq, feed, res in zip(active, feeds, verified):
             self._queue_context(seq, res)
             self.planner.controller.observe(seq.policy, len(feed) - 1, res.accepted, matched=copied.get(seq.id, 0))
             seq.steps.append(StepRecord(len(feed) - 1, res.accepted, seq.commit(res.committed), res.expected_accepted,

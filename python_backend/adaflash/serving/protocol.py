@@ -40,8 +40,7 @@ DRAFTER_NAME = re.compile(r"drafter(?:_(\d+))?")  # `drafter`, then each publish
 class Op(IntEnum):
     """What a call to the `target` or `drafter` model asks for, for every sequence it names."""
 
-    PREFILL = 0
-    VERIFY = 1
+    STEP = 1  # the target: prefill the new sequences and verify the others, in one call
     RELEASE = 2
     DRAFT = 3
     COSTS = 4  # the target model's cost table (no sequences): measured where its forwards run
@@ -364,7 +363,8 @@ def encode_release(keys: list[int]) -> Tensors:
 
 def result_names(op: Op) -> list[str]:
     """The outputs a call of `op` asks for by name (a model returns only those)."""
-    return {Op.RELEASE: [], Op.COSTS: [COST_TABLE.name], Op.DRAFT: names(DRAFTER_RESULT)}.get(op, names(TARGET_RESULT))
+    return {Op.RELEASE: [], Op.COSTS: [COST_TABLE.name], Op.DRAFT: names(DRAFTER_RESULT),
+            Op.STEP: names(TARGET_RESULT)}[op]
 
 
 def encode_costs_call() -> Tensors:
@@ -495,10 +495,13 @@ def encode_text_response(text: str, step: Tensors) -> Tensors:
 
 @dataclass
 class TargetCall:
+    """A step: the first `len(sampling)` sequences are new (their feeds are their prompts, and each keeps its
+    sampling settings); the others verify ([anchor] + draft). A release call carries keys only."""
+
     op: Op
     keys: list[int]  # the sequences, one entry each
-    feeds: list[list[int]]  # prefill: the prompts; verify: [anchor] + draft; release: none
-    sampling: list[SamplingParams] | None = None  # prefill only: each sequence keeps its own
+    feeds: list[list[int]]
+    sampling: list[SamplingParams] = field(default_factory=list)
     release: list[int] = field(default_factory=list)  # sequences to free first
 
 
@@ -511,7 +514,7 @@ def encode_target_call(call: TargetCall) -> Tensors:
     out = {"op": _flat(call.op, INT32), "keys": _flat(call.keys, UINT64),
            "lengths": _flat([len(f) for f in call.feeds], INT32),
            "tokens": _flat([t for f in call.feeds for t in f], INT32), **_encode_release(call.release)}
-    if call.sampling is not None:
+    if call.sampling:
         out.update({f.name: _flat([getattr(sp, f.target) for sp in call.sampling], f.spec.dtype)
                     for f in SAMPLING_FIELDS})
     return out
@@ -519,7 +522,7 @@ def encode_target_call(call: TargetCall) -> Tensors:
 
 def decode_target_call(tensors: Tensors) -> TargetCall:
     """ValueError naming the field for an unknown op, inconsistent lengths or invalid sampling settings."""
-    op = decode_op(tensors, (Op.PREFILL, Op.VERIFY, Op.RELEASE))
+    op = decode_op(tensors, (Op.STEP, Op.RELEASE))
     keys = decode_keys(tensors)
     if op is Op.RELEASE:
         return TargetCall(op, keys, [])
@@ -530,10 +533,14 @@ def decode_target_call(tensors: Tensors) -> TargetCall:
         raise ValueError(f"lengths: {len(lengths)} lengths summing to {sum(lengths)} for {len(keys)} keys and "
                          f"{len(tokens)} tokens")
     call = TargetCall(op, keys, _split(tokens, lengths), release=release)
-    if op is Op.PREFILL:
+    if any(tensors.get(f.name) is not None for f in SAMPLING_FIELDS):
         _required(tensors, [f.name for f in SAMPLING_FIELDS])
         columns = {f.target: _list(tensors, f.name) for f in SAMPLING_FIELDS}
-        call.sampling = [SamplingParams(**{k: v[i] for k, v in columns.items()}) for i in range(len(keys))]
+        new = {len(v) for v in columns.values()}
+        if len(new) != 1 or new.pop() > len(keys):
+            raise ValueError(f"temperature: sampling settings for {sorted(len(v) for v in columns.values())} "
+                             f"sequences, {len(keys)} keys")
+        call.sampling = [SamplingParams(**{k: v[i] for k, v in columns.items()}) for i in range(len(columns["seed"]))]
         for sp in call.sampling:
             sp.validate()
     return call

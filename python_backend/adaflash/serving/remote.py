@@ -31,20 +31,16 @@ class RemoteBackend:
         self.drafter_of: dict[int, str] = {}  # sequence -> the drafter model it started with
         self.releasing: dict[str, list[int]] = {}  # model -> sequences ended since its last call
 
-    async def prefill(self, seqs: list[Sequence]) -> Timed[list[StepResult]]:
-        drafter = self.newest_drafter() if any(s.can_draft for s in seqs) else None
+    async def forward(self, prefill: list[Sequence], verify: list[Sequence],
+                      feeds: list[list[int]]) -> Timed[tuple[list[StepResult], list[StepResult]]]:
+        """One `target` call: new sequences first (prompts and sampling settings), then the verifying ones."""
+        drafter = self.newest_drafter() if any(s.can_draft for s in prefill) else None
         if drafter is not None:
-            self.drafter_of.update((s.id, drafter) for s in seqs if s.can_draft)
-        call = TargetCall(Op.PREFILL, [s.id for s in seqs], [s.tokens for s in seqs], [s.request.sampling for s in seqs])
-        return await self._target(call)
-
-    async def verify(self, seqs: list[Sequence], feeds: list[list[int]]) -> Timed[list[StepResult]]:
-        return await self._target(TargetCall(Op.VERIFY, [s.id for s in seqs], feeds))
-
-    async def _target(self, call: TargetCall) -> Timed[list[StepResult]]:
-        call.release = self.releasing.pop(protocol.TARGET, [])
+            self.drafter_of.update((s.id, drafter) for s in prefill if s.can_draft)
+        call = TargetCall(Op.STEP, [s.id for s in (*prefill, *verify)], [s.tokens for s in prefill] + feeds,
+                          [s.request.sampling for s in prefill], self.releasing.pop(protocol.TARGET, []))
         results, ms = protocol.decode_target_result(await self.call(protocol.TARGET, protocol.encode_target_call(call)))
-        return Timed(results, ms)
+        return Timed((results[:len(prefill)], results[len(prefill):]), ms)
 
     async def draft(self, seqs: list[Sequence], block_length: int) -> Timed[Draft]:
         """One call per drafter model the sequences use (one, except while a newer drafter takes over)."""

@@ -92,24 +92,28 @@ class TargetSlots(CacheSlots):
         self.sampling: dict[Hashable, tuple[SamplingParams, torch.Generator]] = {}
 
     def run(self, call: TargetCall) -> Timed[list[StepResult]]:
-        """Prefill, verify or release every sequence of the call, in one forward. Raises ValueError or KeyError
-        for a call that does not fit its sequences (nothing changes then), RuntimeError when no slot is free."""
+        """Prefill the call's new sequences and verify the others (the time is the verify forward's), or release
+        them. Raises ValueError or KeyError for a call that does not fit its sequences (nothing changes then,
+        beyond the releases it carries), RuntimeError when no slot is free."""
         self.release_stale()
         for key in call.keys if call.op is Op.RELEASE else call.release:
             self.release(key)
         if call.op is Op.RELEASE:
             return Timed([], 0.0)
-        if call.op is Op.PREFILL:
-            self._open(call)
-        slots = [self.slots.get(k) for k in call.keys]
-        for key, slot, feed in zip(call.keys, slots, call.feeds):
-            if self.cache.lengths[slot] + len(feed) > self.max_len:
+        new = len(call.sampling)
+        for key, feed in zip(call.keys[new:], call.feeds[new:]):
+            if self.cache.lengths[self.slots.get(key)] + len(feed) > self.max_len:
                 raise ValueError(f"sequence {key} would exceed the context of {self.max_len} tokens")
-        run = prefill_batch if call.op is Op.PREFILL else verify_batch
+        self._open(call)
+        slots = [self.slots.get(k) for k in call.keys]
+        settings = [self.sampling[k][0] for k in call.keys]
+        generators = [self.sampling[k][1] for k in call.keys]
+        prefilled = prefill_batch(self.target, self.cache, slots[:new], call.feeds[:new], settings[:new],
+                                  generators[:new], self.capture) if new else []
         t0 = time.perf_counter()
-        results = run(self.target, self.cache, slots, call.feeds,
-                      [self.sampling[k][0] for k in call.keys], [self.sampling[k][1] for k in call.keys], self.capture)
-        return Timed(results, ms_since(t0))
+        verified = verify_batch(self.target, self.cache, slots[new:], call.feeds[new:], settings[new:],
+                                generators[new:], self.capture) if len(call.keys) > new else []
+        return Timed(prefilled + verified, ms_since(t0))
 
     def _open(self, call: TargetCall) -> None:
         """Claim a slot per new sequence, all or none."""
