@@ -102,17 +102,9 @@ def sequence_tau(seq: Sequence) -> float | None:
     return (len(seq.output) - 1) / len(seq.steps) if seq.steps else None
 
 
-def make_engine(bundle: Bundle, num_slots: int, cost_table: Path | None) -> Engine:
-    cost = CostModel.from_json(json.loads(cost_table.read_text())) if cost_table else None
-    return Engine(bundle.target, bundle.drafter, num_slots=num_slots, max_len=REPOSITORY.max_len, cost_model=cost)
-
-
-def measured_cost_table(bundle: Bundle, out: Path) -> Path | None:
+def measured_costs(bundle: Bundle) -> CostModel | None:
     """The verify/draft cost table both paths plan from, measured as the target model would at startup."""
-    if bundle.drafter is None:
-        return None
-    measure_costs(bundle.target, bundle.drafter, REPOSITORY.max_active).save(out)
-    return out
+    return measure_costs(bundle.target, bundle.drafter, REPOSITORY.max_active) if bundle.drafter else None
 
 
 def run_in_process(engine: Engine, bundle: Bundle, prompts: list[str], mode: str, max_tokens: int,
@@ -275,9 +267,13 @@ def main(argv: list[str] | None = None) -> int:
         config = replace(REPOSITORY, stream_interval_ms=args.stream_interval_ms,
                          max_responses_per_s=args.max_responses_per_s)
         bundle = load_bundle(model_dir, drafter)
-        cost_table = measured_cost_table(bundle, work / "cost.json")
-        repo = build_repository(work / "model_repository", model_dir, drafter, config, cost_table)
-        engine = make_engine(bundle, max(args.concurrency), cost_table)
+        cost, cost_table = measured_costs(bundle), work / "cost.json"
+        if cost is not None:
+            cost.save(cost_table)
+        repo = build_repository(work / "model_repository", model_dir, drafter, config,
+                                cost_table if cost is not None else None)
+        engine = Engine(bundle.target, bundle.drafter, num_slots=max(args.concurrency), max_len=REPOSITORY.max_len,
+                        cost_model=cost)
         with TritonServer(ServerConfig(model_repository=repo, state_dir=work / "server")) as server:
             rows = asyncio.run(paired_runs(server, engine, bundle, prompts, args))
     where = str(args.model_dir) if args.model_dir else "tiny random (seed 0, written to a temp dir)"

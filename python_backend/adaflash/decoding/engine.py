@@ -17,9 +17,9 @@ import torch
 from adaflash.decoding.costs import CostModel, measure_costs
 from adaflash.decoding.planner import Planner
 from adaflash.decoding.policy import LengthController
-from adaflash.decoding.scheduler import Scheduler, Timed, ms_since, run_now
+from adaflash.decoding.scheduler import Scheduler, Timed, run_now
 from adaflash.decoding.sequence import Request, Sequence, validate_request
-from adaflash.decoding.steps import StepResult, prefill_batch, verify_batch
+from adaflash.decoding.steps import StepResult, ms_since, step_batch
 from adaflash.models.cache import KVCache
 from adaflash.models.drafter import DFlashDrafter, Draft, block_size_of
 from adaflash.models.target import Transformer
@@ -39,14 +39,11 @@ class LocalBackend:
                       feeds: list[list[int]]) -> Timed[tuple[list[StepResult], list[StepResult]]]:
         for seq in prefill:
             seq.slot = self.free_slots.pop()
-        prefilled = prefill_batch(self.target, self.cache, [s.slot for s in prefill], [s.tokens for s in prefill],
-                                  [s.request.sampling for s in prefill], [s.generator for s in prefill],
-                                  self.capture) if prefill else []
-        t0 = time.perf_counter()
-        verified = verify_batch(self.target, self.cache, [s.slot for s in verify], feeds,
-                                [s.request.sampling for s in verify], [s.generator for s in verify],
-                                self.capture) if verify else []
-        return Timed((prefilled, verified), ms_since(t0))
+        seqs = [*prefill, *verify]
+        results, ms = step_batch(self.target, self.cache, len(prefill), [s.slot for s in seqs],
+                                 [s.tokens for s in prefill] + feeds, [s.request.sampling for s in seqs],
+                                 [s.generator for s in seqs], self.capture)
+        return Timed((results[:len(prefill)], results[len(prefill):]), ms)
 
     async def draft(self, seqs: list[Sequence], block_length: int) -> Timed[Draft]:
         self.flush_context(seqs)

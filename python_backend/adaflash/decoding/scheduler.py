@@ -39,11 +39,6 @@ class Timed(Generic[T]):
     ms: float  # the forward's time where it ran (no transport): what the cost model learns from
 
 
-def ms_since(t0: float) -> float:
-    """Milliseconds since a `time.perf_counter()` stamp: how backends time their forwards."""
-    return (time.perf_counter() - t0) * 1000
-
-
 class BackendError(RuntimeError):
     """A model behind the backend failed or did not answer. A failed target call ends its sequences with
     this message; a failed draft only stops its sequences drafting (their output does not change)."""

@@ -6,6 +6,7 @@ schedule sequences and where per-sequence state lives.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -24,6 +25,11 @@ class StepResult:
     features: torch.Tensor | None  # target features of the positions now committed, for the drafter
 
 
+def ms_since(t0: float) -> float:
+    """Milliseconds since a `time.perf_counter()` stamp: how the models' forwards are timed."""
+    return (time.perf_counter() - t0) * 1000
+
+
 def prefill_batch(target: Transformer, cache: KVCache, slots: list[int], prompts: list[list[int]], sampling: list[SamplingParams],
                   generators: list[torch.Generator], capture: list[int] | None) -> list[StepResult]:
     """Fill each slot with its prompt and pick the first token; features cover every prompt position."""
@@ -37,6 +43,21 @@ def prefill_batch(target: Transformer, cache: KVCache, slots: list[int], prompts
         feats = None if out.hidden is None else out.hidden[ends[i] - counts[i] : ends[i]].clone()
         results.append(StepResult([token], 0, 0.0, feats))
     return results
+
+
+def step_batch(target: Transformer, cache: KVCache, new: int, slots: list[int], feeds: list[list[int]],
+               sampling: list[SamplingParams], generators: list[torch.Generator],
+               capture: list[int] | None) -> tuple[list[StepResult], float]:
+    """One scheduler step on the target: the first `new` sequences are prefilled (feeds: their prompts), the
+    others verified (feeds: [anchor] + draft). Returns the results in order and the verify forward's
+    milliseconds (what the cost model learns from; 0 without one)."""
+    prefilled = prefill_batch(target, cache, slots[:new], feeds[:new], sampling[:new], generators[:new],
+                              capture) if new else []
+    if len(slots) == new:
+        return prefilled, 0.0
+    t0 = time.perf_counter()
+    verified = verify_batch(target, cache, slots[new:], feeds[new:], sampling[new:], generators[new:], capture)
+    return prefilled + verified, ms_since(t0)
 
 
 def verify_batch(target: Transformer, cache: KVCache, slots: list[int], feeds: list[list[int]], sampling: list[SamplingParams],

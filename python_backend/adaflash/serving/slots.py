@@ -15,8 +15,8 @@ from collections.abc import Hashable
 import torch
 
 from adaflash.decoding.sampling import SamplingParams
-from adaflash.decoding.scheduler import Timed, ms_since
-from adaflash.decoding.steps import StepResult, prefill_batch, verify_batch
+from adaflash.decoding.scheduler import Timed
+from adaflash.decoding.steps import StepResult, ms_since, step_batch
 from adaflash.models.cache import KVCache
 from adaflash.models.drafter import DFlashDrafter, Draft
 from adaflash.models.target import TokenHeads, Transformer
@@ -106,14 +106,10 @@ class TargetSlots(CacheSlots):
                 raise ValueError(f"sequence {key} would exceed the context of {self.max_len} tokens")
         self._open(call)
         slots = [self.slots.get(k) for k in call.keys]
-        settings = [self.sampling[k][0] for k in call.keys]
-        generators = [self.sampling[k][1] for k in call.keys]
-        prefilled = prefill_batch(self.target, self.cache, slots[:new], call.feeds[:new], settings[:new],
-                                  generators[:new], self.capture) if new else []
-        t0 = time.perf_counter()
-        verified = verify_batch(self.target, self.cache, slots[new:], call.feeds[new:], settings[new:],
-                                generators[new:], self.capture) if len(call.keys) > new else []
-        return Timed(prefilled + verified, ms_since(t0))
+        results, ms = step_batch(self.target, self.cache, new, slots, call.feeds,
+                                 [self.sampling[k][0] for k in call.keys], [self.sampling[k][1] for k in call.keys],
+                                 self.capture)
+        return Timed(results, ms)
 
     def _open(self, call: TargetCall) -> None:
         """Claim a slot per new sequence, all or none."""
