@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
 import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
@@ -15,7 +16,7 @@ from helpers import fixed_costs, wait_until
 
 from adaflash.models.bundle import save_bundle, tiny_random_bundle
 from adaflash_build.repository import RepositoryConfig, build_repository
-from adaflash_client import AdaFlashClient, GenerationParams
+from adaflash_client import AdaFlashClient, GenerationError, GenerationParams
 from adaflash_server.launcher import ServerConfig, TritonServer, stub_pids
 
 MODELS = ["target", "drafter", "orchestrator", "preprocessing", "postprocessing"]
@@ -57,6 +58,32 @@ def test_a_killed_model_process_is_reloaded_and_readiness_tells_the_truth(server
     with AdaFlashClient(server.grpc_url, timeout_s=60) as client:
         after = client.generate("canary", GenerationParams(max_tokens=8, spec_mode="adaflash"))
     assert after.num_output_tokens == 8 and after.text == before  # greedy: the same answer as before the fault
+
+
+def test_a_request_inside_the_orchestrator_when_it_dies_ends_with_an_error_not_a_hang(server):
+    """Triton never ends a decoupled model's requests when its process dies (before, the client waited for
+    its own timeout); the healer restarts the server, which ends them, and it serves again."""
+    errors: list[GenerationError] = []
+
+    def long_stream() -> None:
+        with AdaFlashClient(server.grpc_url, timeout_s=90) as client:
+            try:
+                for _ in client.stream("a long one", GenerationParams(max_tokens=250, spec_mode="ar")):
+                    started.set()
+            except GenerationError as error:
+                errors.append(error)
+
+    started = threading.Event()
+    worker = threading.Thread(target=long_stream, daemon=True)
+    worker.start()
+    assert started.wait(60), "no first token"
+    os.kill(stub_pids(server.pid)["orchestrator"][0], signal.SIGKILL)
+    worker.join(60)
+    assert not worker.is_alive(), "the request inside the dead orchestrator never ended"
+    assert len(errors) == 1 and "DEADLINE_EXCEEDED" not in str(errors[0].status), errors
+    wait_until(lambda: _ready(server), 120, "the restarted server")
+    with AdaFlashClient(server.grpc_url, timeout_s=60) as client:
+        assert client.generate("canary", GenerationParams(max_tokens=8)).num_output_tokens == 8
 
 
 def test_requests_decode_plainly_when_the_drafter_never_answers_in_time(tmp_path):

@@ -61,7 +61,7 @@ class ServerConfig:
     drain_timeout_s: float = 60.0  # on SIGTERM or Ctrl-C, how long admitted requests may run to their end
     entry_model: str = "adaflash"  # the public model: a drain stops admitting by unloading it
     heal_interval_s: float | None = 0.5  # how often to look for dead model processes (None: never)
-    max_restarts: int = 5  # `wait`: restarts of a server that exits on its own, before giving up
+    max_restarts: int = 5  # the healer's restarts of a server that exits on its own, before giving up
 
 
 def find_bundled_server() -> Path:
@@ -193,29 +193,68 @@ def stub_pids(server_pid: int) -> dict[str, list[int]]:
 
 
 class Healer(threading.Thread):
-    """Reloads a model whose process died, through Triton's model control: unloaded first, so that the
-    server says it is not ready while the model is away (a load balancer stops sending), then loaded
-    again. Requests running on the dead model end with its error; the others go on (without the drafter,
-    exactly, while it reloads)."""
+    """Keeps a started server serving without an operator, looking every `interval_s`:
+
+    * a model whose process died is unloaded, so that the server says it is not ready while the model is
+      away (a load balancer stops sending), then loaded again. Requests running on it end with its error;
+      the others go on (without the drafter, exactly, while it reloads);
+    * a decoupled model (the orchestrator) is the exception: Triton never ends the requests that were
+      inside its dead process, so they would hang; the whole server is restarted at once instead, which
+      ends them (their clients see the connection close) and serves again;
+    * a server that exits on its own is started again on the same ports after a growing pause (1, 2,
+      4 ... 30 s); after `max_restarts` restarts without a minute of service in between it gives up and
+      sets `gave_up` to the exit code.
+    """
 
     def __init__(self, server: TritonServer, interval_s: float) -> None:
         super().__init__(name="adaflash-healer", daemon=True)
         self.server, self.interval_s = server, interval_s
         self.stopped = threading.Event()
-        self.instances: dict[str, int] = {}  # model -> instances its config asks for
+        self.gave_up: int | None = None
+        self.restarts = 0
+        self.planned_restart = False
+        self.up_since = time.monotonic()
+        self.configs: dict[str, dict] = {}  # model -> its config, as Triton reports it
 
     def run(self) -> None:
         import tritonclient.grpc as grpcclient  # late, as in _server_ready
 
-        client = grpcclient.InferenceServerClient(self.server.grpc_url)
+        client = grpcclient.InferenceServerClient(self.server.grpc_url)  # the ports survive restarts
         try:
-            while not self.stopped.wait(self.interval_s):
+            while self.gave_up is None and not self.stopped.wait(self.interval_s):
                 try:
-                    self.check(client)
+                    if self.server.pid is None or self.server.exit_code() is not None:
+                        self.restart()
+                    else:
+                        self.check(client)
                 except Exception as exc:  # noqa: BLE001 - a failed look is retried at the next interval
                     print(f"self-healing: check failed: {exc}", file=sys.stderr, flush=True)
         finally:
             client.close()
+
+    def restart(self) -> None:
+        """Start the exited server again, after a pause unless the healer itself stopped it."""
+        code = self.server.exit_code()  # None: the last start failed
+        self.server._cleanup()
+        if self.planned_restart:
+            self.planned_restart, pause = False, 0
+        else:
+            self.restarts = 1 if time.monotonic() - self.up_since > 60 else self.restarts + 1
+            if self.restarts > self.server.config.max_restarts:
+                print(f"tritonserver exited with code {code} {self.restarts} times in a row; giving up "
+                      f"(log: {self.server.log_path})", file=sys.stderr, flush=True)
+                self.gave_up = code or 1
+                return
+            pause = min(2 ** (self.restarts - 1), 30)
+            print(f"tritonserver exited with code {code}; restarting in {pause} s ({self.restarts} of "
+                  f"{self.server.config.max_restarts}; log: {self.server.log_path})", file=sys.stderr, flush=True)
+        if self.stopped.wait(pause):
+            return
+        try:
+            self.server._spawn()
+        except TritonServerError as exc:
+            print(f"self-healing: restart failed: {exc}", file=sys.stderr, flush=True)
+        self.up_since = time.monotonic()
 
     def check(self, client) -> None:
         pid = self.server.pid
@@ -235,13 +274,27 @@ class Healer(threading.Thread):
         live = stub_pids(pid)
         return [m for m in ready if len(live.get(m, [])) < self._instances(client, m)]
 
+    def _config(self, client, model: str) -> dict:
+        if model not in self.configs:
+            self.configs[model] = client.get_model_config(model, as_json=True)["config"]
+        return self.configs[model]
+
     def _instances(self, client, model: str) -> int:
-        if model not in self.instances:
-            groups = client.get_model_config(model, as_json=True)["config"].get("instance_group", [])
-            self.instances[model] = sum(int(g.get("count", 1)) for g in groups) or 1
-        return self.instances[model]
+        groups = self._config(client, model).get("instance_group", [])
+        return sum(int(g.get("count", 1)) for g in groups) or 1
+
+    def _decoupled(self, client, model: str) -> bool:
+        return bool(self._config(client, model).get("model_transaction_policy", {}).get("decoupled"))
 
     def heal(self, client, dead: list[str]) -> None:
+        stuck = [m for m in dead if self._decoupled(client, m)]
+        if stuck:
+            print(f"self-healing: the process of {', '.join(stuck)} died with requests Triton never ends; "
+                  "restarting the server", file=sys.stderr, flush=True)
+            self.planned_restart = True
+            self.server._kill()
+            self.restart()
+            return
         print(f"self-healing: the process of {', '.join(dead)} died; reloading", file=sys.stderr, flush=True)
         for model in dead:
             client.unload_model(model)
@@ -296,13 +349,22 @@ class TritonServer:
         return self.config.log_file or self.config.state_dir / "tritonserver.log"
 
     def start(self) -> TritonServer:
-        """Spawn the server and return once it reports ready (all models loaded in mode "none").
+        """Spawn the server and return once it reports ready (all models loaded in mode "none"), with
+        its healer watching it (`Healer`).
 
         Raises TritonServerError with the log tail if the server exits or is not ready in time,
         so a broken model repository fails fast instead of hanging the caller.
         """
         if self._process is not None:
             raise TritonServerError(f"tritonserver already started (pid {self.pid}); stop() it first")
+        self._spawn()
+        if self.config.heal_interval_s:
+            self._healer = Healer(self, self.config.heal_interval_s)
+            self._healer.start()
+        return self
+
+    def _spawn(self) -> None:
+        """Start the process and wait until it is ready; on failure nothing is left running."""
         root = find_bundled_server()
         cmd = server_command(root, stage_backends(root, self.config.state_dir), self.config)
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -314,12 +376,8 @@ class TritonServer:
         try:
             self._wait_ready()
         except BaseException:  # also Ctrl-C during a long model load: never leave a server behind
-            self.stop()
+            self._terminate()
             raise
-        if self.config.heal_interval_s:
-            self._healer = Healer(self, self.config.heal_interval_s)
-            self._healer.start()
-        return self
 
     def _wait_ready(self) -> None:
         deadline = time.monotonic() + self.config.ready_timeout_s
@@ -333,6 +391,11 @@ class TritonServer:
 
     def _startup_error(self, what: str) -> TritonServerError:
         return TritonServerError(f"{what}; last {LOG_TAIL_LINES} lines of {self.log_path}:\n{log_tail(self.log_path)}")
+
+    def exit_code(self) -> int | None:
+        """The exit code of a server process that has exited (None while it runs or when none was started)."""
+        process = self._process
+        return None if process is None else process.poll()
 
     def drain(self, timeout_s: float) -> bool:
         """Stop admitting and let the admitted requests finish; True when they all did within `timeout_s`.
@@ -364,10 +427,13 @@ class TritonServer:
     def stop(self) -> int | None:
         """SIGTERM (Triton drains in-flight requests and unloads models), SIGKILL if that takes too
         long. Safe to call any number of times: returns the exit code, or None if nothing was running."""
+        self._stop_healer()
+        return self._terminate()
+
+    def _terminate(self) -> int | None:
         process = self._process
         if process is None:
             return None
-        self._stop_healer()
         if process.poll() is None:
             process.send_signal(signal.SIGTERM)
             try:
@@ -378,6 +444,11 @@ class TritonServer:
         self._cleanup()
         return process.returncode
 
+    def _kill(self) -> None:
+        """SIGKILL the server and its model processes at once (the healer's restart)."""
+        _kill_group(self._process.pid)
+        self._process.wait()
+
     def _stop_healer(self) -> None:
         if self._healer is not None:
             self._healer.stopped.set()
@@ -386,6 +457,8 @@ class TritonServer:
 
     def _cleanup(self) -> None:
         """Once, after the server has exited: end leftover Python stubs, close the log, drop staged files."""
+        if self._process is None:
+            return
         _kill_group(self._process.pid)  # once, right after the exit: the group id is still ours
         self._process = None
         self._log.close()
@@ -393,34 +466,25 @@ class TritonServer:
             shutil.rmtree(self.config.state_dir / "backends", ignore_errors=True)  # keep the log
 
     def wait(self) -> int:
-        """Block until stopped, for a foreground `serve` command; restart a server that exits on its own.
+        """Block until stopped, for a foreground `serve` command; the healer restarts a server that exits
+        on its own and returns its exit code here when it gives up.
 
         Ctrl-C (and SIGTERM, e.g. from a process supervisor) drain and stop the server cleanly instead of
-        leaving it running in its own session. A server that exits by itself (a crash, an out-of-memory
-        kill) is started again after a growing pause (1, 2, 4 ... 30 s); after `max_restarts` restarts
-        without a minute of service in between, the exit code is returned with the reason. Call from the
-        main thread.
+        leaving it running in its own session. Call from the main thread.
         """
         if self._process is None:
             raise TritonServerError("tritonserver is not running")
         previous = signal.signal(signal.SIGTERM, signal.default_int_handler)
-        restarts = 0
         try:
-            while True:
-                started = time.monotonic()
+            if self._healer is None:
                 code = self._process.wait()
-                restarts = 1 if time.monotonic() - started > 60 else restarts + 1
-                self._stop_healer()
                 self._cleanup()
-                if restarts > self.config.max_restarts:
-                    print(f"tritonserver exited with code {code} {restarts} times in a row; giving up "
-                          f"(log: {self.log_path})", file=sys.stderr, flush=True)
-                    return code or 1
-                pause = min(2 ** (restarts - 1), 30)
-                print(f"tritonserver exited with code {code}; restarting in {pause} s "
-                      f"({restarts} of {self.config.max_restarts}; log: {self.log_path})", file=sys.stderr, flush=True)
-                time.sleep(pause)
-                self.start()
+                return code
+            while self._healer.is_alive():
+                self._healer.join(_POLL_INTERVAL_S)
+            code, self._healer = self._healer.gave_up, None
+            self._cleanup()
+            return 1 if code is None else code
         except KeyboardInterrupt:
             if self._process is not None:
                 self._drain_before_stop()
