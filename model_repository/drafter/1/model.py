@@ -16,7 +16,7 @@ from adaflash.models.drafter import DFlashDrafter
 from adaflash.models.target import TokenHeads
 from adaflash.serving import protocol
 from adaflash.serving.protocol import Op
-from adaflash.serving.slots import DrafterSlots
+from adaflash.serving.slots import DrafterSlots, OccupancyReporter
 
 INPUTS, _ = protocol.MODEL_TENSORS[protocol.DRAFTER]
 
@@ -30,12 +30,24 @@ def _response(tensors):
     return pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor(n, v) for n, v in tensors.items()])
 
 
+def _occupancy_gauge(model):
+    family = pb_utils.MetricFamily("adaflash_open_slots", "Sequences holding a cache slot of the model",
+                                   pb_utils.MetricFamily.GAUGE)
+    return family, family.Metric(labels={"model": model})  # a family must outlive its series: both are kept
+
+
 class TritonPythonModel:
     def initialize(self, args):
         params = protocol.model_parameters(json.loads(args["model_config"]))
         weights = os.path.join(args["model_repository"], args["model_version"], "weights")
         self.slots = DrafterSlots(DFlashDrafter.from_pretrained(weights), TokenHeads.from_pretrained(params["target_dir"]),
                                   int(params["max_active"]), int(params["max_len"]), float(params["idle_timeout_s"]))
+        self.occupancy = _occupancy_gauge(args["model_name"])
+        self.reporter = OccupancyReporter(self.slots, self.occupancy[1].set)
+        self.reporter.start()
+
+    def finalize(self):
+        self.reporter.stop()
 
     def execute(self, requests):
         return [self._one(r) for r in requests]

@@ -16,7 +16,7 @@ from adaflash.decoding.costs import load_or_measure_costs  # noqa: E402
 from adaflash.models.drafter import DrafterConfig  # noqa: E402
 from adaflash.models.target import Transformer  # noqa: E402
 from adaflash.serving import protocol  # noqa: E402
-from adaflash.serving.slots import TargetSlots  # noqa: E402
+from adaflash.serving.slots import OccupancyReporter, TargetSlots  # noqa: E402
 
 INPUTS, _ = protocol.MODEL_TENSORS[protocol.TARGET]
 OPS = (protocol.Op.STEP, protocol.Op.RELEASE, protocol.Op.COSTS)
@@ -35,6 +35,12 @@ def _error(exc, code):
     return pb_utils.InferenceResponse(error=pb_utils.TritonError(str(exc), code))
 
 
+def _occupancy_gauge(model):
+    family = pb_utils.MetricFamily("adaflash_open_slots", "Sequences holding a cache slot of the model",
+                                   pb_utils.MetricFamily.GAUGE)
+    return family, family.Metric(labels={"model": model})  # a family must outlive its series: both are kept
+
+
 class TritonPythonModel:
     def initialize(self, args):
         params = protocol.model_parameters(json.loads(args["model_config"]))
@@ -50,6 +56,12 @@ class TritonPythonModel:
                                               int(params["max_active"]))
         self.slots = TargetSlots(target, int(params["max_active"]), int(params["max_len"]), capture,
                                  float(params["idle_timeout_s"]))
+        self.occupancy = _occupancy_gauge(args["model_name"])
+        self.reporter = OccupancyReporter(self.slots, self.occupancy[1].set)
+        self.reporter.start()
+
+    def finalize(self):
+        self.reporter.stop()
 
     def execute(self, requests):
         return [self._one(r) for r in requests]

@@ -9,8 +9,9 @@ and run one batched forward per call. Slots idle for longer than
 
 from __future__ import annotations
 
+import threading
 import time
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 
 import torch
 
@@ -82,6 +83,32 @@ class CacheSlots:
         for key in stale:
             self.release(key)
         return stale
+
+
+class OccupancyReporter(threading.Thread):
+    """Reports how many sequences hold a slot of `slots` (`write`), every `interval_s` when it changed.
+
+    A leak check for operators: with no request running the count must come back to 0. Sampled on a
+    thread of its own because a metric update is a round trip to the server process, which the model's
+    forward should not wait for.
+    """
+
+    def __init__(self, slots: CacheSlots, write: Callable[[int], None], interval_s: float = 0.5) -> None:
+        super().__init__(name="adaflash-occupancy", daemon=True)
+        self.slots, self.write, self.interval_s = slots, write, interval_s
+        self.stopped = threading.Event()
+
+    def run(self) -> None:
+        last = None
+        while not self.stopped.wait(self.interval_s):
+            now = len(self.slots.slots)
+            if now != last:
+                self.write(now)
+                last = now
+
+    def stop(self) -> None:
+        self.stopped.set()
+        self.join()
 
 
 class TargetSlots(CacheSlots):
