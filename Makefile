@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: venv test bench serve sweep models models-smoke evaluate clean
+.PHONY: venv test bench serve sweep soak models models-smoke evaluate clean
 
 venv: $(STAMP)
 
@@ -67,6 +67,13 @@ bench: venv
 SWEEP_ARGS ?=
 sweep: venv
 	$(BIN)/adaflash sweep --out bench-out/sweep $(SWEEP_ARGS)
+
+# The reliability suite at full scale (about 45 minutes, the machine to itself): 4x overload for 60 s, 1,000
+# cancellations, the malformed-input corpus, a 30-minute soak, SIGKILL of each model process under load; the
+# tiny random models unless SOAK_ARGS="--model-dir models/default". `make test` runs its short scale.
+SOAK_ARGS ?=
+soak: venv
+	$(BIN)/python -m adaflash_client.reliability --json bench-out/reliability.json $(SOAK_ARGS)
 
 clean:
 	rm -rf $(VENV) bench-out .serve work

@@ -112,10 +112,18 @@ def stage_backends(server_root: Path, state_dir: Path) -> Path:
     backends = state_dir / "backends"
     target = backends / "python"
     shutil.copytree(server_root / "backends" / "python", target, dirs_exist_ok=True,
-                    ignore=shutil.ignore_patterns("__pycache__"))
-    shutil.copy2(stub, target / stub.name)
+                    ignore=shutil.ignore_patterns("__pycache__"), copy_function=_copy_if_changed)
+    _copy_if_changed(stub, target / stub.name)
     (target / stub.name).chmod(0o755)  # the wheel ships it execute-only for the owner
     return backends
+
+
+def _copy_if_changed(src: str | Path, dst: str | Path) -> None:
+    """Copy unless `dst` is already this copy: a restart stages again while the last server's stub processes
+    may still be exiting, and a running program's file cannot be written ("Text file busy")."""
+    a, b = os.stat(src), (os.stat(dst) if os.path.exists(dst) else None)
+    if b is None or (a.st_size, a.st_mtime_ns) != (b.st_size, b.st_mtime_ns):
+        shutil.copy2(src, dst)
 
 
 def server_command(server_root: Path, backends: Path, config: ServerConfig) -> list[str]:
@@ -303,13 +311,32 @@ class Healer(threading.Thread):
         print(f"self-healing: {', '.join(dead)} reloaded", file=sys.stderr, flush=True)
 
 
-def _kill_group(pgid: int) -> None:
-    """SIGKILL what is left of the server's process group. A server stopped while a model is still
-    loading exits at once but leaves that model's stub orphaned for seconds."""
+def _kill_group(pgid: int, wait_s: float = 10.0) -> None:
+    """SIGKILL what is left of the server's process group and wait until it is gone. A server stopped while
+    a model is still loading exits at once but leaves that model's stub orphaned for seconds, and a stub
+    still running keeps its program file busy for the next start's staging."""
     try:
         os.killpg(pgid, signal.SIGKILL)
     except ProcessLookupError:
-        pass  # the usual case: everything already exited
+        return  # the usual case: everything already exited
+    deadline = time.monotonic() + wait_s
+    while _group_members(pgid) and time.monotonic() < deadline:
+        time.sleep(_POLL_INTERVAL_S / 10)
+
+
+def _group_members(pgid: int) -> list[int]:
+    """Live (not zombie) processes of a process group (Linux: read from /proc)."""
+    members = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            state, _, pgrp = (proc / "stat").read_text().rsplit(")", 1)[1].split()[:3]
+        except (OSError, ValueError):
+            continue
+        if int(pgrp) == pgid and state != "Z":
+            members.append(int(proc.name))
+    return members
 
 
 class TritonServer:
