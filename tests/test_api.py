@@ -3,6 +3,8 @@ encoding, streamed text never splits a character."""
 
 from __future__ import annotations
 
+import random
+
 import numpy as np
 import pytest
 import torch
@@ -13,9 +15,10 @@ from adaflash.decoding.sampling import SamplingParams
 from adaflash.decoding.sequence import Request, Sequence, StepRecord
 from adaflash.decoding.steps import StepResult
 from adaflash.models.drafter import Draft
-from adaflash.models.tokenizer import byte_tokenizer
+from adaflash.cli_args import DEFAULT_MODEL_DIR
+from adaflash.models.tokenizer import byte_tokenizer, load_tokenizer
 from adaflash.serving import protocol
-from adaflash.serving.api import encode, text_delta
+from adaflash.serving.api import DETOKENIZE_CONTEXT, Detokenizer, encode
 from adaflash.serving.protocol import RequestLimits, parse_request
 
 LIMITS = RequestLimits(max_output_tokens=100, modes=MODE_NAMES, default_mode="adaflash")
@@ -69,13 +72,62 @@ def test_streamed_deltas_never_split_a_character_and_add_up_to_the_text():
     ids = tok.encode(text).ids
     deltas, sent = [], 0
     for n in range(1, len(ids) + 1):
-        deltas.append(text_delta(tok, ids[:n], sent, final=n == len(ids)))
+        deltas.append(Detokenizer(tok).delta(ids[:n], sent, final=n == len(ids)))
         sent = n
     assert "".join(deltas) == text
     assert all("\ufffd" not in d for d in deltas)
     assert any(d == "" for d in deltas)  # held back while a multi-byte character was incomplete
     # Bytes that never form a character are sent as replacement characters, at the latest at the end.
-    assert text_delta(tok, ids[:1] + [tok.encode("é").ids[0]], 1, final=True) == "\ufffd"
+    assert Detokenizer(tok).delta(ids[:1] + [tok.encode("é").ids[0]], 1, final=True) == "\ufffd"
+
+
+def _whole_output_delta(tok, ids, sent_len, final):
+    """The reference: decode the whole output each time (O(tokens^2) over a stream)."""
+    def stable(text, final):
+        return text if final else text.rstrip("\ufffd")
+
+    before = stable(tok.decode(ids[:sent_len]), False) if sent_len else ""
+    return stable(tok.decode(ids), final)[len(before):]
+
+
+def _llama_like_tokenizer():
+    """SentencePiece-style: '▁' for spaces, byte fallback tokens, a decoder that strips the leading space."""
+    from tokenizers import Tokenizer, decoders, models, normalizers
+    pieces = ["<unk>"] + [f"<0x{b:02X}>" for b in range(256)] + ["▁", "▁the", "▁cat", "s", "at", "é", "▁naïve", "世"]
+    tok = Tokenizer(models.BPE(vocab={p: i for i, p in enumerate(pieces)}, merges=[], byte_fallback=True,
+                               unk_token="<unk>"))
+    tok.normalizer = normalizers.Sequence([normalizers.Prepend("▁"), normalizers.Replace(" ", "▁")])
+    tok.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(),
+                                     decoders.Strip(" ", 1, 0)])
+    return tok
+
+
+TOKENIZERS = {"bytes": byte_tokenizer, "llama-like": _llama_like_tokenizer,
+              "default target": lambda: load_tokenizer(DEFAULT_MODEL_DIR / "target")}
+
+
+@pytest.mark.parametrize("name", list(TOKENIZERS))
+def test_windowed_deltas_equal_the_whole_output_deltas(name):
+    """Random ids (broken UTF-8 included) and real multilingual text, cut into random responses: decoding from
+    a window before the sent text gives exactly the deltas of decoding the whole output (a byte-fallback
+    decoder, whose decoding is not local, is decoded whole)."""
+    if name == "default target" and not (DEFAULT_MODEL_DIR / "target" / "tokenizer.json").exists():
+        pytest.skip("no default models")
+    tok = TOKENIZERS[name]()
+    detokenizer = Detokenizer(tok)
+    assert detokenizer.windowed == (name != "llama-like")  # byte fallback is not local: whole-output decoding
+    rng = random.Random(0)
+    vocab = tok.get_vocab_size()
+    texts = ["naïve 世界 🙂 end, the cats sat. " * 3, "def f(x):\n    return x ** 2  # 平方\n" * 2]
+    outputs = [tok.encode(t).ids for t in texts] + [[rng.randrange(vocab) for _ in range(rng.randrange(20, 80))]
+                                                    for _ in range(150)]
+    for ids in outputs:
+        assert len(ids) > DETOKENIZE_CONTEXT
+        sent = 0
+        for n in sorted(set(rng.sample(range(1, len(ids) + 1), k=min(len(ids), 12))) | {len(ids)}):
+            final = n == len(ids)
+            assert detokenizer.delta(ids[:n], sent, final) == _whole_output_delta(tok, ids[:n], sent, final), (ids, n)
+            sent = n
 
 
 def _forwarded(tensors):

@@ -15,7 +15,7 @@ import triton_python_backend_utils as pb_utils
 
 from adaflash.models.tokenizer import load_tokenizer
 from adaflash.serving import protocol
-from adaflash.serving.api import text_delta
+from adaflash.serving.api import Detokenizer
 
 INPUTS, _ = protocol.MODEL_TENSORS["postprocessing"]
 CANCEL_CHECK_S = 0.25
@@ -30,7 +30,7 @@ class TritonPythonModel:
     def initialize(self, args):
         torch.set_num_threads(1)  # tokenising only: leave the cores to the target and the drafter
         params = protocol.model_parameters(json.loads(args["model_config"]))
-        self.tokenizer = load_tokenizer(params["tokenizer_dir"])
+        self.detokenizer = Detokenizer(load_tokenizer(params["tokenizer_dir"]))
         self.next_check = {}  # sequence id -> time.monotonic() after which its cancellation is asked again
 
     def execute(self, requests):
@@ -43,7 +43,7 @@ class TritonPythonModel:
                 responses.append(pb_utils.InferenceResponse(
                     error=pb_utils.TritonError("request cancelled", pb_utils.TritonError.CANCELLED)))
                 continue
-            text = text_delta(self.tokenizer, step.output_ids, step.sent_len, step.final)
+            text = self.detokenizer.delta(step.output_ids, step.sent_len, step.final)
             out = protocol.encode_text_response(text, tensors)
             responses.append(pb_utils.InferenceResponse(output_tensors=_tensors(out)))
         return responses

@@ -1,18 +1,19 @@
 """The served model's text side, independent of any server: prompt and stop ids in, text deltas out.
 
 Requests are checked field by field in `protocol.parse_request`; what needs the tokenizer is here.
-Text leaves as deltas: `text_delta` decodes the whole output so far and holds back an incomplete
-trailing UTF-8 character until the bytes that complete it arrive, so a stream never splits a
-multi-byte character.
+Text leaves as deltas: `Detokenizer` decodes the output from a little before the text already sent and
+holds back an incomplete trailing UTF-8 character until the bytes that complete it arrive, so a stream
+never splits a multi-byte character.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from tokenizers import Tokenizer
+from tokenizers import Tokenizer, decoders
 
 REPLACEMENT = "\ufffd"
+DETOKENIZE_CONTEXT = 8  # tokens decoded before the sent ones (`Detokenizer._window`)
 
 
 def encode(tokenizer: Tokenizer, values: dict[str, Any], max_prompt_tokens: int, vocab_size: int,
@@ -34,11 +35,42 @@ def encode(tokenizer: Tokenizer, values: dict[str, Any], max_prompt_tokens: int,
     return ids, stops
 
 
-def text_delta(tokenizer: Tokenizer, ids: list[int], sent_len: int, final: bool) -> str:
-    """Text of ids[sent_len:] given that the text of ids[:sent_len] was already sent (held back the same way)."""
-    before = _stable(tokenizer.decode(ids[:sent_len]), final=False) if sent_len else ""
-    now = _stable(tokenizer.decode(ids), final)
-    return now[len(before):]
+class Detokenizer:
+    """Text deltas of streamed outputs, from the ids so far and how many of them were already sent as text.
+
+    With a byte-level decoder (GPT-2 style: Qwen, Llama 3, this project's models), a token's text depends only
+    on the token and the bytes around it, so decoding starts shortly before the sent text instead of at the
+    beginning: a stream costs O(tokens), not O(tokens^2). Other decoders can be non-local: with byte fallback
+    (SentencePiece), one invalid byte turns a whole run of byte tokens into replacement characters. Those
+    decode the whole output, as before.
+    """
+
+    def __init__(self, tokenizer: Tokenizer) -> None:
+        self.tokenizer = tokenizer
+        self.windowed = isinstance(tokenizer.decoder, decoders.ByteLevel)
+
+    def delta(self, ids: list[int], sent_len: int, final: bool) -> str:
+        """Text of ids[sent_len:] given that the text of ids[:sent_len] was already sent (held back the same
+        way); from a window start, the same as from the whole output."""
+        start, before = self._window(ids, sent_len) if self.windowed else (0, self._sent(ids, 0, sent_len))
+        now = _stable(self.tokenizer.decode(ids[start:]), final)
+        return now[len(before):]
+
+    def _window(self, ids: list[int], sent_len: int) -> tuple[int, str]:
+        """The latest start at least DETOKENIZE_CONTEXT tokens before `sent_len` whose text up to `sent_len`
+        begins with a whole character (not a replacement character: the middle of a multi-byte one) and keeps
+        some text after holding back (so all that is held back lies inside the window), with that text; else
+        0. The context keeps a decoder's effects at a window's start (a stripped leading space) off the delta."""
+        for start in range(sent_len - DETOKENIZE_CONTEXT, 0, -1):
+            text = self.tokenizer.decode(ids[start:sent_len])
+            before = _stable(text, final=False)
+            if before and not text.startswith(REPLACEMENT):
+                return start, before
+        return 0, self._sent(ids, 0, sent_len)
+
+    def _sent(self, ids: list[int], start: int, sent_len: int) -> str:
+        return _stable(self.tokenizer.decode(ids[start:sent_len]), final=False) if sent_len > start else ""
+
 
 
 def _stable(text: str, final: bool) -> str:
