@@ -310,13 +310,14 @@ class AdaFlashClient:
         """Send one request on a stream of its own and yield its chunks until the final response."""
         call = _Call()
         client = self._acquire(call)
-        finished = False
+        finished = cancelled = False
         try:
             self._send(client, call, inputs, request_id)
             last: Chunk | None = None
             while True:
                 item = call.queue.get()
                 if item is _CANCEL:
+                    cancelled = True
                     yield _cancelled_chunk(last)
                     return
                 result, error = item
@@ -331,7 +332,7 @@ class AdaFlashClient:
                     return
         finally:
             client.stop_stream(cancel_requests=not finished)
-            self._release(client, call)
+            self._release(client, call, reuse=finished or cancelled)
 
     def _send(self, client: grpcclient.InferenceServerClient, call: _Call,
               inputs: list[grpcclient.InferInput], request_id: str | None) -> None:
@@ -352,10 +353,13 @@ class AdaFlashClient:
                 return self._idle.pop()
         return grpcclient.InferenceServerClient(self.url)
 
-    def _release(self, client: grpcclient.InferenceServerClient, call: _Call) -> None:
+    def _release(self, client: grpcclient.InferenceServerClient, call: _Call, reuse: bool) -> None:
+        """Back to the idle connections, unless the request failed: a connection whose server went away
+        waits out gRPC's reconnect backoff (many seconds) before it works again, while a new one connects
+        as soon as the server is back."""
         with self._lock:
             self._active.discard(call)
-            if not self._closed:
+            if reuse and not self._closed:
                 self._idle.append(client)
                 return
         client.close()
