@@ -7,8 +7,6 @@ from __future__ import annotations
 import os
 import signal
 import threading
-import urllib.error
-import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -17,6 +15,7 @@ from helpers import fixed_costs, wait_until
 from adaflash.models.bundle import save_bundle, tiny_random_bundle
 from adaflash_build.repository import RepositoryConfig, build_repository
 from adaflash_client import AdaFlashClient, GenerationError, GenerationParams
+from adaflash_client.reliability import ready
 from adaflash_server.launcher import ServerConfig, TritonServer, stub_pids
 
 
@@ -31,13 +30,6 @@ def server(tmp_path_factory):
     repo = build_repository(root / "model_repository", model_dir, "drafter", cfg, cost)
     with TritonServer(ServerConfig(model_repository=repo, state_dir=root / "state")) as server:
         yield server
-
-
-def _ready(server) -> bool:
-    try:
-        return urllib.request.urlopen(f"{server.http_url}/v2/health/ready", timeout=2).status == 200
-    except (urllib.error.URLError, OSError):
-        return False
 
 
 def test_a_request_inside_the_orchestrator_when_it_dies_ends_with_an_error_not_a_hang(server):
@@ -61,7 +53,7 @@ def test_a_request_inside_the_orchestrator_when_it_dies_ends_with_an_error_not_a
     worker.join(60)
     assert not worker.is_alive(), "the request inside the dead orchestrator never ended"
     assert len(errors) == 1 and "DEADLINE_EXCEEDED" not in str(errors[0].status), errors
-    wait_until(lambda: _ready(server), 120, "the restarted server")
+    wait_until(lambda: ready(server), 120, "the restarted server")
     with AdaFlashClient(server.grpc_url, timeout_s=60) as client:
         assert client.generate("canary", GenerationParams(max_tokens=8)).num_output_tokens == 8
 

@@ -13,7 +13,6 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 from helpers import fixed_costs
-from tritonclient.utils import InferenceServerException
 
 from adaflash.decoding.engine import Engine
 from adaflash.decoding.modes import MODE_NAMES
@@ -23,6 +22,7 @@ from adaflash.evaluation.prompts import load_prompts
 from adaflash.models.bundle import load_bundle, save_bundle, tiny_random_bundle
 from adaflash_build.repository import RepositoryConfig, build_repository
 from adaflash_client import AdaFlashClient, GenerationParams
+from adaflash_client.reliability import send_grpc
 from adaflash_server.launcher import ServerConfig, TritonServer
 
 MAX_TOKENS = 24
@@ -143,24 +143,6 @@ def test_cancelled_streams_free_their_sequences(served, prompts):
         assert client.generate("still serving?", GenerationParams(max_tokens=4)).num_output_tokens == 4
 
 
-def _raw_request(server, **tensors) -> InferenceServerException | None:
-    """Send raw tensors ({name: (datatype, array)}) over the stream; return the error, if any."""
-    client = grpcclient.InferenceServerClient(server.grpc_url)
-    results = []
-    client.start_stream(callback=lambda result, error: results.append(error))
-    inputs = []
-    for name, (dtype, value) in tensors.items():
-        t = grpcclient.InferInput(name, list(value.shape), dtype)
-        t.set_data_from_numpy(value)
-        inputs.append(t)
-    client.async_stream_infer("adaflash", inputs, enable_empty_final_response=True)
-    deadline = time.time() + 60
-    while not results and time.time() < deadline:
-        time.sleep(0.05)
-    client.stop_stream()
-    return results[0]
-
-
 def _text(s: bytes) -> tuple[str, np.ndarray]:
     return "BYTES", np.array([[s]], dtype=object)
 
@@ -193,9 +175,8 @@ def test_bad_input_is_invalid_argument_naming_the_field(served, case):
     """On a gRPC stream Triton reports a request's error as a message without a status code, so the
     code leads our messages; a wrong data type is refused by Triton itself, before any model runs."""
     field, tensors = BAD[case]
-    error = _raw_request(served[0], **tensors)
-    assert error is not None, f"{case}: accepted"
-    message = error.message()
+    refused, message = send_grpc(served[0], tensors)
+    assert refused, f"{case}: accepted"
     if case == "wrong tensor type":
         assert f"input '{field}' data-type is 'FP32'" in message, message
     else:

@@ -87,9 +87,10 @@ def metric_sum(text: str, name: str) -> float:
 
 def histogram(text: str, name: str) -> dict[float, float]:
     """Cumulative counts by upper bound of a histogram without labels beyond `le`."""
-    out = {}
+    out: dict[float, float] = {}
     for le, v in re.findall(rf'^{name}_bucket{{[^}}]*le="([^"]+)"[^}}]*}} (\S+)$', text, re.M):
-        out[math.inf if le == "+Inf" else float(le)] = out.get(math.inf if le == "+Inf" else float(le), 0) + float(v)
+        bound = math.inf if le == "+Inf" else float(le)
+        out[bound] = out.get(bound, 0.0) + float(v)
     return out
 
 
@@ -190,7 +191,7 @@ async def one_stream(client: grpcaio.InferenceServerClient, prompt: str, params:
             w.cancel()
 
 
-def clear_refusal(error: str, scale: Scale) -> bool:
+def clear_refusal(error: str) -> bool:
     """An error a client can act on: the queue's limits, named."""
     return "max_queued" in error or "max_queue_wait_s" in error
 
@@ -238,8 +239,8 @@ def overload(server: TritonServer, scale: Scale) -> dict:
     sampling.set()
     sampler.join()
     after = histogram(scrape(server), "adaflash_queue_wait_seconds")
-    refused = [o for o in outcomes if not o.ok and clear_refusal(o.error, scale)]
-    other = [o.error for o in outcomes if not o.ok and not clear_refusal(o.error, scale)]
+    refused = [o for o in outcomes if not o.ok and clear_refusal(o.error)]
+    other = [o.error for o in outcomes if not o.ok and not clear_refusal(o.error)]
     idle_s, counts = seconds_until_idle(server)
     served_after = bool(canary(server, 4))
     return {"users": users, "max_active": scale.max_active, "max_queued": scale.max_queued,
