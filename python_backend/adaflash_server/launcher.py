@@ -26,6 +26,7 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.request
 from collections import deque
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -178,6 +179,16 @@ def _server_ready(grpc_url: str) -> bool:
         return False  # not listening yet, or too busy loading to answer
     finally:
         client.close()
+
+
+def _answers_http(url: str) -> bool:
+    """True when `url` answers 200: Triton starts its HTTP and metrics services after gRPC, so a server
+    that is ready over gRPC may refuse HTTP connections for a moment yet."""
+    try:
+        with urllib.request.urlopen(url, timeout=_READY_PROBE_TIMEOUT_S) as response:
+            return response.status == 200
+    except OSError:  # refused, reset, timed out, or an HTTPError status
+        return False
 
 
 def stub_pids(server_pid: int) -> dict[str, list[int]]:
@@ -408,13 +419,18 @@ class TritonServer:
 
     def _wait_ready(self) -> None:
         deadline = time.monotonic() + self.config.ready_timeout_s
-        while not _server_ready(self.grpc_url):
+        while not self._endpoints_ready():
             code = self._process.poll()
             if code is not None:
                 raise self._startup_error(f"tritonserver exited with code {code} during startup")
             if time.monotonic() > deadline:
                 raise self._startup_error(f"tritonserver not ready after {self.config.ready_timeout_s:g} s")
             time.sleep(_POLL_INTERVAL_S)
+
+    def _endpoints_ready(self) -> bool:
+        """gRPC, HTTP and metrics all answer: a caller may use any of them as soon as start() returns."""
+        return (_server_ready(self.grpc_url) and _answers_http(f"{self.http_url}/v2/health/ready")
+                and _answers_http(self.metrics_url))
 
     def _startup_error(self, what: str) -> TritonServerError:
         return TritonServerError(f"{what}; last {LOG_TAIL_LINES} lines of {self.log_path}:\n{log_tail(self.log_path)}")
