@@ -25,7 +25,7 @@ from adaflash.decoding.sampling import SamplingParams
 from adaflash.decoding.sequence import Request, context_length, tau
 from adaflash.evaluation.bench import run_bench
 from adaflash.evaluation.evaluate import Throughput, evaluate, markdown, parse_variants, replace_section
-from adaflash.evaluation.prompts import encode_prompts, eval_set_prompts, load_prompts
+from adaflash.evaluation.prompts import SPLITS, encode_prompts, eval_set_prompts, load_prompts
 from adaflash.models.bundle import Bundle, load_bundle, tiny_random_bundle
 from adaflash.models.drafter import block_size_of
 
@@ -79,7 +79,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if args.eval_data:
         prompts = eval_set_prompts(args.eval_data, args.per_domain)
     else:
-        prompts = load_prompts(args.prompts, args.num_prompts)
+        prompts = load_prompts(args.prompts, args.num_prompts, args.split)
     ids = encode_prompts(bundle.tokenizer, prompts, args.max_prompt_tokens)
     max_len = context_length([len(i) for i in ids], args.max_tokens, block_size_of(bundle.drafter))
     engine = Engine(bundle.target, bundle.drafter if needs_drafter else None, num_slots=max(args.concurrency),
@@ -154,6 +154,8 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--concurrency", type=csv_list(int), default=[1, 8, 32])
     bench.add_argument("--prompts", type=Path, help="JSON lines with 'prompt' (and optional 'id', 'domain')")
     bench.add_argument("--num-prompts", type=int)
+    bench.add_argument("--split", choices=SPLITS, help="only the prompts of this split (the broad mix has tune "
+                                                       "and holdout rows: tune on tune, report holdout)")
     bench.add_argument("--eval-data", type=Path,
                        help="instead of --prompts: the shared data folder; its evaluation sets, --per-domain each")
     bench.add_argument("--per-domain", type=int, default=8)

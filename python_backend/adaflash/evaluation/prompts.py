@@ -20,6 +20,10 @@ if TYPE_CHECKING:
     from tokenizers import Tokenizer
 
 SAMPLE_PROMPTS: Traversable = resources.files("adaflash") / "data" / "sample_prompts.jsonl"
+# Translation, summarisation, qa, rag, code and math from held-out rows (data/README.md). Its rows carry a
+# `split`: a tuning run may read `tune` rows only, so that `holdout` rows measure what tuning did not see.
+BROAD_MIX: Traversable = resources.files("adaflash") / "data" / "broad_mix.jsonl"
+SPLITS = ("tune", "holdout")
 EVAL_SETS = {"chat": "mt_bench.jsonl", "code": "humaneval.jsonl", "math": "gsm8k_test.jsonl",
              "multilingual": "heldout_multilingual.jsonl", "prose": "heldout_prose.jsonl"}
 
@@ -31,10 +35,15 @@ class Prompt:
     id: str
 
 
-def read_jsonl(source: Path | Traversable, domain: str | None = None, id_prefix: str = "") -> list[Prompt]:
+def read_jsonl(source: Path | Traversable, domain: str | None = None, id_prefix: str = "",
+               split: str | None = None) -> list[Prompt]:
     """One prompt per non-blank line: an object with `prompt` and optionally `domain` and `id` (the format
     of the packaged sample prompts and of the shared evaluation sets). A row without a domain takes
-    `domain`, one without an id `id_prefix` followed by its line index, so ids stay unique per file."""
+    `domain`, one without an id `id_prefix` followed by its line index, so ids stay unique per file.
+    With `split`, only the rows whose `split` field is that one; a file with none of them is an error,
+    so a tuning run pointed at an unsplit file stops instead of tuning on prompts meant for evaluation."""
+    if split is not None and split not in SPLITS:
+        raise ValueError(f"split must be one of {', '.join(SPLITS)}, not {split!r}")
     prompts = []
     for i, line in enumerate(source.read_text(encoding="utf-8").splitlines()):
         if not line.strip():
@@ -42,15 +51,19 @@ def read_jsonl(source: Path | Traversable, domain: str | None = None, id_prefix:
         row = json.loads(line)
         if "prompt" not in row:
             raise ValueError(f"{source}: line {i + 1} has no 'prompt' field")
+        if split is not None and row.get("split") != split:
+            continue
         row_domain = str(row["domain"]) if row.get("domain") else domain
         prompts.append(Prompt(row["prompt"], row_domain, str(row.get("id", f"{id_prefix}{i}"))))
+    if split is not None and not prompts:
+        raise ValueError(f"{source}: no rows with split {split!r}")
     return prompts
 
 
-def load_prompts(path: str | Path | None, limit: int | None) -> list[Prompt]:
-    """A JSON-lines file (the packaged sample prompts without `path`); with `limit`, domains take turns
-    so every domain is represented."""
-    prompts = read_jsonl(SAMPLE_PROMPTS if path is None else Path(path))
+def load_prompts(path: str | Path | None, limit: int | None, split: str | None = None) -> list[Prompt]:
+    """A JSON-lines file (the packaged sample prompts without `path`), only its `split` rows when given
+    (see read_jsonl); with `limit`, domains take turns so every domain is represented."""
+    prompts = read_jsonl(SAMPLE_PROMPTS if path is None else Path(path), split=split)
     if limit is None or limit >= len(prompts):
         return prompts
     return _domains_in_turn(prompts, limit)

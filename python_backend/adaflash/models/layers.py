@@ -6,11 +6,17 @@ Both models follow the Qwen3/Llama layout, so the pieces that carry the math liv
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+
+
+def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
+    """Normalised in fp32 and cast back before the weight, as Hugging Face's Qwen3 and Llama do; one fused
+    kernel (bitwise equal to the spelled-out formula in fp32)."""
+    return weight * F.rms_norm(x.float(), (x.shape[-1],), eps=eps).to(x.dtype)
 
 
 class RMSNorm(nn.Module):
@@ -20,10 +26,36 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: Tensor) -> Tensor:
-        dtype = x.dtype
-        x = x.float()
-        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x.to(dtype)
+        return rms_norm(x, self.weight, self.eps)
+
+
+@dataclass
+class Joined:
+    """Parameters of one module concatenated along dim 0, so that layers reading the same input run as one
+    matmul (q, k and v; gate and up). The checkpoint and training keep the parts apart: the joined copy is
+    remade when any part changed (an optimizer step, a load, a cast), and while gradients flow it is remade
+    every call so that they reach each part. A part `(name, rows)` is that 1-d parameter repeated `rows`
+    times (a per-head norm weight beside another)."""
+
+    parts: list[str | tuple[str, int]]
+    _key: list[tuple[int, int]] | None = field(default=None, repr=False)
+    _value: Tensor | None = field(default=None, repr=False)
+
+    def of(self, module: nn.Module) -> Tensor:
+        tensors = [_part(module, p) for p in self.parts]
+        if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
+            return torch.cat(tensors)
+        key = [(t.data_ptr(), t._version) for t in tensors]
+        if key != self._key:
+            self._value, self._key = torch.cat(tensors), key
+        return self._value
+
+
+def _part(module: nn.Module, part: str | tuple[str, int]) -> Tensor:
+    name, rows = (part, 0) if isinstance(part, str) else part
+    owner, attr = name.split(".")
+    tensor = getattr(getattr(module, owner), attr)
+    return tensor.expand(rows, -1) if rows else tensor
 
 
 class MLP(nn.Module):
@@ -32,9 +64,11 @@ class MLP(nn.Module):
         self.gate_proj = nn.Linear(hidden, intermediate, bias=False)
         self.up_proj = nn.Linear(hidden, intermediate, bias=False)
         self.down_proj = nn.Linear(intermediate, hidden, bias=False)
+        self.gate_up = Joined(["gate_proj.weight", "up_proj.weight"])
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        gate, up = F.linear(x, self.gate_up.of(self)).chunk(2, dim=-1)
+        return self.down_proj(F.silu(gate) * up)
 
 
 @dataclass
@@ -76,16 +110,16 @@ def _llama3_scale(inv_freq: Tensor, s: dict) -> Tensor:
 
 
 def rope_cos_sin(inv_freq: Tensor, positions: Tensor) -> tuple[Tensor, Tensor]:
+    """cos and sin [T, 1, head_dim] for `apply_rope`; the sin's first half is negated, which turns Hugging
+    Face's rotate-half into a roll."""
     freqs = positions.float()[:, None] * inv_freq[None, :]
-    emb = torch.cat([freqs, freqs], dim=-1)
-    return emb.cos(), emb.sin()
+    sin = freqs.sin()
+    return torch.cat([freqs, freqs], dim=-1).cos()[:, None], torch.cat([-sin, sin], dim=-1)[:, None]
 
 
 def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-    """x: [T, heads, head_dim]; cos/sin: [T, head_dim] (rotate-half convention of Hugging Face)."""
-    half = x.shape[-1] // 2
-    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
-    return x * cos[:, None, :] + rotated * sin[:, None, :]
+    """x: [T, heads, head_dim] (bitwise equal to Hugging Face's x * cos + rotate_half(x) * sin)."""
+    return x * cos + x.roll(x.shape[-1] // 2, -1) * sin
 
 
 @dataclass
@@ -111,18 +145,28 @@ class Ragged:
         row = torch.arange(int(c.sum())) - starts[seq]
         return cls(seq_of_token=seq, row_of_token=row, counts=counts, offsets=starts.tolist(), qmax=max(counts))
 
+    @property
+    def uniform(self) -> bool:
+        """Every sequence has Qmax new tokens (decode steps, equal drafts): padding is a reshape."""
+        return len(self.counts) * self.qmax == self.seq_of_token.shape[0]
+
     def pad(self, x: Tensor) -> Tensor:
         """[T, ...] packed -> [B, Qmax, ...] padded with zeros."""
+        if self.uniform:
+            return x.reshape((len(self.counts), self.qmax) + tuple(x.shape[1:]))
         out = x.new_zeros((len(self.counts), self.qmax) + tuple(x.shape[1:]))
         out[self.seq_of_token, self.row_of_token] = x
         return out
 
     def unpad(self, x: Tensor) -> Tensor:
+        if self.uniform:
+            return x.reshape((-1,) + tuple(x.shape[2:]))
         return x[self.seq_of_token, self.row_of_token]
 
 
-def attend(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, scale: float) -> Tensor:
-    """q: [B, H, Q, hd]; k, v: [B, KV, L, hd]; mask: [B, 1, Q, L] boolean (True = may attend)."""
+def attend(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, scale: float) -> Tensor:
+    """q: [B, H, Q, hd]; k, v: [B, KV, L, hd]; mask: [B, 1, Q, L] boolean (True = may attend), None when
+    every query may attend every key."""
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=k.shape[1] != q.shape[1])
 
 

@@ -16,7 +16,8 @@ from torch import Tensor, nn
 
 from adaflash.models.cache import KVCache
 from adaflash.models.checkpoint import load_weights, read_config, save_checkpoint
-from adaflash.models.layers import MLP, Ragged, RMSNorm, RopeConfig, apply_rope, attend, gather_slots, rope_cos_sin
+from adaflash.models.layers import (MLP, Joined, Ragged, RMSNorm, RopeConfig, apply_rope, attend, gather_slots, rms_norm,
+                                    rope_cos_sin)
 
 
 @dataclass
@@ -86,7 +87,7 @@ class AttentionGroup:
     slots: list[int]
     ragged: Ragged
     kv_len: int
-    mask: Tensor  # [G, 1, Qmax, kv_len]
+    mask: Tensor | None  # [G, 1, Qmax, kv_len]; None when nothing is masked (one new token each, equal lengths)
 
 
 @dataclass
@@ -96,6 +97,15 @@ class ForwardBatch:
     positions: Tensor  # [T]
     slot_of_token: Tensor  # [T]
     groups: list[AttentionGroup]
+    run: tuple[int, int, int] | None = None  # (slot, start, end) when one sequence: its writes are a slice
+
+    def write(self, cache: Tensor, x: Tensor) -> None:
+        """Store the new tokens' keys or values x [T, KV, hd] in one layer's cache [N, KV, max_len, hd]."""
+        if self.run is not None:
+            slot, start, end = self.run
+            cache[slot, :, start:end] = x.transpose(0, 1)
+        else:
+            cache[self.slot_of_token, :, self.positions] = x
 
     @classmethod
     def build(cls, slots: list[int], starts: list[int], counts: list[int]) -> "ForwardBatch":
@@ -106,7 +116,8 @@ class ForwardBatch:
         for row, c in enumerate(counts):
             buckets.setdefault(1 << (c - 1).bit_length(), []).append(row)
         if len(buckets) == 1:  # the common case: one group, the whole batch
-            return cls(positions, slot_of_token, [_group(slice(None), slots, starts, ragged)])
+            run = (slots[0], starts[0], starts[0] + counts[0]) if len(slots) == 1 else None
+            return cls(positions, slot_of_token, [_group(slice(None), slots, starts, ragged)], run)
         groups = []
         for rows in buckets.values():
             tokens = torch.cat([torch.arange(ragged.offsets[r], ragged.offsets[r] + counts[r]) for r in rows])
@@ -119,6 +130,8 @@ def _group(tokens: Tensor | slice, slots: list[int], starts: list[int], ragged: 
     """Causal mask of new tokens over their slot's cache: query j of a sequence starting at s sees 0..s+j."""
     counts = ragged.counts
     kv_len = max(s + c for s, c in zip(starts, counts))
+    if ragged.qmax == 1 and all(s + 1 == kv_len for s in starts):
+        return AttentionGroup(tokens, slots, ragged, kv_len, None)
     query_pos = torch.tensor(starts, dtype=torch.long)[:, None] + torch.arange(ragged.qmax)[None, :]  # [G, Qmax]
     mask = torch.arange(kv_len)[None, None, :] <= query_pos[:, :, None]
     return AttentionGroup(tokens, slots, ragged, kv_len, mask[:, None])
@@ -136,17 +149,22 @@ class Attention(nn.Module):
         if cfg.qk_norm:
             self.q_norm = RMSNorm(hd, cfg.rms_norm_eps)
             self.k_norm = RMSNorm(hd, cfg.rms_norm_eps)
-        self.qk_norm = cfg.qk_norm
+            self.qk_norm_weight = Joined([("q_norm.weight", h), ("k_norm.weight", kv)])
+        self.qk_norm, self.eps = cfg.qk_norm, cfg.rms_norm_eps
+        self.qkv_weight = Joined(["q_proj.weight", "k_proj.weight", "v_proj.weight"])
+        self.qkv_bias = Joined(["q_proj.bias", "k_proj.bias", "v_proj.bias"]) if cfg.attention_bias else None
 
     def qkv(self, x: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        """x: [T, D] -> q [T, H, hd], k and v [T, KV, hd], normed and rotated."""
-        t = x.shape[0]
-        q = self.q_proj(x).view(t, self.n_heads, self.head_dim)
-        k = self.k_proj(x).view(t, self.n_kv, self.head_dim)
-        v = self.v_proj(x).view(t, self.n_kv, self.head_dim)
+        """x: [T, D] -> q [T, H, hd], k and v [T, KV, hd], normed and rotated; q and k as one tensor
+        through norm and RoPE (per-head weights), the three projections as one matmul."""
+        t, h, kv = x.shape[0], self.n_heads, self.n_kv
+        bias = None if self.qkv_bias is None else self.qkv_bias.of(self)
+        qkv = F.linear(x, self.qkv_weight.of(self), bias).view(t, h + 2 * kv, self.head_dim)
+        qk, v = qkv[:, : h + kv], qkv[:, h + kv :]
         if self.qk_norm:
-            q, k = self.q_norm(q), self.k_norm(k)
-        return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
+            qk = rms_norm(qk, self.qk_norm_weight.of(self), self.eps)
+        qk = apply_rope(qk, cos, sin)
+        return qk[:, :h], qk[:, h:], v
 
     def forward_causal(self, x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
         """Training path: x [B, T, D], full causal attention, no cache."""
@@ -159,15 +177,22 @@ class Attention(nn.Module):
     def forward(self, x: Tensor, cos: Tensor, sin: Tensor, fb: ForwardBatch, k_cache: Tensor, v_cache: Tensor) -> Tensor:
         t = x.shape[0]
         q, k, v = self.qkv(x, cos, sin)
-        k_cache[fb.slot_of_token, :, fb.positions] = k
-        v_cache[fb.slot_of_token, :, fb.positions] = v
-        out = torch.empty_like(q)
-        for g in fb.groups:
-            keys = gather_slots(k_cache, g.slots, g.kv_len)
-            values = gather_slots(v_cache, g.slots, g.kv_len)
-            qp = g.ragged.pad(q[g.tokens]).transpose(1, 2)  # [G, H, Qmax, hd]
-            out[g.tokens] = g.ragged.unpad(attend(qp, keys, values, g.mask, self.head_dim**-0.5).transpose(1, 2))
+        fb.write(k_cache, k)
+        fb.write(v_cache, v)
+        if len(fb.groups) == 1:
+            out = self.attend_group(q, fb.groups[0], k_cache, v_cache)
+        else:
+            out = q.new_empty(q.shape)
+            for g in fb.groups:
+                out[g.tokens] = self.attend_group(q[g.tokens], g, k_cache, v_cache)
         return self.o_proj(out.reshape(t, -1))
+
+    def attend_group(self, q: Tensor, g: AttentionGroup, k_cache: Tensor, v_cache: Tensor) -> Tensor:
+        """q [Tg, H, hd] of one attention group -> its attention output, packed alike."""
+        keys = gather_slots(k_cache, g.slots, g.kv_len)
+        values = gather_slots(v_cache, g.slots, g.kv_len)
+        qp = g.ragged.pad(q).transpose(1, 2)  # [G, H, Qmax, hd]
+        return g.ragged.unpad(attend(qp, keys, values, g.mask, self.head_dim**-0.5).transpose(1, 2))
 
 
 class DecoderLayer(nn.Module):
