@@ -162,11 +162,13 @@ def test_a_generation_request_missing_a_tensor_names_it():
 
 def test_target_calls_and_results_round_trip():
     sampling = [SamplingParams(temperature=1.0, top_k=50, top_p=0.5, seed=123), SamplingParams()]
-    step = protocol.TargetCall(protocol.Op.STEP, [7, 2**40, 9], [[1, 2], [3], [4, 5, 6]], sampling, release=[3])
+    step = protocol.TargetCall(protocol.Op.STEP, [7, 2**40, 9], [[1, 2], [3], [4, 5, 6]], sampling, release=[3],
+                               capture=[True, False, True])
     call = protocol.decode_target_call(protocol.encode_target_call(step))
     assert call == step  # two new sequences with their settings, then one verifying; one to free first
     verify = protocol.decode_target_call(protocol.encode_target_call(protocol.TargetCall(protocol.Op.STEP, [7], [[3]])))
-    assert (verify.op, verify.keys, verify.feeds, verify.sampling, verify.release) == (protocol.Op.STEP, [7], [[3]], [], [])
+    assert (verify.op, verify.keys, verify.feeds, verify.sampling, verify.release, verify.capture) == (
+        protocol.Op.STEP, [7], [[3]], [], [], None)
     release = protocol.decode_target_call(protocol.encode_release([7, 8]))
     assert (release.op, release.keys) == (protocol.Op.RELEASE, [7, 8])
     features = torch.arange(10, dtype=torch.float32).reshape(5, 2)
@@ -195,6 +197,10 @@ def test_bad_target_calls_name_their_field():
         protocol.decode_target_call(tensors)
     with pytest.raises(ValueError, match="^keys: required"):
         protocol.decode_target_call({"op": np.array([1], dtype=np.int32)})
+    tensors = protocol.encode_target_call(protocol.TargetCall(protocol.Op.STEP, [1, 2], [[1], [2]], capture=[True, False]))
+    tensors["capture"] = np.array([True], dtype=bool)
+    with pytest.raises(ValueError, match="^capture: 1 flags for 2 keys"):
+        protocol.decode_target_call(tensors)
 
 
 def test_draft_calls_and_drafts_round_trip():

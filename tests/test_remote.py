@@ -33,6 +33,7 @@ class Models:
         self.drafters = {name: DrafterSlots(bundle.drafter, target, slots, MAX_LEN) for name in drafters}
         self.newest = drafters[-1]
         self.calls: list[tuple[str, Op, int]] = []  # (model, op, sequences)
+        self.feature_rows: dict[int, list[int]] = {}  # sequence -> feature rows the target sent, call by call
         self.failing: set[str] = set()
 
     async def call(self, model: str, tensors: protocol.Tensors) -> protocol.Tensors:
@@ -44,7 +45,12 @@ class Models:
         if model == protocol.TARGET:
             call = protocol.decode_target_call(tensors)
             timed = self.target.run(call)
-            return {} if op is Op.RELEASE else protocol.encode_target_result(timed.value, timed.ms)
+            if op is Op.RELEASE:
+                return {}
+            result = protocol.encode_target_result(timed.value, timed.ms)
+            for key, rows in zip(call.keys, result["feature_rows"].tolist()):
+                self.feature_rows.setdefault(key, []).append(rows)
+            return result
         if op is Op.RELEASE:
             for key in protocol.decode_keys(tensors):
                 self.drafters[model].release(key)
@@ -109,6 +115,20 @@ def test_served_loop_equals_the_engine_with_one_target_call_per_step(trained_tin
     if mode in ("dflash", "adaflash-published"):
         assert any(st.accepted > 0 for s in seqs for st in s.steps)
     assert models.empty()
+
+
+def test_features_travel_only_for_sequences_that_draft(trained_tiny):
+    """The target captures and returns hidden features for the drafter's context only for drafting sequences:
+    a plain or prompt-lookup sequence beside them costs no feature traffic."""
+    prompts = random_prompts(6, seed=15)
+    models = Models(trained_tiny, 6)
+    modes = ["ar", "dflash", "ngram", "adaflash", "ar", "ar"]
+    seqs, _ = serve(trained_tiny, [Request(p, MAX_TOKENS, mode=m, stop_ids=()) for p, m in zip(prompts, modes)], models)
+    for seq, mode in zip(seqs, modes):
+        rows = models.feature_rows[seq.id]
+        assert (sum(rows) > 0) == (mode in ("dflash", "adaflash")), (mode, rows)
+        if sum(rows):
+            assert rows[0] == len(seq.request.prompt_ids) and all(r > 0 for r in rows)
 
 
 def test_releases_ride_on_the_next_call_and_nothing_is_held_at_the_end(trained_tiny):

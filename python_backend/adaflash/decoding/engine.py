@@ -42,7 +42,7 @@ class LocalBackend:
         seqs = [*prefill, *verify]
         results, ms = step_batch(self.target, self.cache, len(prefill), [s.slot for s in seqs],
                                  [s.tokens for s in prefill] + feeds, [s.request.sampling for s in seqs],
-                                 [s.generator for s in seqs], self.capture)
+                                 [s.generator for s in seqs], self.capture, [s.can_draft for s in seqs])
         return Timed((results[:len(prefill)], results[len(prefill):]), ms)
 
     async def draft(self, seqs: list[Sequence], block_length: int) -> Timed[Draft]:

@@ -247,6 +247,8 @@ TARGET_CALL = (
     RELEASE_KEYS,
     TensorSpec("lengths", INT32, (-1,), optional=True),
     TensorSpec("tokens", INT32, (-1,), optional=True),
+    # Per key, 1 when the sequence drafts: only those get features back (absent: every one does).
+    TensorSpec("capture", BOOL, (-1,), optional=True),
     *(replace(f.spec, dims=(-1,), optional=True) for f in SAMPLING_FIELDS),
 )
 TARGET_RESULT = (
@@ -503,6 +505,7 @@ class TargetCall:
     feeds: list[list[int]]
     sampling: list[SamplingParams] = field(default_factory=list)
     release: list[int] = field(default_factory=list)  # sequences to free first
+    capture: list[bool] | None = None  # per key: return its features (it drafts); None: every one
 
 
 def _split(flat: list, lengths: list[int]) -> list[list]:
@@ -514,6 +517,8 @@ def encode_target_call(call: TargetCall) -> Tensors:
     out = {"op": _flat(call.op, INT32), "keys": _flat(call.keys, UINT64),
            "lengths": _flat([len(f) for f in call.feeds], INT32),
            "tokens": _flat([t for f in call.feeds for t in f], INT32), **_encode_release(call.release)}
+    if call.capture is not None:
+        out["capture"] = np.asarray(call.capture, dtype=bool)
     if call.sampling:
         out.update({f.name: _flat([getattr(sp, f.target) for sp in call.sampling], f.spec.dtype)
                     for f in SAMPLING_FIELDS})
@@ -533,6 +538,10 @@ def decode_target_call(tensors: Tensors) -> TargetCall:
         raise ValueError(f"lengths: {len(lengths)} lengths summing to {sum(lengths)} for {len(keys)} keys and "
                          f"{len(tokens)} tokens")
     call = TargetCall(op, keys, _split(tokens, lengths), release=release)
+    if tensors.get("capture") is not None:
+        call.capture = [bool(c) for c in np.asarray(tensors["capture"]).reshape(-1)]
+        if len(call.capture) != len(keys):
+            raise ValueError(f"capture: {len(call.capture)} flags for {len(keys)} keys")
     if any(tensors.get(f.name) is not None for f in SAMPLING_FIELDS):
         _required(tensors, [f.name for f in SAMPLING_FIELDS])
         columns = {f.target: _list(tensors, f.name) for f in SAMPLING_FIELDS}

@@ -37,8 +37,10 @@ class RemoteBackend:
         drafter = self.newest_drafter() if any(s.can_draft for s in prefill) else None
         if drafter is not None:
             self.drafter_of.update((s.id, drafter) for s in prefill if s.can_draft)
-        call = TargetCall(Op.STEP, [s.id for s in (*prefill, *verify)], [s.tokens for s in prefill] + feeds,
-                          [s.request.sampling for s in prefill], self.releasing.pop(protocol.TARGET, []))
+        seqs = [*prefill, *verify]
+        call = TargetCall(Op.STEP, [s.id for s in seqs], [s.tokens for s in prefill] + feeds,
+                          [s.request.sampling for s in prefill], self.releasing.pop(protocol.TARGET, []),
+                          [s.can_draft for s in seqs])
         results, ms = protocol.decode_target_result(await self.call(protocol.TARGET, protocol.encode_target_call(call)))
         return Timed((results[:len(prefill)], results[len(prefill):]), ms)
 

@@ -135,7 +135,7 @@ class TargetSlots(CacheSlots):
         slots = [self.slots.get(k) for k in call.keys]
         results, ms = step_batch(self.target, self.cache, new, slots, call.feeds,
                                  [self.sampling[k][0] for k in call.keys], [self.sampling[k][1] for k in call.keys],
-                                 self.capture)
+                                 self.capture, call.capture)
         return Timed(results, ms)
 
     def _open(self, call: TargetCall) -> None:
