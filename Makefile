@@ -61,6 +61,19 @@ bench: venv
 	$(BIN)/adaflash bench --tiny-random --modes ar,ngram,dflash,adaflash,adaflash-published --concurrency 1,4,16 --json bench-out/engine-tiny.json
 	$(BIN)/python clients/bench_runner.py --json bench-out/runner-vs-transformers.json
 
+# Peer rows next to ours (ar, ngram, dflash, adaflash): transformers' generate (greedy, prompt lookup) and
+# llama.cpp (f32 and f16: plain, prompt lookup, DFlash with drafter-dflash) on models/default and 16 code
+# prompts, 2 threads; the first run downloads llama-cpp-python's source and builds llama.cpp under
+# bench-out/peers (minutes). Not part of `make test`; run it with the machine to itself.
+PEERS_STAMP := $(VENV)/.installed-peers
+$(PEERS_STAMP): $(STAMP)
+	$(BIN)/pip install -q -e '.[dev,serve,load,peers]'
+	touch $(PEERS_STAMP)
+
+.PHONY: bench-peers
+bench-peers: $(PEERS_STAMP)
+	$(BIN)/python clients/bench_peers.py --json bench-out/peers.json
+
 # Capacity sweep: Locust per spec_mode and concurrency against a server it starts (models/default, else
 # the tiny random models); CSVs, plots and report.md in bench-out/sweep/. SWEEP_ARGS adds options, e.g.
 #   make sweep SWEEP_ARGS="--url 127.0.0.1:8001 --modes ar,adaflash --duration 60 --ttft-slo-ms 500 --itl-slo-ms 50"

@@ -29,26 +29,55 @@ class RMSNorm(nn.Module):
         return rms_norm(x, self.weight, self.eps)
 
 
+# A single-row product x @ W.T on CPU reads W about twice as fast from a transposed copy when W has at least
+# twice as many rows as columns (MKL, measured: clients/bench_layout.py, docs/results.md); the copy is kept
+# only for weights this small, so a large model is never held twice.
+TRANSPOSED_MAX_BYTES = 64 << 20
+
+
+def _reads_faster_transposed(x: Tensor, w: Tensor) -> bool:
+    return (x.dim() == 2 and x.shape[0] <= 2 and w.device.type == "cpu" and w.shape[0] >= 2 * w.shape[1]
+            and w.numel() * w.element_size() <= TRANSPOSED_MAX_BYTES and not torch.is_grad_enabled())
+
+
 @dataclass
 class Joined:
     """Parameters of one module concatenated along dim 0, so that layers reading the same input run as one
     matmul (q, k and v; gate and up). The checkpoint and training keep the parts apart: the joined copy is
     remade when any part changed (an optimizer step, a load, a cast), and while gradients flow it is remade
     every call so that they reach each part. A part `(name, rows)` is that 1-d parameter repeated `rows`
-    times (a per-head norm weight beside another)."""
+    times (a per-head norm weight beside another); a single part is used as it is."""
 
     parts: list[str | tuple[str, int]]
     _key: list[tuple[int, int]] | None = field(default=None, repr=False)
     _value: Tensor | None = field(default=None, repr=False)
+    _transposed: tuple[list[tuple[int, int]], Tensor] | None = field(default=None, repr=False)
 
     def of(self, module: nn.Module) -> Tensor:
         tensors = [_part(module, p) for p in self.parts]
+        if len(tensors) == 1 and isinstance(self.parts[0], str):
+            return tensors[0]
         if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
             return torch.cat(tensors)
-        key = [(t.data_ptr(), t._version) for t in tensors]
+        key = _key(tensors)
         if key != self._key:
             self._value, self._key = torch.cat(tensors), key
         return self._value
+
+    def linear(self, module: nn.Module, x: Tensor) -> Tensor:
+        """x @ W.T with the joined weight W, one or two rows from its transposed copy where that reads faster."""
+        w = self.of(module)
+        if not _reads_faster_transposed(x, w):
+            return F.linear(x, w)
+        key = _key([_part(module, p) for p in self.parts])
+        if self._transposed is None or self._transposed[0] != key:
+            self._transposed = (key, w.t().contiguous())
+        return x @ self._transposed[1]
+
+
+def _key(tensors: list[Tensor]) -> list[tuple[int, int]]:
+    """Changes when a tensor is replaced (a load, a cast) or modified in place (an optimizer step)."""
+    return [(t.data_ptr(), t._version) for t in tensors]
 
 
 def _part(module: nn.Module, part: str | tuple[str, int]) -> Tensor:
@@ -67,7 +96,7 @@ class MLP(nn.Module):
         self.gate_up = Joined(["gate_proj.weight", "up_proj.weight"])
 
     def forward(self, x: Tensor) -> Tensor:
-        gate, up = F.linear(x, self.gate_up.of(self)).chunk(2, dim=-1)
+        gate, up = self.gate_up.linear(self, x).chunk(2, dim=-1)
         return self.down_proj(F.silu(gate) * up)
 
 

@@ -235,6 +235,7 @@ class Transformer(nn.Module):
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
         self.register_buffer("inv_freq", cfg.rope.inv_freq(), persistent=False)
+        self.lm_head_weight = Joined(["lm_head.weight"])
 
     @classmethod
     def from_pretrained(cls, path: str | Path, dtype: torch.dtype = torch.float32) -> "Transformer":
@@ -290,7 +291,7 @@ class Transformer(nn.Module):
         for s, st, c in zip(slots, starts, counts):
             cache.lengths[s] = st + c
         rows = x if logit_rows is None else x[logit_rows]
-        logits = self.lm_head(self.model.norm(rows))
+        logits = self.lm_head_weight.linear(self, self.model.norm(rows))
         hidden = torch.cat([captured[i] for i in capture_layers], dim=-1) if capture_layers else None
         return ForwardOutput(logits=logits, hidden=hidden)
 

@@ -1,0 +1,128 @@
+"""Where one decoding step's time goes: the target forward against everything else, and the torch operations
+the forward issues, for a mode at concurrency 1.
+
+Why: on a small model a step's cost is mostly fixed work (Python, operator dispatch) rather than arithmetic,
+and an optimisation is only real if the forward or the rest measurably shrinks. The script times the engine's
+steps after each prompt's prefill (tokens/s end to end includes prefills), the target forwards inside them,
+and profiles a few steps' operators. It uses only the engine's public API, so it runs unchanged against an
+older checkout (PYTHONPATH=<checkout>/python_backend) for a before/after table measured alike.
+
+    python clients/bench_step.py --json bench-out/step.json [--mode ar] [--prompts 8 --max-tokens 64]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import subprocess
+import time
+from collections import Counter
+from pathlib import Path
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+from adaflash.decoding.engine import Engine
+from adaflash.decoding.sequence import Request, context_length
+from adaflash.evaluation.prompts import encode_prompts, load_prompts, read_jsonl
+from adaflash.models.bundle import load_bundle
+from adaflash.models.drafter import block_size_of
+
+HUMANEVAL = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "eval" / "humaneval.jsonl"
+
+
+class ForwardClock:
+    """Times every call of the target's `forward` (the engine calls it by name, once per step)."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.inner, self.ms = engine.target.forward, []
+        engine.target.forward = self
+
+    def __call__(self, *args, **kwargs):
+        t0 = time.perf_counter()
+        out = self.inner(*args, **kwargs)
+        self.ms.append((time.perf_counter() - t0) * 1000)
+        return out
+
+
+def run_steps(engine: Engine, clock: ForwardClock, prompts: list[list[int]], mode: str, max_tokens: int) -> dict:
+    """Each prompt alone; its first step (the prefill) is left out of the step figures."""
+    step_ms, forward_ms, tokens, wall = [], [], 0, 0.0
+    for ids in prompts:
+        seq = engine.submit(Request(ids, max_tokens, mode=mode))
+        t0 = time.perf_counter()
+        engine.step()
+        while engine.has_work:
+            clock.ms.clear()
+            s0 = time.perf_counter()
+            engine.step()
+            step_ms.append((time.perf_counter() - s0) * 1000)
+            forward_ms.append(sum(clock.ms))
+        wall += time.perf_counter() - t0
+        tokens += len(seq.output)
+    step, forward = statistics.median(step_ms), statistics.median(forward_ms)
+    return {"steps": len(step_ms), "output_tokens": tokens, "tokens_per_s_end_to_end": round(tokens / wall, 2),
+            "step_ms_median": round(step, 3), "forward_ms_median": round(forward, 3),
+            "rest_ms_median": round(step - forward, 3),
+            "tokens_per_step": round(tokens / (len(step_ms) + len(prompts)), 3)}
+
+
+def op_profile(engine: Engine, prompt: list[int], mode: str, steps: int) -> dict:
+    """Operators per decode step (after the prefill), with self CPU time, top 15 by time."""
+    engine.submit(Request(prompt, steps + 1, mode=mode))
+    engine.step()
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        done = 0
+        while engine.has_work:
+            engine.step()
+            done += 1
+    counts, times = Counter(), Counter()
+    for e in prof.key_averages():
+        counts[e.key] += e.count
+        times[e.key] += e.self_cpu_time_total
+    top = [{"op": k, "calls_per_step": round(counts[k] / done, 1), "self_us_per_step": round(v / done, 1)}
+           for k, v in times.most_common(15)]
+    return {"steps": done, "ops_per_step": round(sum(counts.values()) / done, 1), "top": top}
+
+
+def git_revision() -> str:
+    import adaflash
+
+    root = Path(adaflash.__file__).resolve().parents[2]
+    out = subprocess.run(["git", "-C", str(root), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+    return out.stdout.strip() or "unknown"
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model-dir", type=Path, default=Path("models/default"))
+    p.add_argument("--prompts", type=int, default=8, help="code prompts (HumanEval when ../shared/data is present)")
+    p.add_argument("--max-tokens", type=int, default=64)
+    p.add_argument("--modes", default="ar", help="comma-separated")
+    p.add_argument("--profile-steps", type=int, default=32)
+    p.add_argument("--repeats", type=int, default=3, help="timed passes per mode; the best is reported")
+    p.add_argument("--json", type=Path, required=True)
+    args = p.parse_args(argv)
+    bundle = load_bundle(args.model_dir)
+    texts = read_jsonl(HUMANEVAL)[: args.prompts] if HUMANEVAL.exists() else load_prompts(None, args.prompts)
+    ids = encode_prompts(bundle.tokenizer, texts, 512)
+    max_len = context_length([len(i) for i in ids], args.max_tokens, block_size_of(bundle.drafter))
+    engine = Engine(bundle.target, bundle.drafter, num_slots=1, max_len=max_len)
+    clock = ForwardClock(engine)
+    report = {"revision": git_revision(), "torch": torch.__version__, "threads": torch.get_num_threads(),
+              "platform": platform.platform(), "prompts": len(ids), "max_tokens": args.max_tokens, "modes": {}}
+    for mode in args.modes.split(","):
+        run_steps(engine, clock, ids[:2], mode, 16)  # warm-up
+        runs = [run_steps(engine, clock, ids, mode, args.max_tokens) for _ in range(args.repeats)]
+        best = max(runs, key=lambda r: r["tokens_per_s_end_to_end"])
+        report["modes"][mode] = best | {"profile": op_profile(engine, ids[0], mode, args.profile_steps)}
+        print(mode, {k: v for k, v in best.items()}, flush=True)
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps(report, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
