@@ -30,20 +30,16 @@ def ms_since(t0: float) -> float:
     return (time.perf_counter() - t0) * 1000
 
 
-def _layers(capture: list[int] | None, wants: list[bool] | None) -> list[int] | None:
+def _layers(capture: list[int] | None, wants: list[bool]) -> list[int] | None:
     """The layers a forward captures: none when no sequence in it drafts (their features would be dropped)."""
-    return capture if capture and (wants is None or any(wants)) else None
-
-
-def _wanted(wants: list[bool] | None, i: int) -> bool:
-    return wants is None or wants[i]
+    return capture if capture and any(wants) else None
 
 
 def prefill_batch(target: Transformer, cache: KVCache, slots: list[int], prompts: list[list[int]],
                   sampling: list[SamplingParams], generators: list[torch.Generator], capture: list[int] | None,
-                  wants: list[bool] | None = None) -> list[StepResult]:
+                  wants: list[bool]) -> list[StepResult]:
     """Fill each slot with its prompt and pick the first token; features cover every prompt position of the
-    sequences that `wants` them (None: all)."""
+    sequences that `wants` them."""
     counts = [len(p) for p in prompts]
     ends = np.cumsum(counts)
     out = target.forward(cache, slots, prompts, logit_rows=torch.tensor(ends - 1),
@@ -52,7 +48,7 @@ def prefill_batch(target: Transformer, cache: KVCache, slots: list[int], prompts
     for i, (sp, g) in enumerate(zip(sampling, generators)):
         logits = out.logits[i]
         token = int(logits.argmax()) if sp.greedy else sample(target_probs(logits[None], sp)[0], g)
-        feats = out.hidden[ends[i] - counts[i] : ends[i]].clone() if out.hidden is not None and _wanted(wants, i) else None
+        feats = out.hidden[ends[i] - counts[i] : ends[i]].clone() if out.hidden is not None and wants[i] else None
         results.append(StepResult([token], 0, 0.0, feats))
     return results
 
@@ -64,19 +60,20 @@ def step_batch(target: Transformer, cache: KVCache, new: int, slots: list[int], 
     others verified (feeds: [anchor] + draft); features go to the sequences that `wants` them (None: all).
     Returns the results in order and the verify forward's milliseconds (what the cost model learns from; 0
     without one)."""
+    wants = [True] * len(slots) if wants is None else wants
     prefilled = prefill_batch(target, cache, slots[:new], feeds[:new], sampling[:new], generators[:new],
-                              capture, None if wants is None else wants[:new]) if new else []
+                              capture, wants[:new]) if new else []
     if len(slots) == new:
         return prefilled, 0.0
     t0 = time.perf_counter()
     verified = verify_batch(target, cache, slots[new:], feeds[new:], sampling[new:], generators[new:], capture,
-                            None if wants is None else wants[new:])
+                            wants[new:])
     return prefilled + verified, ms_since(t0)
 
 
 def verify_batch(target: Transformer, cache: KVCache, slots: list[int], feeds: list[list[int]],
                  sampling: list[SamplingParams], generators: list[torch.Generator], capture: list[int] | None,
-                 wants: list[bool] | None = None) -> list[StepResult]:
+                 wants: list[bool]) -> list[StepResult]:
     """feeds[b] = [anchor] + draft. Verify every draft, then roll each slot back to its accepted length."""
     starts = [cache.lengths[s] for s in slots]
     out = target.forward(cache, slots, feeds, capture_layers=_layers(capture, wants))
@@ -91,7 +88,7 @@ def verify_batch(target: Transformer, cache: KVCache, slots: list[int], feeds: l
             committed, expected = verify_sampled(feed[1:], target_probs(out.logits[row : row + n], sp), g)
         accepted = len(committed) - 1
         cache.truncate(slot, start + accepted + 1)
-        feats = out.hidden[row : row + accepted + 1].clone() if out.hidden is not None and _wanted(wants, i) else None
+        feats = out.hidden[row : row + accepted + 1].clone() if out.hidden is not None and wants[i] else None
         results.append(StepResult(committed, accepted, expected, feats))
         row += n
     return results
