@@ -4,6 +4,7 @@ encoding, streamed text never splits a character."""
 from __future__ import annotations
 
 import random
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -16,11 +17,13 @@ from adaflash.decoding.sequence import Request, Sequence, StepRecord
 from adaflash.decoding.steps import StepResult
 from adaflash.models.drafter import Draft
 from adaflash.cli_args import DEFAULT_MODEL_DIR
+from adaflash.models.chat_template import ChatTemplate, load_chat_template
 from adaflash.models.tokenizer import byte_tokenizer, load_tokenizer
 from adaflash.serving import protocol
 from adaflash.serving.api import DETOKENIZE_CONTEXT, Detokenizer, encode
 from adaflash.serving.protocol import RequestLimits, parse_request
 
+QWEN3_CHAT = Path(__file__).parent / "fixtures" / "qwen3_chat"
 LIMITS = RequestLimits(max_output_tokens=100, modes=MODE_NAMES, default_mode="adaflash")
 AR = RequestLimits(max_output_tokens=100, modes=MODE_NAMES, default_mode="ar")
 
@@ -35,7 +38,7 @@ def test_defaults_and_overrides():
     got = parse_request(_tensors(), LIMITS)
     assert got == {"text_input": "hello", "max_tokens": 8, "stream": False, "temperature": 0.0, "top_k": 0,
                    "top_p": 1.0, "random_seed": 0, "end_id": None, "stop_words": (), "spec_mode": "adaflash",
-                   "max_draft": None}
+                   "max_draft": None, "apply_chat_template": False, "messages": (), "chat_template_kwargs": {}}
     got = parse_request(_tensors(spec_mode=np.array([[b"ngram"]], dtype=object), top_k=np.array([[5]]),
                                  random_seed=np.array([[7]], dtype=np.uint64)), LIMITS)
     assert (got["spec_mode"], got["top_k"], got["random_seed"]) == ("ngram", 5, 7)
@@ -47,6 +50,10 @@ def test_defaults_and_overrides():
     ("spec_mode", np.array([[b"medusa"]], dtype=object)), ("text_input", np.array([[b"\xc3"]], dtype=object)),
     ("text_input", np.array([[b""]], dtype=object)), ("max_draft", np.array([[-2]])),
     ("max_draft", np.array([[protocol.UNSET]])), ("top_k", np.array([[1, 2]])),
+    ("messages", np.array([[b'[{"role": "system"']], dtype=object)),
+    ("messages", np.array([[b'[{"role": "system"}]']], dtype=object)),
+    ("messages", np.array([[b'{"role": "system", "content": "hi"}']], dtype=object)),
+    ("chat_template_kwargs", np.array([[b'["enable_thinking"]']], dtype=object)),
 ])
 def test_bad_values_name_their_field(field, value):
     with pytest.raises(ValueError, match=f"^{field}:"):
@@ -64,6 +71,41 @@ def test_stop_words_and_end_id():
     with pytest.raises(ValueError, match="^text_input:"):
         encode(tok, parse_request(_tensors(text_input=np.array([[b"x" * 65]], dtype=object)), AR),
                64, tok.get_vocab_size(), [256])
+
+
+def _bytes(text: str) -> np.ndarray:
+    return np.array([[text.encode()]], dtype=object)
+
+
+def test_a_chat_request_is_its_conversation_in_the_target_template_with_the_answer_opened():
+    tok = byte_tokenizer()
+    chat = load_chat_template(QWEN3_CHAT)
+    values = parse_request(_tensors(apply_chat_template=np.array([[True]]),
+                                    messages=_bytes('[{"role": "system", "content": "Be brief."}]'),
+                                    chat_template_kwargs=_bytes('{"enable_thinking": false}')), AR)
+    ids, _ = encode(tok, values, 200, tok.get_vocab_size(), [256], chat)
+    expected = ("<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nhello<|im_end|>\n"
+                "<|im_start|>assistant\n<think>\n\n</think>\n\n")
+    assert tok.decode(ids) == expected and ids == tok.encode(expected).ids
+    plain, _ = encode(tok, parse_request(_tensors(), AR), 200, tok.get_vocab_size(), [256], chat)
+    assert plain == tok.encode("hello").ids  # the template applies only when asked for
+    with pytest.raises(ValueError, match="^text_input: prompt of"):  # the limit counts the rendered prompt
+        encode(tok, values, len(ids) - 1, tok.get_vocab_size(), [256], chat)
+
+
+@pytest.mark.parametrize("field,sent,chat", [
+    ("apply_chat_template", {"apply_chat_template": np.array([[True]])}, None),
+    ("messages", {"messages": _bytes('[{"role": "system", "content": "x"}]')}, ChatTemplate("{{ messages }}")),
+    ("chat_template_kwargs", {"chat_template_kwargs": _bytes('{"enable_thinking": false}')}, ChatTemplate("x")),
+    ("messages", {"apply_chat_template": np.array([[True]]), "messages": _bytes('[{"role": "user", "content": "x"}]')},
+     ChatTemplate("{% if messages[0].role == messages[1].role %}{{ raise_exception('roles must alternate') }}"
+                  "{% endif %}")),
+])
+def test_chat_requests_the_target_cannot_render_name_their_field(field, sent, chat):
+    """No template, conversation fields without the flag, a conversation the template refuses."""
+    tok = byte_tokenizer()
+    with pytest.raises(ValueError, match=f"^{field}:"):
+        encode(tok, parse_request(_tensors(**sent), AR), 200, tok.get_vocab_size(), [256], chat)
 
 
 def test_streamed_deltas_never_split_a_character_and_add_up_to_the_text():

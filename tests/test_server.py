@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import time
 import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -20,6 +22,7 @@ from adaflash.decoding.sampling import SamplingParams
 from adaflash.decoding.sequence import Request
 from adaflash.evaluation.prompts import load_prompts
 from adaflash.models.bundle import load_bundle, save_bundle, tiny_random_bundle
+from adaflash.models.chat_template import CONFIG_FILE, load_chat_template
 from adaflash_build.repository import RepositoryConfig, build_repository
 from adaflash_client import AdaFlashClient, GenerationParams
 from adaflash_client.reliability import send_grpc
@@ -27,13 +30,16 @@ from adaflash_server.launcher import ServerConfig, TritonServer
 
 MAX_TOKENS = 24
 MAX_PROMPT = 160
+QWEN3_CHAT = Path(__file__).parent / "fixtures" / "qwen3_chat"
 
 
 @pytest.fixture(scope="module")
 def served(trained_tiny, tmp_path_factory):
-    """The trained tiny models written as a model folder, a repository built from it, a server on free ports."""
+    """The trained tiny models written as a model folder (its target with Qwen3's chat template), a repository
+    built from it, a server on free ports."""
     root = tmp_path_factory.mktemp("serve")
     model_dir = save_bundle(trained_tiny, root / "models")
+    shutil.copy(QWEN3_CHAT / CONFIG_FILE, model_dir / "target" / CONFIG_FILE)
     cfg = RepositoryConfig(max_active=64, max_batch_size=64, max_len=1024, max_prompt_tokens=400,
                            max_output_tokens=600)
     repo = build_repository(root / "model_repository", model_dir, "drafter", cfg)
@@ -155,6 +161,10 @@ def _f32(v: float) -> tuple[str, np.ndarray]:
     return "FP32", np.array([[v]], dtype=np.float32)
 
 
+def _bool(v: bool) -> tuple[str, np.ndarray]:
+    return "BOOL", np.array([[v]], dtype=bool)
+
+
 BAD = {
     "empty prompt": ("text_input", dict(text_input=_text(b""), max_tokens=_i32(8))),
     "prompt over the limit": ("text_input", dict(text_input=_text(b"x" * 2000), max_tokens=_i32(8))),
@@ -167,6 +177,10 @@ BAD = {
     "unknown spec_mode": ("spec_mode", dict(text_input=_text(b"hi"), max_tokens=_i32(8), spec_mode=_text(b"eagle"))),
     "wrong tensor type": ("max_tokens", dict(text_input=_text(b"hi"), max_tokens=_f32(8.0))),
     "invalid UTF-8": ("text_input", dict(text_input=_text(b"ab\xff\xfe"), max_tokens=_i32(8))),
+    "messages not JSON": ("messages", dict(text_input=_text(b"hi"), max_tokens=_i32(8), apply_chat_template=_bool(True),
+                                           messages=_text(b'[{"role": "system", "content": '))),
+    "messages without the template": ("messages", dict(text_input=_text(b"hi"), max_tokens=_i32(8),
+                                                       messages=_text(b'[{"role": "system", "content": "x"}]'))),
 }
 
 
@@ -183,6 +197,25 @@ def test_bad_input_is_invalid_argument_naming_the_field(served, case):
         assert f"INVALID_ARGUMENT: {field}:" in message, (case, message)
     with _client(served) as client:
         assert client.generate("after a bad request", GenerationParams(max_tokens=4)).num_output_tokens == 4
+
+
+@pytest.mark.parametrize("mode", ["ar", "dflash"])
+def test_a_chat_request_is_served_as_its_rendered_conversation(served, mode):
+    """The server renders messages + text_input in the target's chat template: the same text as in-process decoding
+    of the conversation the template writes."""
+    _, model_dir = served
+    bundle = load_bundle(model_dir, drafter=None)
+    system = [{"role": "system", "content": "Answer in one word."}]
+    ids = load_chat_template(model_dir / "target").encode(
+        bundle.tokenizer, [*system, {"role": "user", "content": "Name a colour."}], enable_thinking=False)
+    engine = Engine(bundle.target, None, num_slots=1, max_len=1024)
+    expected = bundle.tokenizer.decode(engine.generate([Request(ids, MAX_TOKENS)])[0].output)
+    params = GenerationParams(max_tokens=MAX_TOKENS, spec_mode=mode, apply_chat_template=True, messages=system,
+                              chat_template_kwargs={"enable_thinking": False})
+    with _client(served) as client:
+        assert client.generate_streaming("Name a colour.", params).text == expected
+        plain = client.generate_streaming("Name a colour.", GenerationParams(max_tokens=MAX_TOKENS, spec_mode=mode))
+    assert plain.text != expected  # the template made the difference
 
 
 @pytest.mark.parametrize("mode", ["ar", "dflash"])

@@ -20,6 +20,7 @@ from pathlib import Path
 from adaflash.decoding.modes import modes_served
 from adaflash.models.bundle import save_bundle, tiny_random_bundle
 from adaflash.models.drafter import DEFAULT_BLOCK_SIZE, DrafterConfig
+from adaflash.models.placement import Placement, placement
 from adaflash.models.target import TargetConfig
 from adaflash.serving.pacing import AUTO
 from adaflash.serving.protocol import (
@@ -56,6 +57,8 @@ class RepositoryConfig:
     target_timeout_s: float = 120.0  # a target call unanswered this long fails the request (never a hang)
     preprocessing_instances: int = 2
     default_spec_mode: str = "adaflash"
+    device: str = "auto"  # the target's and drafter's: auto (CUDA when this machine's PyTorch sees one), cpu, cuda[:N]
+    dtype: str = ""  # their floating dtype; empty: the device's default (placement.py)
 
 
 def build_repository(out_dir: str | Path, model_dir: str | Path, drafter: str | None = "drafter",
@@ -76,7 +79,9 @@ def build_repository(out_dir: str | Path, model_dir: str | Path, drafter: str | 
     cost_path.unlink(missing_ok=True)
     if drafter_dir and cost_table:
         shutil.copyfile(cost_table, cost_path)
+    place = placement(cfg.device, cfg.dtype or None)
     fields = {**{k: str(v) for k, v in asdict(cfg).items()}, "target_dir": str(model_dir / "target"),
+              "device": place.device.type, "dtype": place.dtype_name, "model_instances": _instances(place),
               "drafter_dir": str(drafter_dir or ""), "cost_table": str(cost_path if cost_path.exists() else ""),
               "idle_us": str(cfg.idle_timeout_s * 1_000_000), "default_spec_mode": default_mode,
               **_ensemble_wiring()}
@@ -89,6 +94,14 @@ def build_repository(out_dir: str | Path, model_dir: str | Path, drafter: str | 
     if drafter_dir:
         shutil.copytree(drafter_dir, out_dir / "drafter" / "1" / "weights")
     return out_dir
+
+
+def _instances(place: Placement) -> str:
+    """The target's and drafter's instance group: one instance on the chosen GPU (Triton passes its id to the
+    model, which places its tensors there), or on the CPU."""
+    if place.device.type == "cuda":
+        return f"{{ count: 1 kind: KIND_GPU gpus: [ {place.device.index or 0} ] }}"
+    return "{ count: 1 kind: KIND_CPU }"
 
 
 def _tensor_list(specs: tuple[TensorSpec, ...], is_input: bool) -> str:

@@ -2,6 +2,7 @@
 
     adaflash-client "def fib(n):" --stream --spec-mode adaflash --max-tokens 64
     adaflash-client "def fib(n):" --json --stop "\\n\\n"
+    adaflash-client "Name three primes." --chat --chat-kwargs '{"enable_thinking": false}'
 
 Exit status: 0 on success, 1 when the server (or the connection) reports an error, 2 for an
 invalid argument, 130 when Ctrl-C cancelled the request.
@@ -13,6 +14,7 @@ import argparse
 import json
 import sys
 
+from adaflash.cli_args import json_object
 from adaflash_client.client import SPEC_MODES, AdaFlashClient, Chunk, Completion, GenerationError, GenerationParams
 
 
@@ -30,6 +32,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--spec-mode", choices=SPEC_MODES, help="speculation mode (default: the server's)")
     p.add_argument("--max-draft", type=int, help="most draft tokens per step (default: the server's)")
     p.add_argument("--stop", nargs="+", action="extend", metavar="WORD", help="stop words (repeatable)")
+    p.add_argument("--chat", action="store_true",
+                   help="the prompt is the user's message in the target's chat template (apply_chat_template)")
+    p.add_argument("--messages", type=json.loads, help="with --chat: the turns before the prompt, a JSON list of "
+                                                       '{"role": ..., "content": ...} (e.g. a system message)')
+    p.add_argument("--chat-kwargs", type=json_object, help="with --chat: the template's switches, a JSON object")
     p.add_argument("--json", action="store_true", help="print one JSON object with text and statistics instead")
     return p.parse_args(argv)
 
@@ -37,7 +44,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def params_from_args(args: argparse.Namespace) -> GenerationParams:
     return GenerationParams(max_tokens=args.max_tokens, temperature=args.temperature, top_k=args.top_k,
                             top_p=args.top_p, seed=args.seed, stop_words=args.stop, spec_mode=args.spec_mode,
-                            max_draft=args.max_draft)
+                            max_draft=args.max_draft, apply_chat_template=args.chat or None, messages=args.messages,
+                            chat_template_kwargs=args.chat_kwargs)
 
 
 def stats(completion: Completion) -> dict:

@@ -11,11 +11,13 @@ that consecutive requests reuse the gRPC connection.
 from __future__ import annotations
 
 import contextlib
+import json
 import queue
 import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import tritonclient.grpc as grpcclient
@@ -33,7 +35,9 @@ _OPTIONAL_SCALARS = (
     ("seed", "random_seed", "UINT64"),
     ("end_id", "end_id", "INT32"),
     ("max_draft", "max_draft", "INT32"),
+    ("apply_chat_template", "apply_chat_template", "BOOL"),
 )
+_OPTIONAL_JSON = ("messages", "chat_template_kwargs")  # sent as JSON text, each in the input of its name
 
 
 class GenerationError(Exception):
@@ -61,7 +65,9 @@ class GenerationParams:
     A field left at None is not sent, so the server's default applies. The sampling fields
     default to greedy decoding, sent explicitly so that results do not depend on the server's
     defaults; set them to None for a request made of `text_input` and `max_tokens` only.
-    An empty `stop_words` list is not sent either.
+    An empty `stop_words` list is not sent either. With `apply_chat_template`, the prompt is the user's
+    message in the target's chat template, after the turns in `messages` (e.g. a system message), with the
+    template's switches in `chat_template_kwargs` (e.g. {"enable_thinking": False} for Qwen3).
     """
 
     max_tokens: int = 128
@@ -73,6 +79,9 @@ class GenerationParams:
     stop_words: list[str] | None = None
     spec_mode: str | None = None
     max_draft: int | None = None
+    apply_chat_template: bool | None = None
+    messages: list[dict[str, str]] | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
 
 
 @dataclass
@@ -145,6 +154,10 @@ def build_inputs(prompt: str, params: GenerationParams, stream: bool | None = No
         inputs.append(_bytes_tensor("spec_mode", [params.spec_mode]))
     if params.stop_words:
         inputs.append(_bytes_tensor("stop_words", params.stop_words))
+    for name in _OPTIONAL_JSON:
+        value = getattr(params, name)
+        if value is not None:
+            inputs.append(_bytes_tensor(name, [json.dumps(value, ensure_ascii=False)]))
     return inputs
 
 

@@ -1,7 +1,8 @@
 """`adaflash` command line.
 
 The core's commands: `generate` (one completion), `bench` (modes x concurrencies in process),
-`evaluate` (quality and speed of the models on the evaluation sets). Commands of the other
+`evaluate` (quality and speed of the models on the evaluation sets), `plan-memory` (memory arithmetic from
+config.json files). Commands of the other
 packages register through the `adaflash.commands` entry points (`serve` and `publish-drafter`
 from adaflash_server, `sweep` from adaflash_client), so the core imports neither; one whose
 optional extra is not installed is left out.
@@ -18,7 +19,8 @@ from pathlib import Path
 
 import torch
 
-from adaflash.cli_args import DEFAULT_MODEL_DIR, csv_list
+from adaflash.cli_args import DEFAULT_MODEL_DIR, add_placement_args, csv_list, json_object
+from adaflash.cli_memory import add_plan_memory
 from adaflash.decoding.engine import Engine
 from adaflash.decoding.modes import MODE_NAMES, get_mode
 from adaflash.decoding.sampling import SamplingParams
@@ -27,7 +29,9 @@ from adaflash.evaluation.bench import run_bench
 from adaflash.evaluation.evaluate import Throughput, evaluate, markdown, parse_variants, replace_section
 from adaflash.evaluation.prompts import SPLITS, encode_prompts, eval_set_prompts, load_prompts
 from adaflash.models.bundle import Bundle, load_bundle, tiny_random_bundle
+from adaflash.models.chat_template import ChatTemplate, load_chat_template
 from adaflash.models.drafter import block_size_of
+from adaflash.models.placement import Placement, placement
 
 
 def _add_model_args(p: argparse.ArgumentParser) -> None:
@@ -40,17 +44,49 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--top-k", type=int, default=0)
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--max-tokens", type=int, default=128)
+    add_placement_args(p)
+
+
+def _placement(args: argparse.Namespace) -> Placement:
+    try:
+        return placement(args.device, args.dtype)
+    except ValueError as exc:
+        raise SystemExit(f"error: --{exc}") from None
 
 
 def _bundle(args: argparse.Namespace, needs_drafter: bool) -> Bundle:
     if args.tiny_random:
-        return tiny_random_bundle(seed=args.seed)
-    return load_bundle(args.model_dir, args.drafter if needs_drafter else None)
+        return tiny_random_bundle(seed=args.seed, place=_placement(args))
+    return load_bundle(args.model_dir, args.drafter if needs_drafter else None, _placement(args))
+
+
+def _add_chat_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--chat", action="store_true",
+                   help="each prompt as the one user message of a conversation in the target's chat template (its "
+                        "tokenizer_config.json or chat_template.jinja): the text chat targets and their drafters "
+                        "were trained on")
+    p.add_argument("--chat-kwargs", type=json_object, default={},
+                   help='with --chat: the template\'s switches, a JSON object (Qwen3: \'{"enable_thinking": false}\')')
+
+
+def _chat_template(args: argparse.Namespace) -> ChatTemplate | None:
+    """The target's chat template when --chat asks for it; exits naming the flag when the target has none."""
+    if not args.chat:
+        if args.chat_kwargs:
+            raise SystemExit("error: --chat-kwargs: only read with --chat")
+        return None
+    chat = None if args.tiny_random else load_chat_template(args.model_dir / "target", **args.chat_kwargs)
+    if chat is None:
+        where = "the tiny random target" if args.tiny_random else str(args.model_dir / "target")
+        raise SystemExit(f"error: --chat: {where} has no chat template (chat_template in tokenizer_config.json, "
+                         "or chat_template.jinja)")
+    return chat
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
+    chat = _chat_template(args)
     bundle = _bundle(args, needs_drafter=get_mode(args.mode).drafter)
-    ids = bundle.tokenizer.encode(args.prompt).ids
+    ids = bundle.tokenizer.encode(args.prompt).ids if chat is None else chat.encode_user(bundle.tokenizer, args.prompt)
     engine = Engine(bundle.target, bundle.drafter, num_slots=1,
                     max_len=context_length([len(ids)], args.max_tokens, block_size_of(bundle.drafter)))
     sampling = SamplingParams(args.temperature, args.top_k, args.top_p, args.seed)
@@ -75,12 +111,13 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
 def cmd_bench(args: argparse.Namespace) -> int:
     needs_drafter = any(get_mode(m).drafter for m in args.modes)
+    chat = _chat_template(args)
     bundle = _bundle(args, needs_drafter)
     if args.eval_data:
-        prompts = eval_set_prompts(args.eval_data, args.per_domain)
+        prompts = eval_set_prompts(args.eval_data, args.per_domain, training_template=chat is None)
     else:
         prompts = load_prompts(args.prompts, args.num_prompts, args.split)
-    ids = encode_prompts(bundle.tokenizer, prompts, args.max_prompt_tokens)
+    ids = encode_prompts(bundle.tokenizer, prompts, args.max_prompt_tokens, chat)
     max_len = context_length([len(i) for i in ids], args.max_tokens, block_size_of(bundle.drafter))
     engine = Engine(bundle.target, bundle.drafter if needs_drafter else None, num_slots=max(args.concurrency),
                     max_len=max_len, copies=not args.no_copies)
@@ -92,7 +129,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
         "num_prompts": len(prompts),
         "max_tokens": args.max_tokens,
         "adaflash_copies": not args.no_copies,
+        "chat": chat is not None,
+        "chat_kwargs": args.chat_kwargs,
         "temperature": args.temperature,
+        "device": str(engine.backend.place.device), "dtype": engine.backend.place.dtype_name,
         "machine": {"cpu_threads": torch.get_num_threads(), "platform": platform.platform(), "torch": torch.__version__},
         "cost_model_ms": engine.cost.to_json() if engine.cost else None,
         "rows": rows,
@@ -112,7 +152,8 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
         parse_variants(args.throughput_variants, args.drafter), args.throughput_concurrency, args.throughput_max_tokens,
         args.throughput_per_domain)
     report = evaluate(args.model_dir, args.data, variants, args.per_domain, args.max_tokens, args.temperatures,
-                      args.concurrency, args.max_prompt_tokens, args.seed, throughput=throughput)
+                      args.concurrency, args.max_prompt_tokens, args.seed, throughput=throughput,
+                      place=_placement(args))
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
     Path(args.json).write_text(json.dumps(report, indent=1, ensure_ascii=False) + "\n")
     if args.results:
@@ -146,6 +187,7 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--mode", choices=MODE_NAMES, default="adaflash")
     gen.add_argument("--prompt", required=True)
     gen.add_argument("--json", action="store_true", help="print one JSON object with text and statistics")
+    _add_chat_args(gen)
     gen.set_defaults(func=cmd_generate)
 
     bench = sub.add_parser("bench", help="throughput, tau and greedy equality per mode and concurrency")
@@ -163,6 +205,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--json", required=True, help="where to write the report")
     bench.add_argument("--no-copies", action="store_true",
                        help="adaflash drafts only with the drafter (no copies of the context): an ablation")
+    _add_chat_args(bench)
     bench.set_defaults(func=cmd_bench)
     ev = sub.add_parser("evaluate", help="per-domain perplexity, repetition and tau of the models on the eval sets")
     ev.add_argument("--model-dir", type=Path, default=DEFAULT_MODEL_DIR)
@@ -176,6 +219,7 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--concurrency", type=int, default=1)
     ev.add_argument("--max-prompt-tokens", type=int, default=512)
     ev.add_argument("--seed", type=int, default=0)
+    add_placement_args(ev)
     ev.add_argument("--throughput-variants", default="",
                     help="also measure greedy speed of these variants (same syntax; e.g. "
                          "ngram,dflash:drafter-dflash,adaflash-published,adaflash)")
@@ -186,6 +230,7 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--results", default="docs/results.md",
                     help="Markdown file whose evaluation section is replaced ('' to skip)")
     ev.set_defaults(func=cmd_evaluate)
+    add_plan_memory(sub)
     _add_plugins(sub)
     return parser
 

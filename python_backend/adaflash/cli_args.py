@@ -6,6 +6,7 @@ Standard library only, so the client tools and Locust processes can use it too.
 from __future__ import annotations
 
 import argparse
+import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
@@ -35,3 +36,22 @@ def csv_list(kind: Callable[[str], T], choices: tuple[T, ...] | None = None) -> 
         return items
 
     return parse
+
+
+def json_object(text: str) -> dict:
+    """An argparse `type` for a JSON object (a chat template's switches: '{"enable_thinking": false}')."""
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise argparse.ArgumentTypeError(f"not JSON: {exc}") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(f"expected a JSON object, got {type(value).__name__}")
+    return value
+
+
+def add_placement_args(p: argparse.ArgumentParser) -> None:
+    """--device and --dtype, read by `adaflash.models.placement.placement` (which checks them)."""
+    p.add_argument("--device", default="auto",
+                   help="auto (CUDA when this PyTorch sees a GPU, else CPU), cpu, cuda or cuda:N")
+    p.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default=None,
+                   help="the models' floating dtype (default: bfloat16 on CUDA, float32 on CPU)")

@@ -40,7 +40,9 @@ class TritonPythonModel:
     def initialize(self, args):
         params = protocol.model_parameters(json.loads(args["model_config"]))
         weights = os.path.join(args["model_repository"], args["model_version"], "weights")
-        self.slots = DrafterSlots(DFlashDrafter.from_pretrained(weights), TokenHeads.from_pretrained(params["target_dir"]),
+        place = protocol.model_placement(params, args["model_instance_kind"], args["model_instance_device_id"])
+        self.slots = DrafterSlots(DFlashDrafter.from_pretrained(weights, place),
+                                  TokenHeads.from_pretrained(params["target_dir"], place),
                                   int(params["max_active"]), int(params["max_len"]), float(params["idle_timeout_s"]))
         self.occupancy = _occupancy_gauge(args["model_name"])
         self.reporter = OccupancyReporter(self.slots, self.occupancy[1].set)

@@ -6,6 +6,7 @@ import torch
 import triton_python_backend_utils as pb_utils
 
 from adaflash.decoding.modes import modes_served
+from adaflash.models.chat_template import load_chat_template
 from adaflash.models.target import TargetConfig
 from adaflash.models.tokenizer import load_tokenizer
 from adaflash.serving import protocol
@@ -19,6 +20,7 @@ class TritonPythonModel:
         torch.set_num_threads(1)  # tokenising only: leave the cores to the target and the drafter
         params = protocol.model_parameters(json.loads(args["model_config"]))
         self.tokenizer = load_tokenizer(params["tokenizer_dir"])
+        self.chat = load_chat_template(params["tokenizer_dir"])
         with open(f"{params['tokenizer_dir']}/config.json") as f:
             self.target_config = TargetConfig.from_hf(json.load(f))
         self.max_prompt_tokens = int(params["max_prompt_tokens"])
@@ -34,7 +36,7 @@ class TritonPythonModel:
             protocol.refuse_parameters(json.loads(request.parameters()))
             values = protocol.parse_request({n: t.as_numpy() for n, t in found if t is not None}, self.limits)
             ids, stops = encode(self.tokenizer, values, self.max_prompt_tokens, self.target_config.vocab_size,
-                                self.target_config.eos_token_ids)
+                                self.target_config.eos_token_ids, self.chat)
         except ValueError as exc:
             # A gRPC stream carries per-request errors as text only, so the code leads the message.
             error = pb_utils.TritonError(f"INVALID_ARGUMENT: {exc}", pb_utils.TritonError.INVALID_ARG)

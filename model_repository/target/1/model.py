@@ -48,7 +48,8 @@ class TritonPythonModel:
         if params["drafter_dir"]:
             with open(f"{params['drafter_dir']}/config.json") as f:
                 capture = DrafterConfig.from_hf(json.load(f)).target_layer_ids
-        target = Transformer.from_pretrained(params["target_dir"])
+        place = protocol.model_placement(params, args["model_instance_kind"], args["model_instance_device_id"])
+        target = Transformer.from_pretrained(params["target_dir"], place)
         # The orchestrator's planner asks for this table (Op.COSTS) before its first step.
         self.cost = None
         if params["drafter_dir"]:

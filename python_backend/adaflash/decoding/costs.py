@@ -17,6 +17,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
+from adaflash.models.placement import Placement, place_of
+
 if TYPE_CHECKING:
     from adaflash.models.drafter import DFlashDrafter
     from adaflash.models.target import Transformer
@@ -116,7 +118,7 @@ def load_or_measure_costs(given: str | Path | None, target: "Transformer", draft
         return CostModel.from_json(json.loads(Path(given).read_text()))
     from adaflash.models.drafter import DFlashDrafter
 
-    return measure_costs(target, DFlashDrafter.from_pretrained(drafter_dir), max_batch)
+    return measure_costs(target, DFlashDrafter.from_pretrained(drafter_dir, place_of(target)), max_batch)
 
 
 def measure_costs(
@@ -136,8 +138,9 @@ def measure_costs(
     g = torch.Generator().manual_seed(0)
     vocab = target.config.vocab_size
     slots = list(range(max_batch))
+    place = place_of(target)
     target.forward(cache, slots, torch.randint(0, vocab, (max_batch, context), generator=g).tolist(),
-                   logit_rows=torch.tensor([0]))
+                   logit_rows=torch.tensor([0], device=place.device))
     if drafter is not None:
         drafter_cache = drafter.new_cache(max_batch, max_len)
         width = drafter.fc.weight.shape[1]
@@ -155,11 +158,12 @@ def measure_costs(
                 for s in slots[:b]:
                     cache.truncate(s, context)
 
-            model.verify[b].append((b * k, _fastest_ms(verify, reps)))
+            model.verify[b].append((b * k, _fastest_ms(verify, reps, place)))
         _monotone(model.verify[b])
         if drafter is not None:
             anchors = [0] * b
-            model.draft[b] = [(n, _fastest_ms(lambda: drafter.draft(target, drafter_cache, slots[:b], anchors, n), reps))
+            model.draft[b] = [(n, _fastest_ms(lambda: drafter.draft(target, drafter_cache, slots[:b], anchors, n), reps,
+                                              place))
                               for n in block_lengths(drafter.config.block_size)]
             _monotone(model.draft[b])
     return model
@@ -177,13 +181,16 @@ def block_lengths(block_size: int) -> list[int]:
     return sorted({2**i for i in range(1, 8) if 2**i < block_size} | {block_size})
 
 
-def _fastest_ms(fn, reps: int) -> float:
+def _fastest_ms(fn, reps: int, place: Placement) -> float:
     """The fastest of `reps` timed runs after a warm-up: noise on a shared machine only ever adds time,
-    and the live/table scale learnt while serving covers what the idle measurement misses."""
+    and the live/table scale learnt while serving covers what the idle measurement misses. Each run is
+    timed to the end of its device work."""
     fn()
     times = []
     for _ in range(reps):
+        place.synchronize()
         t0 = time.perf_counter()
         fn()
+        place.synchronize()
         times.append((time.perf_counter() - t0) * 1000)
     return min(times)

@@ -22,6 +22,7 @@ from adaflash.decoding.sequence import Request, Sequence, validate_request
 from adaflash.decoding.steps import StepResult, ms_since, step_batch
 from adaflash.models.cache import KVCache
 from adaflash.models.drafter import DFlashDrafter, Draft, block_size_of
+from adaflash.models.placement import place_of
 from adaflash.models.target import Transformer
 
 
@@ -30,6 +31,7 @@ class LocalBackend:
 
     def __init__(self, target: Transformer, drafter: DFlashDrafter | None, num_slots: int, max_len: int) -> None:
         self.target, self.drafter = target, drafter
+        self.place = place_of(target)
         self.capture = drafter.config.target_layer_ids if drafter else None
         self.cache = target.new_cache(num_slots, max_len)
         self.context = drafter.new_cache(num_slots, max_len) if drafter is not None else None
@@ -50,6 +52,7 @@ class LocalBackend:
         t0 = time.perf_counter()
         draft = self.drafter.draft(self.target, self.context, [s.slot for s in seqs], [s.tokens[-1] for s in seqs],
                                    block_length)
+        self.place.synchronize()
         return Timed(draft, ms_since(t0))
 
     def flush_context(self, seqs: list[Sequence]) -> None:

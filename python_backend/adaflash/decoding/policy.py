@@ -109,9 +109,17 @@ def ratio_from_rates(rates: np.ndarray, block_size: int) -> float:
     return float(1 + np.cumprod(rates).sum()) / block_size
 
 
+PUBLISHED_RATE = 1.3  # AdaFlash's threshold rate (THRESHOLD_RATE of its scripts/tools/benchmark.sh)
+PUBLISHED_MIN_CANDIDATE = 1  # its CANDIDATE_LEN_MIN: the anchor alone, no draft token
+
+
 def published_length(ratio: float, block_size: int, cap: int) -> int:
-    """AdaFlash paper rule: verify round(ratio * B * 1.3) draft tokens, at least 1."""
-    return min(cap, max(1, round(ratio * block_size * 1.3)))
+    """AdaFlash's serving rule (SGLang, `thresh_head_direct_len`): the head's ratio is a candidate length over B,
+    the block positions to verify with the anchor counted (its label is (a + 1) / B), so the candidate length is
+    round(ratio * B * 1.3) (half to even, as torch rounds) within [1, B] and the draft tokens one fewer: 0 is a
+    plain step."""
+    candidate = min(block_size, max(PUBLISHED_MIN_CANDIDATE, round(ratio * block_size * PUBLISHED_RATE)))
+    return min(cap, candidate - 1)
 
 
 @dataclass

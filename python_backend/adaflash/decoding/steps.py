@@ -30,6 +30,12 @@ def ms_since(t0: float) -> float:
     return (time.perf_counter() - t0) * 1000
 
 
+def on_cpu(logits: torch.Tensor) -> torch.Tensor:
+    """Sampling draws from a CPU generator seeded per request, so a seed gives the same tokens on every device;
+    the logits of the sampled rows come over in fp32."""
+    return logits.float().cpu()
+
+
 def _layers(capture: list[int] | None, wants: list[bool]) -> list[int] | None:
     """The layers a forward captures: none when no sequence in it drafts (their features would be dropped)."""
     return capture if capture and any(wants) else None
@@ -42,12 +48,12 @@ def prefill_batch(target: Transformer, cache: KVCache, slots: list[int], prompts
     sequences that `wants` them."""
     counts = [len(p) for p in prompts]
     ends = np.cumsum(counts)
-    out = target.forward(cache, slots, prompts, logit_rows=torch.tensor(ends - 1),
+    out = target.forward(cache, slots, prompts, logit_rows=torch.tensor(ends - 1, device=cache.k.device),
                          capture_layers=_layers(capture, wants))
     results = []
     for i, (sp, g) in enumerate(zip(sampling, generators)):
         logits = out.logits[i]
-        token = int(logits.argmax()) if sp.greedy else sample(target_probs(logits[None], sp)[0], g)
+        token = int(logits.argmax()) if sp.greedy else sample(target_probs(on_cpu(logits[None]), sp)[0], g)
         feats = out.hidden[ends[i] - counts[i] : ends[i]].clone() if out.hidden is not None and wants[i] else None
         results.append(StepResult([token], 0, 0.0, feats))
     return results
@@ -85,7 +91,7 @@ def verify_batch(target: Transformer, cache: KVCache, slots: list[int], feeds: l
         if sp.greedy:
             committed = verify_greedy(feed[1:], greedy_ids[row : row + n])
         else:
-            committed, expected = verify_sampled(feed[1:], target_probs(out.logits[row : row + n], sp), g)
+            committed, expected = verify_sampled(feed[1:], target_probs(on_cpu(out.logits[row : row + n]), sp), g)
         accepted = len(committed) - 1
         cache.truncate(slot, start + accepted + 1)
         feats = out.hidden[row : row + accepted + 1].clone() if out.hidden is not None and wants[i] else None

@@ -23,6 +23,7 @@ from adaflash.evaluation.bench import Contender, compare, summarize
 from adaflash.evaluation.prompts import EVAL_SETS, eval_prompts
 from adaflash.models.bundle import load_bundle
 from adaflash.models.drafter import DFlashDrafter, block_size_of
+from adaflash.models.placement import CPU, Placement, place_of
 from adaflash.models.target import Transformer
 from adaflash.training.corpus import DOMAINS
 from adaflash.training.pretrain import heldout_loss
@@ -70,15 +71,16 @@ def with_block_size(drafter: DFlashDrafter, block_size: int | None) -> DFlashDra
 def engine_for(model_dir: Path, target: Transformer, v: Variant, prompts: list[list[int]], max_tokens: int,
                concurrency: int) -> Engine:
     """An engine with the variant's drafter (loaded afresh: block sizes differ per variant) or none."""
-    drafter = None if v.drafter is None else with_block_size(load_bundle(model_dir, v.drafter).drafter, v.block_size)
+    drafter = None if v.drafter is None else with_block_size(
+        DFlashDrafter.from_pretrained(model_dir / v.drafter, place_of(target)), v.block_size)
     return Engine(target, drafter, num_slots=concurrency,
                   max_len=context_length([len(p) for p in prompts], max_tokens, block_size_of(drafter)))
 
 
 def evaluate(model_dir: Path, data_dir: Path, variants: list[Variant], per_domain: int, max_tokens: int,
              temperatures: list[float], concurrency: int, max_prompt_tokens: int, seed: int,
-             progress: bool = True, throughput: Throughput | None = None) -> dict:
-    bundle = load_bundle(model_dir, None)
+             progress: bool = True, throughput: Throughput | None = None, place: Placement = CPU) -> dict:
+    bundle = load_bundle(model_dir, None, place)
     target, tok = bundle.target, bundle.tokenizer
     texts = eval_prompts(data_dir, per_domain)
     domains = [d for d in DOMAINS for _ in texts[d]]

@@ -19,6 +19,8 @@ from adaflash.training.corpus import DOMAINS, PROMPT_DOMAINS, as_prompt
 if TYPE_CHECKING:
     from tokenizers import Tokenizer
 
+    from adaflash.models.chat_template import ChatTemplate
+
 SAMPLE_PROMPTS: Traversable = resources.files("adaflash") / "data" / "sample_prompts.jsonl"
 # Translation, summarisation, qa, rag, code and math from held-out rows (data/README.md). Its rows carry a
 # `split`: a tuning run may read `tune` rows only, so that `holdout` rows measure what tuning did not see.
@@ -81,21 +83,27 @@ def _domains_in_turn(prompts: list[Prompt], limit: int) -> list[Prompt]:
     return picked
 
 
-def eval_prompts(data_dir: str | Path, per_domain: int) -> dict[str, list[str]]:
-    """The first `per_domain` prompts of each domain's evaluation set, questions in the training template."""
+def eval_prompts(data_dir: str | Path, per_domain: int, training_template: bool = True) -> dict[str, list[str]]:
+    """The first `per_domain` prompts of each domain's evaluation set, questions in the training template (without
+    it, as written: for a chat template to wrap instead)."""
     out = {}
     for domain in DOMAINS:
         texts = [p.text for p in read_jsonl(Path(data_dir) / "eval" / EVAL_SETS[domain])[:per_domain]]
-        out[domain] = [as_prompt(t) for t in texts] if domain in PROMPT_DOMAINS else texts
+        out[domain] = [as_prompt(t) for t in texts] if training_template and domain in PROMPT_DOMAINS else texts
     return out
 
 
-def eval_set_prompts(data_dir: str | Path, per_domain: int) -> list[Prompt]:
+def eval_set_prompts(data_dir: str | Path, per_domain: int, training_template: bool = True) -> list[Prompt]:
     """eval_prompts as benchmark prompts, domain by domain."""
-    return [Prompt(text, domain, f"{domain}/{i}") for domain, texts in eval_prompts(data_dir, per_domain).items()
+    return [Prompt(text, domain, f"{domain}/{i}")
+            for domain, texts in eval_prompts(data_dir, per_domain, training_template).items()
             for i, text in enumerate(texts)]
 
 
-def encode_prompts(tokenizer: Tokenizer, prompts: list[Prompt], max_prompt_tokens: int) -> list[list[int]]:
-    """Token ids per prompt; long prompts keep their last `max_prompt_tokens` tokens (the part nearest the answer)."""
-    return [tokenizer.encode(p.text).ids[-max_prompt_tokens:] for p in prompts]
+def encode_prompts(tokenizer: Tokenizer, prompts: list[Prompt], max_prompt_tokens: int,
+                   chat: ChatTemplate | None = None) -> list[list[int]]:
+    """Token ids per prompt; long prompts keep their last `max_prompt_tokens` tokens (the part nearest the answer).
+    With `chat`, each prompt is the one user message of a conversation in the target's chat template: the text a
+    chat model's drafter was trained on."""
+    return [(tokenizer.encode(p.text).ids if chat is None else chat.encode_user(tokenizer, p.text))[-max_prompt_tokens:]
+            for p in prompts]

@@ -14,6 +14,7 @@ from tokenizers import Tokenizer
 
 from adaflash.models.drafter import DFlashDrafter, DrafterConfig
 from adaflash.models.layers import RopeConfig
+from adaflash.models.placement import CPU, Placement, move_to
 from adaflash.models.target import TargetConfig, Transformer
 from adaflash.models.tokenizer import BYTE_SPECIALS, byte_tokenizer, load_tokenizer
 
@@ -25,15 +26,15 @@ class Bundle:
     tokenizer: Tokenizer | None
 
 
-def load_bundle(model_dir: str | Path, drafter: str | None = "drafter") -> Bundle:
+def load_bundle(model_dir: str | Path, drafter: str | None = "drafter", place: Placement = CPU) -> Bundle:
     model_dir = Path(model_dir)
-    target = Transformer.from_pretrained(model_dir / "target")
+    target = Transformer.from_pretrained(model_dir / "target", place)
     draft = None
     if drafter:
         path = model_dir / drafter
         if not (path / "config.json").exists():
             raise FileNotFoundError(f"drafter folder {path} not found")
-        draft = DFlashDrafter.from_pretrained(path)
+        draft = DFlashDrafter.from_pretrained(path, place)
     return Bundle(target, draft, load_tokenizer(model_dir / "target"))
 
 
@@ -49,7 +50,7 @@ def save_bundle(bundle: Bundle, model_dir: str | Path, drafter: str = "drafter")
 
 
 def tiny_random_bundle(seed: int = 0, block_size: int = 16, length_head: bool = False,
-                       vocab_size: int | None = None) -> Bundle:
+                       vocab_size: int | None = None, place: Placement = CPU) -> Bundle:
     """Seeded tiny Qwen3 target and DFlash drafter over a byte tokenizer (or a bare small vocabulary).
 
     Tied embeddings with a large init make the random target favour tokens close to its
@@ -79,7 +80,7 @@ def tiny_random_bundle(seed: int = 0, block_size: int = 16, length_head: bool = 
     )
     drafter = DFlashDrafter(dcfg)
     _randomize(drafter, std=0.1)
-    return Bundle(target.eval(), drafter.eval(), tok)
+    return Bundle(move_to(target, place).eval(), move_to(drafter, place).eval(), tok)
 
 
 def _randomize(model: torch.nn.Module, std: float) -> None:

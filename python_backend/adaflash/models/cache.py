@@ -11,6 +11,8 @@ from typing import Protocol
 
 import torch
 
+from adaflash.models.placement import Placement
+
 
 class AttentionShape(Protocol):
     num_hidden_layers: int
@@ -24,10 +26,10 @@ class KVCache:
     Truncating a slot only lowers its length: rejected positions are overwritten later.
     """
 
-    def __init__(self, shape: AttentionShape, num_slots: int, max_len: int, dtype: torch.dtype) -> None:
+    def __init__(self, shape: AttentionShape, num_slots: int, max_len: int, place: Placement) -> None:
         size = (shape.num_hidden_layers, num_slots, shape.num_key_value_heads, max_len, shape.head_dim)
-        self.k = torch.zeros(size, dtype=dtype)
-        self.v = torch.zeros(size, dtype=dtype)
+        self.k = torch.zeros(size, dtype=place.dtype, device=place.device)
+        self.v = torch.zeros(size, dtype=place.dtype, device=place.device)
         self.lengths = [0] * num_slots
         self.max_len = max_len
 

@@ -1,8 +1,9 @@
 """DFlash block-diffusion drafter, as published, with the AdaFlash length head.
 
 One forward drafts a whole block: the block is [anchor, mask x (B-1)], queries come from
-the block only, keys/values from [injected context ; block], attention is bidirectional,
-and the target's frozen embedding and LM head turn ids into vectors and back. The
+the block only, keys/values from [injected context ; block], attention is bidirectional
+(within the window of a sliding layer), and the target's frozen embedding and LM head
+turn ids into vectors and back. The
 context is the target's hidden states of committed positions, fused by `fc`; its
 per-layer K/V are cached per slot, so each step only projects the newly committed ones.
 """
@@ -20,9 +21,11 @@ from torch import Tensor, nn
 from adaflash.models.cache import KVCache
 from adaflash.models.checkpoint import load_weights, read_config, save_checkpoint
 from adaflash.models.layers import MLP, RMSNorm, RopeConfig, apply_rope, attend, gather_slots, rope_cos_sin
+from adaflash.models.placement import CPU, Placement, empty_on, place_of
 from adaflash.models.target import Transformer
 
 DEFAULT_BLOCK_SIZE = 16  # the published DFlash drafters' block: an anchor and 15 masked positions
+OUR_HEADS = ("position_head.",)  # tensors no published format has: saved apart (`checkpoint.EXTENSION`)
 
 
 def block_size_of(drafter: "DFlashDrafter | None") -> int:
@@ -58,6 +61,18 @@ class DrafterConfig:
     hf: dict  # the full config.json; `to_hf` writes it back with the fields above taking precedence
     position_head: bool = False  # AdaFlash's per-position variant (our extension, `position_head.*` weights)
     position_head_dim: int = 64
+    layer_types: list[str] | None = None  # per layer "full_attention" or "sliding_attention" (None: all full)
+    sliding_window: int | None = None  # positions a sliding layer reaches, its query's own included
+
+    def __post_init__(self) -> None:
+        if self.layer_types is None:
+            self.layer_types = ["full_attention"] * self.num_hidden_layers
+        if len(self.layer_types) != self.num_hidden_layers:
+            raise ValueError(f"layer_types names {len(self.layer_types)} layers, the drafter has {self.num_hidden_layers}")
+
+    def window(self, layer: int) -> int | None:
+        """The sliding window of one drafter layer, None for full attention."""
+        return self.sliding_window if self.layer_types[layer] == "sliding_attention" else None
 
     @classmethod
     def from_hf(cls, cfg: dict) -> "DrafterConfig":
@@ -66,6 +81,12 @@ class DrafterConfig:
         layer_ids = dc.get("target_layer_ids") or default_target_layer_ids(cfg["num_target_layers"], cfg["num_hidden_layers"])
         if "mask_token_id" not in dc:
             raise ValueError("drafter config.json: dflash_config.mask_token_id is required")
+        length_head = bool(dc.get("use_thresh_head_two_model", False))
+        if length_head and not dc.get("thresh_head_direct_len", False):
+            raise ValueError("drafter config.json: a thresh_head_two_model without dflash_config.thresh_head_direct_len "
+                             "predicts a confidence threshold, not the verify length; only direct-length heads are "
+                             "served (as in AdaFlash's SGLang serving path)")
+        layer_types, window = attention_layout(cfg)
         return cls(
             hidden_size=cfg["hidden_size"],
             intermediate_size=cfg["intermediate_size"],
@@ -79,11 +100,13 @@ class DrafterConfig:
             num_target_layers=cfg["num_target_layers"],
             target_layer_ids=list(layer_ids),
             mask_token_id=dc["mask_token_id"],
-            length_head=bool(dc.get("use_thresh_head_two_model", False)),
+            length_head=length_head,
             length_head_dim=dc.get("thresh_head_bottleneck_dim", 256),
             hf=copy.deepcopy(cfg),
             position_head=bool(dc.get("use_position_head", False)),
             position_head_dim=dc.get("position_head_dim", 64),
+            layer_types=layer_types,
+            sliding_window=window,
         )
 
     def to_hf(self) -> dict:
@@ -102,16 +125,38 @@ class DrafterConfig:
         dc = cfg.setdefault("dflash_config", {})
         dc.update(mask_token_id=self.mask_token_id, target_layer_ids=self.target_layer_ids)
         if self.length_head:
-            dc.update(use_thresh_head_two_model=True, thresh_head_bottleneck_dim=self.length_head_dim)
+            dc.update(use_thresh_head_two_model=True, thresh_head_bottleneck_dim=self.length_head_dim,
+                      thresh_head_direct_len=True)
         else:
-            dc.pop("use_thresh_head_two_model", None)
-            dc.pop("thresh_head_bottleneck_dim", None)
+            for key in ("use_thresh_head_two_model", "thresh_head_bottleneck_dim", "thresh_head_direct_len"):
+                dc.pop(key, None)
         if self.position_head:
             dc.update(use_position_head=True, position_head_dim=self.position_head_dim)
         else:
             dc.pop("use_position_head", None)
             dc.pop("position_head_dim", None)
+        cfg["layer_types"] = list(self.layer_types)
+        if self.sliding_window is not None:
+            cfg.update(use_sliding_window=True, sliding_window=self.sliding_window)
         return cfg
+
+
+LAYER_TYPES = ("full_attention", "sliding_attention")
+
+
+def attention_layout(cfg: dict) -> tuple[list[str], int | None]:
+    """Layer types and sliding window as Hugging Face's Qwen3Config resolves them for z-lab's drafter: the
+    window counts only with `use_sliding_window` (default 4096 when the key is absent), and without
+    `layer_types` the layers from `max_window_layers` on slide."""
+    n = cfg["num_hidden_layers"]
+    window = cfg.get("sliding_window", 4096) if cfg.get("use_sliding_window", False) else None
+    types = cfg.get("layer_types") or ["sliding_attention" if window is not None and i >= cfg.get("max_window_layers", 28)
+                                       else "full_attention" for i in range(n)]
+    if len(types) != n or not set(types) <= set(LAYER_TYPES):
+        raise ValueError(f"drafter config.json: layer_types must name {n} layers, each one of {LAYER_TYPES}, got {types}")
+    if window is not None and window < 1:
+        raise ValueError(f"drafter config.json: sliding_window must be positive, got {window}")
+    return list(types), window
 
 
 class DraftAttention(nn.Module):
@@ -132,16 +177,14 @@ class DraftAttention(nn.Module):
         k = apply_rope(self.k_norm(self.k_proj(x).view(t, self.n_kv, self.head_dim)), cos, sin)
         return k, self.v_proj(x).view(t, self.n_kv, self.head_dim)
 
-    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, ctx_k: Tensor, ctx_v: Tensor, ctx_mask: Tensor) -> Tensor:
-        """x: [n, B, D] block; ctx_k/ctx_v: [n, KV, Lc, hd]; ctx_mask: [n, Lc] (True = valid context)."""
+    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, ctx_k: Tensor, ctx_v: Tensor, mask: Tensor) -> Tensor:
+        """x: [n, B, D] block; ctx_k/ctx_v: [n, KV, Lc, hd]; mask: [n, 1, B, Lc + B] (`visible_keys`)."""
         n, b, _ = x.shape
         flat = x.reshape(n * b, -1)
         q = apply_rope(self.q_norm(self.q_proj(flat).view(n * b, self.n_heads, self.head_dim)), cos, sin)
         k, v = self.project_kv(flat, cos, sin)
         keys = torch.cat([ctx_k, k.view(n, b, self.n_kv, -1).transpose(1, 2)], dim=2)
         values = torch.cat([ctx_v, v.view(n, b, self.n_kv, -1).transpose(1, 2)], dim=2)
-        block_mask = torch.ones(n, b, dtype=torch.bool)
-        mask = torch.cat([ctx_mask, block_mask], dim=1)[:, None, None, :].expand(n, 1, b, -1)
         out = attend(q.view(n, b, self.n_heads, -1).transpose(1, 2), keys, values, mask, self.head_dim**-0.5)
         return self.o_proj(out.transpose(1, 2).reshape(n, b, -1))
 
@@ -154,13 +197,32 @@ class DraftLayer(nn.Module):
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
-    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, ctx_k: Tensor, ctx_v: Tensor, ctx_mask: Tensor) -> Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, ctx_k, ctx_v, ctx_mask)
+    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, ctx_k: Tensor, ctx_v: Tensor, mask: Tensor) -> Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, ctx_k, ctx_v, mask)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
+def visible_keys(ctx_mask: Tensor, starts: Tensor, block: int, window: int | None) -> Tensor:
+    """[n, 1, B, Lc + B] boolean: which of [context ; block] keys each block query attends to.
+
+    Context key s sits at absolute position s, block position j at starts + j. Full attention: the valid
+    context and the whole block (no causal mask). A sliding layer keeps the keys within `window` - 1
+    positions of the query on either side: z-lab's drafter hands Hugging Face's `sliding_window` to flash
+    attention, non-causal, as the window (W - 1, W - 1) aligned to the query's own position, so the block
+    stays bidirectional and the context is cut W - 1 positions before each query."""
+    n, lc = ctx_mask.shape
+    valid = torch.cat([ctx_mask, ctx_mask.new_ones(n, block)], dim=1)[:, None, None, :]
+    if window is None:
+        return valid.expand(n, 1, block, lc + block)
+    query = starts[:, None] + torch.arange(block, device=starts.device)[None, :]
+    key = torch.cat([torch.arange(lc, device=starts.device).expand(n, lc), query], dim=1)
+    near = (query[:, :, None] - key[:, None, :]).abs() < window
+    return valid & near[:, None]
+
+
 class LengthHead(nn.Module):
-    """AdaFlash 'thresh head': [mean of draft hidden states ; last hidden state] -> accepted fraction of the block."""
+    """AdaFlash's `thresh_head_two_model` with `thresh_head_direct_len`: the whole block's final hidden states
+    -> candidate length / B, the block positions worth verifying (anchor included), trained on (a + 1) / B."""
 
     def __init__(self, hidden: int, dim: int) -> None:
         super().__init__()
@@ -169,9 +231,8 @@ class LengthHead(nn.Module):
         self.out = nn.Linear(dim, 1)
 
     def forward(self, block_hidden: Tensor) -> Tensor:
-        """block_hidden: [n, B, D] (position 0 is the anchor) -> [n] in (0, 1)."""
-        draft = block_hidden[:, 1:]
-        x = self.down(torch.cat([draft.mean(dim=1), draft[:, -1]], dim=-1))
+        """block_hidden: [n, B, D], pooled over every position, the anchor too, as published -> [n] in (0, 1)."""
+        x = F.silu(self.down(torch.cat([block_hidden.mean(dim=1), block_hidden[:, -1]], dim=-1)))
         x = x + F.silu(self.res[0](x))
         return torch.sigmoid(self.out(x)).squeeze(-1)
 
@@ -230,15 +291,27 @@ class DFlashDrafter(nn.Module):
         return self.thresh_head_two_model if self.config.length_head else None
 
     @classmethod
-    def from_pretrained(cls, path: str | Path, dtype: torch.dtype = torch.float32) -> "DFlashDrafter":
-        model = cls(DrafterConfig.from_hf(read_config(path)))
-        load_weights(model, path, dtype)
+    def from_pretrained(cls, path: str | Path, place: Placement = CPU) -> "DFlashDrafter":
+        with torch.device("meta"):
+            model = cls(DrafterConfig.from_hf(read_config(path)))
+        empty_on(model, place).reset_buffers()
+        load_weights(model, path)
         return model
+
+    def reset_buffers(self) -> "DFlashDrafter":
+        """The RoPE frequencies, computed in fp32 on the model's device (never cast with the weights)."""
+        self.inv_freq = self.config.rope.inv_freq().to(self.fc.weight.device)
+        return self
+
+    def _rope(self, positions: Tensor) -> tuple[Tensor, Tensor]:
+        """cos and sin computed in fp32, then cast to the weights' dtype, as Hugging Face's Qwen3 does."""
+        cos, sin = rope_cos_sin(self.inv_freq, positions)
+        return cos.to(self.fc.weight.dtype), sin.to(self.fc.weight.dtype)
 
     def save_pretrained(self, path: str | Path, dtype: torch.dtype = torch.bfloat16) -> None:
         config = self.config.to_hf()
         config["dtype"] = str(dtype).removeprefix("torch.")
-        save_checkpoint(self, path, config, dtype)
+        save_checkpoint(self, path, config, dtype, extension=OUR_HEADS)
 
     def check_target(self, target: Transformer) -> None:
         """A drafter only fits the target it was trained for; say which dimension differs."""
@@ -257,7 +330,7 @@ class DFlashDrafter(nn.Module):
 
     def new_cache(self, num_slots: int, max_len: int) -> KVCache:
         """The per-slot context keys and values of every drafter layer."""
-        return KVCache(self.config, num_slots, max_len, self.fc.weight.dtype)
+        return KVCache(self.config, num_slots, max_len, place_of(self))
 
     def fuse(self, features: Tensor) -> Tensor:
         """Concatenated target hidden states [T, n_layers * D] -> one context vector per position."""
@@ -268,16 +341,14 @@ class DFlashDrafter(nn.Module):
         """Project newly committed positions (packed `features`, `counts[b]` for `slots[b]`) into `cache`."""
         if sum(counts) == 0:
             return
-        c = torch.tensor(counts, dtype=torch.long)
-        seq = torch.repeat_interleave(torch.arange(len(counts)), c)
-        offset = torch.arange(int(c.sum())) - (torch.cumsum(c, 0) - c)[seq]
-        starts = torch.tensor([cache.lengths[s] for s in slots], dtype=torch.long)
-        positions = starts[seq] + offset
-        slot_t = torch.tensor(slots, dtype=torch.long)[seq]
-        if int(positions.max()) >= cache.max_len:
+        if any(cache.lengths[s] + n > cache.max_len for s, n in zip(slots, counts)):
             raise ValueError(f"drafter context exceeds its cache length {cache.max_len}")
-        fused = self.fuse(features)
-        cos, sin = rope_cos_sin(self.inv_freq, positions)
+        device = self.inv_freq.device
+        positions = torch.tensor([cache.lengths[s] + j for s, n in zip(slots, counts) for j in range(n)],
+                                 dtype=torch.long, device=device)
+        slot_t = torch.tensor([s for s, n in zip(slots, counts) for _ in range(n)], dtype=torch.long, device=device)
+        fused = self.fuse(features.to(self.fc.weight))
+        cos, sin = self._rope(positions)
         for i, layer in enumerate(self.layers):
             k, v = layer.self_attn.project_kv(fused, cos, sin)
             cache.k[i][slot_t, :, positions] = k
@@ -290,9 +361,10 @@ class DFlashDrafter(nn.Module):
               block_length: int | None = None) -> Draft:
         """Draft block_length - 1 tokens (default block_size - 1) after each anchor; the anchor sits right after
         the context cached in `cache`. A shorter block than trained costs less and drafts its first positions alike."""
-        ctx_lens = torch.tensor([cache.lengths[s] for s in slots], dtype=torch.long)
-        lc = int(ctx_lens.max())
-        ctx_mask = torch.arange(lc)[None, :] < ctx_lens[:, None]
+        lengths = [cache.lengths[s] for s in slots]
+        lc = max(lengths)
+        ctx_lens = torch.tensor(lengths, dtype=torch.long, device=cache.k.device)
+        ctx_mask = torch.arange(lc, device=cache.k.device)[None, :] < ctx_lens[:, None]
         ctx_kv = [(gather_slots(cache.k[i], slots, lc), gather_slots(cache.v[i], slots, lc)) for i in range(len(self.layers))]
         ids = self.block_ids(anchors, block_length)
         return self._finish(target, self.block_hidden(target, ids, ctx_lens, ctx_kv, ctx_mask))
@@ -301,14 +373,16 @@ class DFlashDrafter(nn.Module):
     def draft_uncached(self, target: Transformer, features: Tensor, anchor: int) -> Draft:
         """The same draft recomputed from scratch for one sequence: context K/V projected from `features` [C, F]."""
         ctx_kv = self.context_kv(features)
-        ctx_mask = torch.ones(1, features.shape[0], dtype=torch.bool)
-        hidden = self.block_hidden(target, self.block_ids([anchor]), torch.tensor([features.shape[0]]), ctx_kv, ctx_mask)
+        device = self.inv_freq.device
+        ctx_mask = torch.ones(1, features.shape[0], dtype=torch.bool, device=device)
+        hidden = self.block_hidden(target, self.block_ids([anchor]), torch.tensor([features.shape[0]], device=device),
+                                   ctx_kv, ctx_mask)
         return self._finish(target, hidden)
 
     def context_kv(self, features: Tensor) -> list[tuple[Tensor, Tensor]]:
         """Per-layer context keys/values [1, KV, C, hd] of positions 0..C-1 (training and reference path)."""
-        fused = self.fuse(features)
-        cos, sin = rope_cos_sin(self.inv_freq, torch.arange(features.shape[0]))
+        fused = self.fuse(features.to(self.fc.weight))
+        cos, sin = self._rope(torch.arange(features.shape[0], device=fused.device))
         out = []
         for layer in self.layers:
             k, v = layer.self_attn.project_kv(fused, cos, sin)
@@ -316,23 +390,27 @@ class DFlashDrafter(nn.Module):
         return out
 
     def block_ids(self, anchors: list[int] | Tensor, block_length: int | None = None) -> Tensor:
-        anchors = torch.as_tensor(anchors, dtype=torch.long)
+        device = self.inv_freq.device
+        anchors = torch.as_tensor(anchors, dtype=torch.long, device=device)
         length = self.config.block_size if block_length is None else block_length
         if not 2 <= length <= self.config.block_size:
             raise ValueError(f"block_length must be in [2, {self.config.block_size}], got {length}")
-        ids = torch.full((anchors.shape[0], length), self.config.mask_token_id, dtype=torch.long)
+        ids = torch.full((anchors.shape[0], length), self.config.mask_token_id, dtype=torch.long, device=device)
         ids[:, 0] = anchors
         return ids
 
     def block_hidden(
         self, target: Transformer, ids: Tensor, starts: Tensor, ctx_kv: list[tuple[Tensor, Tensor]], ctx_mask: Tensor
     ) -> Tensor:
-        """Blocks `ids` [n, B] at absolute positions starts[i] + 0..B-1, each seeing the context where ctx_mask[i]."""
+        """Blocks `ids` [n, B] at absolute positions starts[i] + 0..B-1, each seeing the context where ctx_mask[i]
+        (context position s at key s), within the window of each sliding layer."""
         n, b = ids.shape
         x = target.model.embed_tokens(ids).to(self.fc.weight.dtype)
-        cos, sin = rope_cos_sin(self.inv_freq, (starts[:, None] + torch.arange(b)[None, :]).reshape(-1))
-        for layer, (ck, cv) in zip(self.layers, ctx_kv):
-            x = layer(x, cos, sin, ck.expand(n, -1, -1, -1), cv.expand(n, -1, -1, -1), ctx_mask)
+        cos, sin = self._rope((starts[:, None] + torch.arange(b, device=ids.device)[None, :]).reshape(-1))
+        windows = [self.config.window(i) for i in range(len(self.layers))]
+        masks = {w: visible_keys(ctx_mask, starts, b, w) for w in set(windows)}
+        for layer, (ck, cv), w in zip(self.layers, ctx_kv, windows):
+            x = layer(x, cos, sin, ck.expand(n, -1, -1, -1), cv.expand(n, -1, -1, -1), masks[w])
         return self.norm(x)
 
     def _finish(self, target: Transformer, hidden: Tensor) -> Draft:

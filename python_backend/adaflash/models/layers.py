@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.nn.attention.bias import CausalBias
 
 
 def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
@@ -170,12 +171,13 @@ class Ragged:
     qmax: int
 
     @classmethod
-    def build(cls, counts: list[int]) -> "Ragged":
-        c = torch.tensor(counts, dtype=torch.long)
-        seq = torch.repeat_interleave(torch.arange(len(counts)), c)
-        starts = torch.cumsum(c, 0) - c
-        row = torch.arange(int(c.sum())) - starts[seq]
-        return cls(seq_of_token=seq, row_of_token=row, counts=counts, offsets=starts.tolist(), qmax=max(counts))
+    def build(cls, counts: list[int], device: torch.device | None = None) -> "Ragged":
+        offsets = [0]
+        for c in counts[:-1]:
+            offsets.append(offsets[-1] + c)
+        seq = torch.tensor([b for b, c in enumerate(counts) for _ in range(c)], dtype=torch.long, device=device)
+        row = torch.tensor([j for c in counts for j in range(c)], dtype=torch.long, device=device)
+        return cls(seq_of_token=seq, row_of_token=row, counts=counts, offsets=offsets, qmax=max(counts))
 
     @property
     def uniform(self) -> bool:
@@ -196,9 +198,9 @@ class Ragged:
         return x[self.seq_of_token, self.row_of_token]
 
 
-def attend(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, scale: float) -> Tensor:
-    """q: [B, H, Q, hd]; k, v: [B, KV, L, hd]; mask: [B, 1, Q, L] boolean (True = may attend), None when
-    every query may attend every key."""
+def attend(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | CausalBias | None, scale: float) -> Tensor:
+    """q: [B, H, Q, hd]; k, v: [B, KV, L, hd]; mask: [B, 1, Q, L] boolean (True = may attend), a causal bias,
+    or None when every query may attend every key."""
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=k.shape[1] != q.shape[1])
 
 
@@ -207,4 +209,4 @@ def gather_slots(cache: Tensor, slots: list[int], length: int) -> Tensor:
     first = slots[0]
     if slots == list(range(first, first + len(slots))):
         return cache[first : first + len(slots), :, :length]
-    return cache[torch.tensor(slots), :, :length]
+    return cache[torch.tensor(slots, device=cache.device), :, :length]

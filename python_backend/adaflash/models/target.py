@@ -13,11 +13,13 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.nn.attention.bias import CausalBias, causal_lower_right
 
 from adaflash.models.cache import KVCache
 from adaflash.models.checkpoint import load_weights, read_config, save_checkpoint
 from adaflash.models.layers import (MLP, Joined, Ragged, RMSNorm, RopeConfig, apply_rope, attend, gather_slots, rms_norm,
                                     rope_cos_sin)
+from adaflash.models.placement import CPU, Placement, empty_on, place_of
 
 
 @dataclass
@@ -87,7 +89,8 @@ class AttentionGroup:
     slots: list[int]
     ragged: Ragged
     kv_len: int
-    mask: Tensor | None  # [G, 1, Qmax, kv_len]; None when nothing is masked (one new token each, equal lengths)
+    mask: Tensor | CausalBias | None  # [G, 1, Qmax, kv_len]; None when nothing is masked (one new token each,
+    # equal lengths); a lower-right causal bias when every sequence adds Qmax tokens after the same start
 
 
 @dataclass
@@ -108,32 +111,43 @@ class ForwardBatch:
             cache[self.slot_of_token, :, self.positions] = x
 
     @classmethod
-    def build(cls, slots: list[int], starts: list[int], counts: list[int]) -> "ForwardBatch":
-        ragged = Ragged.build(counts)
-        positions = torch.tensor(starts, dtype=torch.long)[ragged.seq_of_token] + ragged.row_of_token
-        slot_of_token = torch.tensor(slots, dtype=torch.long)[ragged.seq_of_token]
+    def build(cls, slots: list[int], starts: list[int], counts: list[int], device: torch.device,
+              fused_causal: bool | None = None) -> "ForwardBatch":
+        """`fused_causal`: groups whose sequences all start at the same position with the same count attend
+        under PyTorch's lower-right causal bias instead of a boolean mask, which lets CUDA run its fused SDPA
+        kernels (default: on CUDA only; CPU keeps the mask, whose kernel measured no slower there)."""
+        fused = device.type == "cuda" if fused_causal is None else fused_causal
+        ragged = Ragged.build(counts, device)
+        positions = torch.tensor(starts, dtype=torch.long, device=device)[ragged.seq_of_token] + ragged.row_of_token
+        slot_of_token = torch.tensor(slots, dtype=torch.long, device=device)[ragged.seq_of_token]
         buckets: dict[int, list[int]] = {}
         for row, c in enumerate(counts):
             buckets.setdefault(1 << (c - 1).bit_length(), []).append(row)
         if len(buckets) == 1:  # the common case: one group, the whole batch
             run = (slots[0], starts[0], starts[0] + counts[0]) if len(slots) == 1 else None
-            return cls(positions, slot_of_token, [_group(slice(None), slots, starts, ragged)], run)
+            return cls(positions, slot_of_token, [_group(slice(None), slots, starts, ragged, fused)], run)
         groups = []
         for rows in buckets.values():
-            tokens = torch.cat([torch.arange(ragged.offsets[r], ragged.offsets[r] + counts[r]) for r in rows])
+            tokens = torch.tensor([t for r in rows for t in range(ragged.offsets[r], ragged.offsets[r] + counts[r])],
+                                  dtype=torch.long, device=device)
             groups.append(_group(tokens, [slots[r] for r in rows], [starts[r] for r in rows],
-                                 Ragged.build([counts[r] for r in rows])))
+                                 Ragged.build([counts[r] for r in rows], device), fused))
         return cls(positions, slot_of_token, groups)
 
 
-def _group(tokens: Tensor | slice, slots: list[int], starts: list[int], ragged: Ragged) -> AttentionGroup:
+def _group(tokens: Tensor | slice, slots: list[int], starts: list[int], ragged: Ragged,
+           fused_causal: bool) -> AttentionGroup:
     """Causal mask of new tokens over their slot's cache: query j of a sequence starting at s sees 0..s+j."""
     counts = ragged.counts
     kv_len = max(s + c for s, c in zip(starts, counts))
     if ragged.qmax == 1 and all(s + 1 == kv_len for s in starts):
         return AttentionGroup(tokens, slots, ragged, kv_len, None)
-    query_pos = torch.tensor(starts, dtype=torch.long)[:, None] + torch.arange(ragged.qmax)[None, :]  # [G, Qmax]
-    mask = torch.arange(kv_len)[None, None, :] <= query_pos[:, :, None]
+    if fused_causal and ragged.uniform and all(s + ragged.qmax == kv_len for s in starts):
+        return AttentionGroup(tokens, slots, ragged, kv_len, causal_lower_right(ragged.qmax, kv_len))
+    device = ragged.seq_of_token.device
+    query_pos = (torch.tensor(starts, dtype=torch.long, device=device)[:, None]
+                 + torch.arange(ragged.qmax, device=device)[None, :])  # [G, Qmax]
+    mask = torch.arange(kv_len, device=device)[None, None, :] <= query_pos[:, :, None]
     return AttentionGroup(tokens, slots, ragged, kv_len, mask[:, None])
 
 
@@ -238,22 +252,29 @@ class Transformer(nn.Module):
         self.lm_head_weight = Joined(["lm_head.weight"])
 
     @classmethod
-    def from_pretrained(cls, path: str | Path, dtype: torch.dtype = torch.float32) -> "Transformer":
-        model = cls(TargetConfig.from_hf(read_config(path)))
-        load_weights(model, path, dtype, _tied(model.config))
+    def from_pretrained(cls, path: str | Path, place: Placement = CPU) -> "Transformer":
+        with torch.device("meta"):
+            model = cls(TargetConfig.from_hf(read_config(path)))
+        empty_on(model, place).reset_buffers()
+        load_weights(model, path, _tied(model.config))
         return model
+
+    def reset_buffers(self) -> "Transformer":
+        """The RoPE frequencies, computed in fp32 on the model's device (never cast with the weights)."""
+        self.inv_freq = self.config.rope.inv_freq().to(self.lm_head.weight.device)
+        return self
 
     def save_pretrained(self, path: str | Path, dtype: torch.dtype = torch.float32) -> None:
         save_checkpoint(self, path, target_config_to_hf(self.config), dtype, _tied(self.config))
 
     def new_cache(self, num_slots: int, max_len: int) -> KVCache:
-        return KVCache(self.config, num_slots, max_len, self.lm_head.weight.dtype)
+        return KVCache(self.config, num_slots, max_len, place_of(self))
 
     def train_logits(self, ids: Tensor) -> Tensor:
         """ids [B, T] -> logits [B, T, vocab] with plain causal attention: the pretraining path."""
         b, t = ids.shape
         x = self.model.embed_tokens(ids)
-        cos, sin = rope_cos_sin(self.inv_freq, torch.arange(t).repeat(b))
+        cos, sin = rope_cos_sin(self.inv_freq, torch.arange(t, device=ids.device).repeat(b))
         for layer in self.model.layers:
             x = layer.forward_causal(x, cos.to(x.dtype), sin.to(x.dtype))
         return self.lm_head(self.model.norm(x))
@@ -277,8 +298,9 @@ class Transformer(nn.Module):
         for s, st, c in zip(slots, starts, counts):
             if st + c > cache.max_len:
                 raise ValueError(f"slot {s}: {st + c} tokens exceed the cache length {cache.max_len}")
-        fb = ForwardBatch.build(slots, starts, counts)
-        ids = torch.tensor([t for seq in tokens for t in seq], dtype=torch.long)
+        device = self.inv_freq.device
+        fb = ForwardBatch.build(slots, starts, counts, device)
+        ids = torch.tensor([t for seq in tokens for t in seq], dtype=torch.long, device=device)
         x = self.model.embed_tokens(ids)
         cos, sin = rope_cos_sin(self.inv_freq, fb.positions)
         cos, sin = cos.to(x.dtype), sin.to(x.dtype)
@@ -310,9 +332,10 @@ class TokenHeads(nn.Module):
             self.lm_head.weight = self.model.embed_tokens.weight
 
     @classmethod
-    def from_pretrained(cls, path: str | Path, dtype: torch.dtype = torch.float32) -> "TokenHeads":
-        heads = cls(TargetConfig.from_hf(read_config(path)))
-        load_weights(heads, path, dtype, _tied(heads.config), part=True)
+    def from_pretrained(cls, path: str | Path, place: Placement = CPU) -> "TokenHeads":
+        with torch.device("meta"):
+            heads = cls(TargetConfig.from_hf(read_config(path)))
+        load_weights(empty_on(heads, place), path, _tied(heads.config), part=True)
         return heads
 
 

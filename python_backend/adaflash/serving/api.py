@@ -12,15 +12,17 @@ from typing import Any
 
 from tokenizers import Tokenizer, decoders
 
+from adaflash.models.chat_template import ChatTemplate
+
 REPLACEMENT = "\ufffd"
 DETOKENIZE_CONTEXT = 8  # tokens decoded before the sent ones (`Detokenizer._window`)
 
 
 def encode(tokenizer: Tokenizer, values: dict[str, Any], max_prompt_tokens: int, vocab_size: int,
-           eos_ids: list[int]) -> tuple[list[int], list[int]]:
+           eos_ids: list[int], chat: ChatTemplate | None = None) -> tuple[list[int], list[int]]:
     """Prompt ids and stop ids (end_id or the model's end of sequence, plus single-token stop words)
-    of a request parsed by `protocol.parse_request`."""
-    ids = tokenizer.encode(values["text_input"]).ids
+    of a request parsed by `protocol.parse_request`; `chat` is the target's chat template, if it has one."""
+    ids = prompt_ids(tokenizer, values, chat)
     if len(ids) > max_prompt_tokens:
         raise ValueError(f"text_input: prompt of {len(ids)} tokens exceeds the limit of {max_prompt_tokens}")
     end_id = values["end_id"]
@@ -33,6 +35,25 @@ def encode(tokenizer: Tokenizer, values: dict[str, Any], max_prompt_tokens: int,
             raise ValueError(f"stop_words: {word!r} is {len(word_ids)} tokens; only single-token stop words are supported")
         stops.append(word_ids[0])
     return ids, stops
+
+
+def prompt_ids(tokenizer: Tokenizer, values: dict[str, Any], chat: ChatTemplate | None) -> list[int]:
+    """text_input as sent, or with apply_chat_template the conversation (messages, then text_input as the user's
+    turn) in the target's chat template, the assistant's turn opened: a chat model's drafter was trained on
+    that text, not on the bare prompt."""
+    if not values["apply_chat_template"]:
+        for name in ("messages", "chat_template_kwargs"):
+            if values[name]:
+                raise ValueError(f"{name}: only read with apply_chat_template true")
+        return tokenizer.encode(values["text_input"]).ids
+    if chat is None:
+        raise ValueError("apply_chat_template: the target has no chat template (chat_template in its "
+                         "tokenizer_config.json, or chat_template.jinja)")
+    conversation = [*values["messages"], {"role": "user", "content": values["text_input"]}]
+    try:
+        return chat.encode(tokenizer, conversation, **values["chat_template_kwargs"])
+    except ValueError as exc:
+        raise ValueError(f"messages: the target's chat template refused the conversation: {exc}") from None
 
 
 class Detokenizer:

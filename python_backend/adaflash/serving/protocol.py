@@ -18,6 +18,7 @@ import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from enum import Enum, IntEnum
+from types import MappingProxyType
 from typing import Any
 
 import numpy as np
@@ -28,6 +29,7 @@ from adaflash.decoding.sampling import SamplingParams
 from adaflash.decoding.sequence import Request, Sequence
 from adaflash.decoding.steps import StepResult
 from adaflash.models.drafter import Draft
+from adaflash.models.placement import Placement, placement
 
 Tensors = dict[str, np.ndarray]
 
@@ -49,8 +51,10 @@ class Op(IntEnum):
 # ---------------------------------------------------------------------------------------------
 # Tensor declarations
 
-BOOL, INT32, UINT64, FP32, BYTES = (np.dtype(t) for t in (np.bool_, np.int32, np.uint64, np.float32, np.object_))
-TRITON_TYPES = {BOOL: "TYPE_BOOL", INT32: "TYPE_INT32", UINT64: "TYPE_UINT64", FP32: "TYPE_FP32", BYTES: "TYPE_STRING"}
+BOOL, UINT8, INT32, UINT64, FP32, BYTES = (np.dtype(t) for t in (np.bool_, np.uint8, np.int32, np.uint64, np.float32,
+                                                                  np.object_))
+TRITON_TYPES = {BOOL: "TYPE_BOOL", UINT8: "TYPE_UINT8", INT32: "TYPE_INT32", UINT64: "TYPE_UINT64", FP32: "TYPE_FP32",
+                BYTES: "TYPE_STRING"}
 
 
 @dataclass(frozen=True)
@@ -171,6 +175,30 @@ def _words(values: list, _: RequestLimits) -> tuple[str, ...]:
     return tuple(_text(w) for w in values if len(w))
 
 
+def _json(value: Any) -> Any:
+    try:
+        return json.loads(_text(value))
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"not JSON ({exc.msg} at character {exc.pos})") from None
+
+
+def _messages(value: Any, _: RequestLimits) -> tuple[dict[str, Any], ...]:
+    """The turns before text_input (a system message, earlier turns), as a JSON list of chat messages."""
+    turns = _json(value)
+    if not (isinstance(turns, list) and all(isinstance(t, dict) and isinstance(t.get("role"), str)
+                                            and isinstance(t.get("content"), str) for t in turns)):
+        raise ValueError('must be a JSON list of {"role": "...", "content": "..."} objects')
+    return tuple(turns)
+
+
+def _template_kwargs(value: Any, _: RequestLimits) -> dict[str, Any]:
+    """The chat template's switches (Qwen3's enable_thinking), vLLM's field of the same name."""
+    kwargs = _json(value)
+    if not isinstance(kwargs, dict):
+        raise ValueError(f"must be a JSON object, got {type(kwargs).__name__}")
+    return kwargs
+
+
 def _mode(value: Any, limits: RequestLimits) -> str:
     mode = _text(value)
     if mode not in limits.modes:
@@ -191,6 +219,11 @@ REQUEST_FIELDS: tuple[RequestField, ...] = (
     RequestField(TensorSpec("spec_mode", BYTES, optional=True), _mode, Into.REQUEST, attr="mode",
                  default=lambda limits: limits.default_mode),
     RequestField(TensorSpec("max_draft", INT32, optional=True), _count, Into.REQUEST),
+    # text_input as the user's message in the target's chat template (serving/api.py renders it).
+    RequestField(TensorSpec("apply_chat_template", BOOL, optional=True), _flag, Into.PROMPT, default=False),
+    RequestField(TensorSpec("messages", BYTES, optional=True), _messages, Into.PROMPT, default=()),
+    RequestField(TensorSpec("chat_template_kwargs", BYTES, optional=True), _template_kwargs, Into.PROMPT,
+                 default=MappingProxyType({})),
 )
 FORWARDED = tuple(f for f in REQUEST_FIELDS if f.into is not Into.PROMPT)
 # Request parameters Triton itself sets or reads (its parameters extension): never a client's field.
@@ -234,13 +267,17 @@ STEP_RESPONSE = (
 )
 # The target and drafter models take one call per engine step carrying every sequence in it (no batch
 # dimension): `keys` names the sequences, ragged token lists travel flat with their `lengths`, features flat
-# with their `feature_rows`.
+# with their `feature_rows`. Features travel in the target's own dtype, bit for bit: as the bytes of each row
+# ([rows, width x itemsize] UINT8, since numpy has no bfloat16) with `feature_dtype` naming the dtype (an index
+# into FEATURE_DTYPES), so half-precision targets send half the bytes of fp32.
 OP = TensorSpec("op", INT32)
 KEYS = TensorSpec("keys", UINT64, (-1,))
 # Sequences that ended since the model's last call, freed before the call runs: releases ride on the next call
 # instead of a call of their own (Op.RELEASE remains for a server with nothing else to send).
 RELEASE_KEYS = TensorSpec("release", UINT64, (-1,), optional=True)
-FEATURES = (TensorSpec("feature_rows", INT32, (-1,)), TensorSpec("features", FP32, (-1, -1)))
+FEATURES = (TensorSpec("feature_rows", INT32, (-1,)), TensorSpec("features", UINT8, (-1, -1)),
+            TensorSpec("feature_dtype", INT32))
+FEATURE_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 TARGET_CALL = (
     OP,
     KEYS,
@@ -295,6 +332,13 @@ def names(specs: Iterable[TensorSpec]) -> list[str]:
 def model_parameters(model_config: dict) -> dict[str, str]:
     """The `parameters` of a model's config (as Triton passes it to `initialize`), as plain strings."""
     return {k: v["string_value"] for k, v in model_config.get("parameters", {}).items()}
+
+
+def model_placement(params: dict[str, str], instance_kind: str, device_id: str) -> Placement:
+    """Where a model instance puts its tensors: the GPU Triton gave the instance (its kind and device id, as
+    `initialize` receives them), else the CPU; in the repository's dtype."""
+    device = f"cuda:{device_id}" if instance_kind == "GPU" else "cpu"
+    return placement(device, params.get("dtype") or None)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -557,15 +601,22 @@ def decode_target_call(tensors: Tensors) -> TargetCall:
 
 def _encode_features(features: list[torch.Tensor | None]) -> Tensors:
     present = [f for f in features if f is not None]
-    flat = torch.cat(present).numpy() if present else np.zeros((0, 0), np.float32)
+    flat = torch.cat(present).cpu().contiguous() if present else torch.zeros(0, 0)
     return {"feature_rows": _flat([0 if f is None else f.shape[0] for f in features], INT32),
-            "features": flat.astype(np.float32, copy=False)}
+            "features": flat.view(torch.uint8).numpy(), "feature_dtype": _flat(FEATURE_DTYPES.index(flat.dtype), INT32)}
 
 
 def _decode_features(tensors: Tensors) -> list[torch.Tensor | None]:
     rows = _list(tensors, "feature_rows")
-    flat = torch.from_numpy(np.ascontiguousarray(tensors["features"]))
-    parts = torch.split(flat, rows) if flat.numel() else [None] * len(rows)
+    code = int(_scalar(tensors, "feature_dtype"))
+    if not 0 <= code < len(FEATURE_DTYPES):
+        raise ValueError(f"feature_dtype: {code} is not an index into {len(FEATURE_DTYPES)} dtypes")
+    raw = np.ascontiguousarray(tensors["features"], dtype=np.uint8)
+    if raw.ndim != 2 or raw.shape[1] % FEATURE_DTYPES[code].itemsize:
+        raise ValueError(f"features: shape {list(raw.shape)} is not rows of {FEATURE_DTYPES[code]} values")
+    if not raw.size:
+        return [None] * len(rows)
+    parts = torch.split(torch.from_numpy(raw).view(FEATURE_DTYPES[code]), rows)
     return [None if n == 0 else p for p, n in zip(parts, rows)]
 
 
@@ -619,9 +670,9 @@ def decode_draft_call(tensors: Tensors) -> DraftCall:
 
 def encode_draft(draft: Draft, draft_ms: float) -> Tensors:
     """What cutting the blocks needs (tokens, head outputs); the block's hidden states stay in the drafter."""
-    ratio = np.zeros(0, np.float32) if draft.accept_ratio is None else draft.accept_ratio.float().numpy()
-    rates = np.zeros((0, 0), np.float32) if draft.accept_rates is None else draft.accept_rates.float().numpy()
-    return {"draft_tokens": draft.tokens.numpy().astype(np.int32), "accept_ratio": ratio, "accept_rates": rates,
+    ratio = np.zeros(0, np.float32) if draft.accept_ratio is None else draft.accept_ratio.float().cpu().numpy()
+    rates = np.zeros((0, 0), np.float32) if draft.accept_rates is None else draft.accept_rates.float().cpu().numpy()
+    return {"draft_tokens": draft.tokens.cpu().numpy().astype(np.int32), "accept_ratio": ratio, "accept_rates": rates,
             "draft_ms": _flat(draft_ms, FP32)}
 
 

@@ -20,6 +20,7 @@ from adaflash.decoding.scheduler import Timed
 from adaflash.decoding.steps import StepResult, ms_since, step_batch
 from adaflash.models.cache import KVCache
 from adaflash.models.drafter import DFlashDrafter, Draft
+from adaflash.models.placement import place_of
 from adaflash.models.target import TokenHeads, Transformer
 from adaflash.serving.protocol import DraftCall, Op, TargetCall
 
@@ -181,4 +182,5 @@ class DrafterSlots(CacheSlots):
             self.drafter.append_context(self.cache, [s for s, _ in fresh], torch.cat([f for _, f in fresh]),
                                         [f.shape[0] for _, f in fresh])
         draft = self.drafter.draft(self.target, self.cache, slots, call.anchors, call.block_length)
+        place_of(self.drafter).synchronize()
         return Timed(draft, ms_since(t0))

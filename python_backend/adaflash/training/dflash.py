@@ -24,14 +24,16 @@ from tokenizers import Tokenizer
 from torch import Tensor
 from tqdm import tqdm
 
-from adaflash.cli_args import DEFAULT_MODEL_DIR
+from adaflash.cli_args import DEFAULT_MODEL_DIR, add_placement_args
 from adaflash.decoding.engine import Engine
 from adaflash.decoding.sampling import SamplingParams
 from adaflash.decoding.sequence import Request, context_length, tau
 from adaflash.models.drafter import DFlashDrafter, DrafterConfig, block_size_of
+from adaflash.models.placement import move_to, place_of, placement
 from adaflash.models.target import Transformer
 from adaflash.models.tokenizer import BYTE_SPECIALS
 from adaflash.training.corpus import DOMAINS, PROMPT_DOMAINS, as_prompt, documents
+from adaflash.training.precision import autocast, check_master, master_place
 
 PUBLISHED_GAMMA = {16: 7.0, 10: 5.0, 8: 4.0}
 
@@ -41,13 +43,25 @@ def default_gamma(block_size: int) -> float:
 
 
 def target_features(target: Transformer, tokens: list[int], layer_ids: list[int]) -> Tensor:
-    """Hidden states of the drafter's target layers for every position of `tokens`, [L, n_layers * D]."""
-    hidden = target.forward(target.new_cache(1, len(tokens)), [0], [tokens], logit_rows=torch.tensor([0]), capture_layers=layer_ids).hidden
+    """Hidden states of the drafter's target layers for every position of `tokens`, [L, n_layers * D], on the
+    target's device in its dtype."""
+    first_row = torch.tensor([0], device=place_of(target).device)
+    hidden = target.forward(target.new_cache(1, len(tokens)), [0], [tokens], logit_rows=first_row,
+                            capture_layers=layer_ids).hidden
     return hidden.clone()  # outside inference mode: a normal tensor that autograd may save
 
 
+def training_data(target: Transformer, sequences: list[tuple[list[int], int]],
+                  layer_ids: list[int]) -> list[tuple[Tensor, Tensor, int]]:
+    """(tokens [L], features [L, F], response start) of every sequence, made on the target's device once, so
+    that a training step moves nothing between devices."""
+    device = place_of(target).device
+    return [(torch.tensor(t, device=device), target_features(target, t, layer_ids), start) for t, start in sequences]
+
+
 def sample_anchors(first: int, length: int, count: int, generator: torch.Generator) -> Tensor:
-    """Anchors in [first, length - 2]: each has at least one token after it to predict."""
+    """Anchors in [first, length - 2]: each has at least one token after it to predict. On the CPU, as
+    `generator` is: a seed draws the same anchors on every device."""
     high = length - 1
     if high <= first:
         return torch.empty(0, dtype=torch.long)
@@ -59,12 +73,15 @@ def anchored_blocks(
     drafter: DFlashDrafter, target: Transformer, tokens: Tensor, features: Tensor, anchors: Tensor
 ) -> tuple[Tensor, Tensor, Tensor]:
     """Blocks anchored at `anchors` of one sequence (tokens [L], features [L, F]), each seeing the context
-    strictly before its anchor: hidden states [n, B, D], labels [n, B-1] (token anchor+k), valid [n, B-1]."""
+    strictly before its anchor: hidden states [n, B, D], labels [n, B-1] (token anchor+k), valid [n, B-1],
+    on the drafter's device (where `tokens` and `anchors` are moved when they are not there yet)."""
     b = drafter.config.block_size
+    device = place_of(drafter).device
+    tokens, anchors = tokens.to(device), anchors.to(device)
     ctx_kv = drafter.context_kv(features)
-    ctx_mask = torch.arange(tokens.shape[0])[None, :] < anchors[:, None]
+    ctx_mask = torch.arange(tokens.shape[0], device=device)[None, :] < anchors[:, None]
     hidden = drafter.block_hidden(target, drafter.block_ids(tokens[anchors]), anchors, ctx_kv, ctx_mask)
-    label_pos = anchors[:, None] + torch.arange(1, b)[None, :]
+    label_pos = anchors[:, None] + torch.arange(1, b, device=device)[None, :]
     valid = label_pos < tokens.shape[0]
     return hidden, tokens[label_pos.clamp(max=tokens.shape[0] - 1)], valid
 
@@ -74,12 +91,23 @@ def dflash_loss(
 ) -> Tensor:
     """Decayed cross-entropy of all blocks anchored in one sequence (tokens [L], features [L, F])."""
     hidden, labels, valid = anchored_blocks(drafter, target, tokens, features, anchors)
-    logits = target.lm_head(hidden[:, 1:])  # [n, B-1, V]
-    weights = torch.exp(-(torch.arange(1, drafter.config.block_size, dtype=torch.float) - 1) / gamma)
+    logits = block_logits(target, hidden)
     ce = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), torch.where(valid, labels, -100).reshape(-1),
                          reduction="none").view(labels.shape)
-    w = weights[None, :] * valid
+    w = decay_weights(drafter.config.block_size, gamma, valid.device)[None, :] * valid
     return (ce * w).sum() / w.sum()
+
+
+def block_logits(target: Transformer, hidden: Tensor) -> Tensor:
+    """The target's LM head over the drafted positions, [n, B-1, V] in fp32: the drafter's fp32 states are cast
+    to the head's dtype (a bf16 target's head refuses fp32 outside autocast), and a softmax over the
+    vocabulary loses too much in bf16."""
+    return target.lm_head(hidden[:, 1:].to(target.lm_head.weight.dtype)).float()
+
+
+def decay_weights(block_size: int, gamma: float, device: torch.device) -> Tensor:
+    """Loss weight of block positions 1..B-1: exp(-(k-1)/gamma)."""
+    return torch.exp(-torch.arange(block_size - 1, dtype=torch.float, device=device) / gamma)
 
 
 BlockLoss = Callable[[DFlashDrafter, Transformer, Tensor, Tensor, Tensor, float], Tensor]
@@ -105,13 +133,18 @@ def fit_drafter(
     The loss is the DFlash recipe's decayed cross-entropy unless `loss_fn` says otherwise
     (on-policy distillation uses the same loop with a KL loss).
 
+    The target's placement is the run's (`training/precision.py`): the drafter must be in fp32 on its
+    device, and on CUDA with a half placement the loss's forward runs under bf16 autocast. Anchors and the
+    order come from CPU generators, so a seed gives the same run on every device.
+
     One sequence per step, in a seeded order reshuffled every pass. With `run_dir`, metrics are
     appended to metrics.jsonl and a checkpoint is written every `checkpoint_every` steps; a
     later call with the same arguments resumes from it and ends with the same weights;
     `max_new_steps` stops early (time-boxed sessions) after a checkpoint.
     """
-    ids = drafter.config.target_layer_ids
-    data = [(torch.tensor(t), target_features(target, t, ids), start) for t, start in sequences]
+    place = place_of(target)
+    check_master(drafter, place, "drafter")
+    data = training_data(target, sequences, drafter.config.target_layer_ids)
     for p in target.parameters():
         p.requires_grad_(False)
     opt = torch.optim.AdamW(drafter.parameters(), lr=lr, weight_decay=0.0)
@@ -130,13 +163,14 @@ def fit_drafter(
             continue
         for group in opt.param_groups:
             group["lr"] = lr * 0.5 * (1 + math.cos(math.pi * step / steps))
-        loss = loss_fn(drafter, target, tokens, feats, anchors, gamma)
+        with autocast(place):
+            loss = loss_fn(drafter, target, tokens, feats, anchors.to(tokens.device), gamma)
         opt.zero_grad()
         loss.backward()
         opt.step()
         losses.append(loss.item())
         if log is not None:
-            log.write(json.dumps({"step": step + 1, "loss": round(loss.item(), 4), "lr": opt.param_groups[0]["lr"]}) + "\n")
+            log.write(json.dumps({"step": step + 1, "loss": round(losses[-1], 4), "lr": opt.param_groups[0]["lr"]}) + "\n")
             if (step + 1) % checkpoint_every == 0 or step + 1 == stop_at:
                 log.flush()
                 torch.save({"drafter": drafter.state_dict(), "optimizer": opt.state_dict(), "step": step + 1,
@@ -154,14 +188,16 @@ def _order(n: int, step: int, seed: int) -> int:
 
 
 def _resume(run_dir: Path | None, drafter: DFlashDrafter, opt: torch.optim.Optimizer, g: torch.Generator) -> int:
-    """Step to start from: 0, or the one saved in run_dir/checkpoint.pt (whose state is loaded)."""
+    """Step to start from: 0, or the one saved in run_dir/checkpoint.pt (whose state is loaded). Read onto the
+    CPU, whatever device wrote it: the loads copy into the models' devices, and the generator state is a CPU
+    tensor."""
     if run_dir is None:
         return 0
     run_dir.mkdir(parents=True, exist_ok=True)
     ckpt = run_dir / "checkpoint.pt"
     if not ckpt.exists():
         return 0
-    state = torch.load(ckpt, weights_only=False)
+    state = torch.load(ckpt, weights_only=False, map_location="cpu")
     drafter.load_state_dict(state["drafter"])
     opt.load_state_dict(state["optimizer"])
     g.set_state(state["generator"])
@@ -170,7 +206,9 @@ def _resume(run_dir: Path | None, drafter: DFlashDrafter, opt: torch.optim.Optim
 
 def new_drafter(target: Transformer, mask_token_id: int, num_layers: int = 2, block_size: int = 16,
                 seed: int = 0) -> DFlashDrafter:
-    """A DFlash drafter shaped for `target` (same width and head layout), target layers spread as published."""
+    """A DFlash drafter shaped for `target` (same width and head layout), target layers spread as published,
+    in fp32 on the target's device for training; initialised on the CPU, so a seed gives the same weights
+    on every device."""
     t = target.config
     hf = {"hidden_size": t.hidden_size, "intermediate_size": t.intermediate_size, "num_attention_heads":
           t.num_attention_heads, "num_key_value_heads": t.num_key_value_heads, "head_dim": t.head_dim,
@@ -184,7 +222,7 @@ def new_drafter(target: Transformer, mask_token_id: int, num_layers: int = 2, bl
         for p in drafter.parameters():
             if p.dim() > 1:
                 p.normal_(0.0, 0.02)
-    return drafter
+    return move_to(drafter, master_place(place_of(target)))
 
 
 def regenerate(target: Transformer, prompts: list[list[int]], max_tokens: int, batch: int = 32,
@@ -266,10 +304,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--anchors", type=int, default=64, help="blocks per training sequence and step")
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--init", type=Path, help="start from this drafter's weights (same shape) instead of a random one")
+    add_placement_args(p)
     args = p.parse_args(argv)
+    place = placement(args.device, args.dtype)
     work = args.work or Path("work") / args.out
     work.mkdir(parents=True, exist_ok=True)
-    target = Transformer.from_pretrained(args.model_dir / "target")
+    target = Transformer.from_pretrained(args.model_dir / "target", place)
     tokenizer = Tokenizer.from_file(str(args.model_dir / "target" / "tokenizer.json"))
     tagged = training_prompts(args.data, tokenizer, args.prompts_per_domain, args.max_prompt_tokens, args.seed)
     prompts = [p for _, p in tagged]

@@ -27,17 +27,21 @@ import torch.nn.functional as F
 from tokenizers import Tokenizer
 from torch import Tensor
 
-from adaflash.cli_args import split_csv
+from adaflash.cli_args import add_placement_args, split_csv
 from adaflash.models.drafter import DFlashDrafter
+from adaflash.models.placement import place_of, placement
 from adaflash.models.target import Transformer
 from adaflash.training.dflash import (
     BlockLoss,
     add_data_arguments,
     anchored_blocks,
+    block_logits,
+    decay_weights,
     fit_drafter,
     regenerate,
     training_prompts,
 )
+from adaflash.training.precision import master_place
 
 KINDS = ("reverse", "forward")
 
@@ -50,9 +54,10 @@ class DistillConfig:
 
 
 def teacher_logits(target: Transformer, tokens: Tensor) -> Tensor:
-    """The target's next-token logits at every position of one sequence, [L, V], detached."""
+    """The target's next-token logits at every position of one sequence, [L, V] in fp32 (a bf16 target's
+    softmax over the vocabulary would be too coarse to compare with), detached."""
     with torch.no_grad():
-        return target.train_logits(tokens[None])[0]
+        return target.train_logits(tokens[None])[0].float()
 
 
 def distill_loss(cfg: DistillConfig) -> BlockLoss:
@@ -62,8 +67,9 @@ def distill_loss(cfg: DistillConfig) -> BlockLoss:
     def loss(drafter: DFlashDrafter, target: Transformer, tokens: Tensor, features: Tensor, anchors: Tensor,
              gamma: float) -> Tensor:
         hidden, _, valid = anchored_blocks(drafter, target, tokens, features, anchors)
-        log_d = F.log_softmax(target.lm_head(hidden[:, 1:]), dim=-1)  # [n, B-1, V]
-        rows = (anchors[:, None] + torch.arange(drafter.config.block_size - 1)[None, :]).clamp(max=tokens.shape[0] - 1)
+        log_d = F.log_softmax(block_logits(target, hidden), dim=-1)  # [n, B-1, V]
+        offsets = torch.arange(drafter.config.block_size - 1, device=anchors.device)
+        rows = (anchors[:, None] + offsets[None, :]).clamp(max=tokens.shape[0] - 1)
         log_t = F.log_softmax(teacher_logits(target, tokens), dim=-1)[rows]  # position anchor+k-1 predicts k
         if cfg.kind == "reverse":
             kl = (log_d.exp() * (log_d - log_t)).sum(-1).clamp(max=cfg.kl_cap)
@@ -72,7 +78,7 @@ def distill_loss(cfg: DistillConfig) -> BlockLoss:
             per = cfg.alpha * ce + (1 - cfg.alpha) * kl
         else:
             per = (log_t.exp() * (log_t - log_d)).sum(-1)
-        w = torch.exp(-torch.arange(drafter.config.block_size - 1, dtype=torch.float) / gamma)[None, :] * valid
+        w = decay_weights(drafter.config.block_size, gamma, valid.device)[None, :] * valid
         return (per * w).sum() / w.sum()
 
     return loss
@@ -81,12 +87,13 @@ def distill_loss(cfg: DistillConfig) -> BlockLoss:
 def run_rounds(target: Transformer, drafter: DFlashDrafter, tokenizer: Tokenizer, data_dir: Path, work: Path,
                cfg: DistillConfig, rounds: int, prompts_per_domain: int, steps: int, lr: float, anchors: int,
                response_tokens: int, max_prompt_tokens: int, temperatures: tuple[float, ...], seed: int) -> DFlashDrafter:
-    """All rounds, resumable: a published version is loaded instead of retrained, a round's generation and
-    training pick up from their files. Appends one line per round to <work>/rounds.jsonl."""
+    """All rounds, resumable: a published version is loaded instead of retrained (where `drafter` is, fp32 on the
+    training device), a round's generation and training pick up from their files. Appends one line per round
+    to <work>/rounds.jsonl."""
     for r in range(1, rounds + 1):
         version = work / "versions" / str(r)
         if (version / "config.json").exists():
-            drafter = DFlashDrafter.from_pretrained(version)
+            drafter = DFlashDrafter.from_pretrained(version, place_of(drafter))
             continue
         round_dir = work / f"round-{r}"
         round_dir.mkdir(parents=True, exist_ok=True)
@@ -122,12 +129,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--lr", type=float, default=3e-4)
     p.add_argument("--anchors", type=int, default=32)
     p.add_argument("--temperatures", default="0,1", help="prompts alternate between these")
+    add_placement_args(p)
     args = p.parse_args(argv)
+    place = placement(args.device, args.dtype)
     out = args.out or f"drafter-opd-{args.kind}"
     work = args.work or Path("work") / out
-    target = Transformer.from_pretrained(args.model_dir / "target")
+    target = Transformer.from_pretrained(args.model_dir / "target", place)
     tokenizer = Tokenizer.from_file(str(args.model_dir / "target" / "tokenizer.json"))
-    drafter = DFlashDrafter.from_pretrained(args.model_dir / args.start)
+    drafter = DFlashDrafter.from_pretrained(args.model_dir / args.start, master_place(place))
     cfg = DistillConfig(args.kind, args.alpha, args.kl_cap)
     temps = tuple(float(t) for t in split_csv(args.temperatures))
     drafter = run_rounds(target, drafter, tokenizer, args.data, work, cfg, args.rounds, args.prompts_per_domain,

@@ -22,11 +22,13 @@ import torch.nn.functional as F
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from tqdm import tqdm
 
-from adaflash.cli_args import DEFAULT_MODEL_DIR
+from adaflash.cli_args import DEFAULT_MODEL_DIR, add_placement_args
 from adaflash.models.layers import RopeConfig
+from adaflash.models.placement import CPU, Placement, move_to, place_of, placement
 from adaflash.models.target import TargetConfig, Transformer
 from adaflash.models.tokenizer import BYTE_SPECIALS
 from adaflash.training.corpus import DOMAINS, documents
+from adaflash.training.precision import autocast, master_place
 
 
 def train_tokenizer(data_dir: str | Path, out: str | Path, vocab_size: int = 8192,
@@ -124,20 +126,24 @@ def sample_batch(streams: dict[str, np.ndarray], cfg: PretrainConfig, rng: np.ra
 
 
 def pretrain(token_dir: str | Path, tokenizer_path: str | Path, out_dir: str | Path, cfg: PretrainConfig,
-             progress: bool = True, max_new_steps: int | None = None) -> tuple[Transformer, bool]:
+             progress: bool = True, max_new_steps: int | None = None, place: Placement = CPU) -> tuple[Transformer, bool]:
     """Train, resuming from out_dir/checkpoint.pt when present, for at most `max_new_steps` steps now
-    (time-boxed sessions); returns the model and whether all cfg.steps are done. Appends to metrics.jsonl."""
+    (time-boxed sessions); returns the model and whether all cfg.steps are done. Appends to metrics.jsonl.
+
+    The model is initialised on the CPU (a seed gives the same start on every device) and trained in fp32
+    on `place`'s device, under bf16 autocast on CUDA with a half placement (`training/precision.py`); the
+    batches are drawn on the CPU and moved."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     tokenizer = Tokenizer.from_file(str(tokenizer_path))
     streams = {d: np.load(Path(token_dir) / f"{d}.npy") for d in cfg.mixture}
-    model = build_model(cfg, tokenizer)
+    model = move_to(build_model(cfg, tokenizer), master_place(place))
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.95), weight_decay=cfg.weight_decay)
     rng = np.random.default_rng(cfg.seed)
     step = 0
     ckpt = out_dir / "checkpoint.pt"
     if ckpt.exists():
-        state = torch.load(ckpt, weights_only=False)
+        state = torch.load(ckpt, weights_only=False, map_location="cpu")  # whatever device wrote it
         model.load_state_dict(state["model"])
         opt.load_state_dict(state["optimizer"])
         rng.bit_generator.state = state["rng"]
@@ -148,19 +154,21 @@ def pretrain(token_dir: str | Path, tokenizer_path: str | Path, out_dir: str | P
     t0 = time.perf_counter()
     stop_at = cfg.steps if max_new_steps is None else min(cfg.steps, step + max_new_steps)
     while step < stop_at:
-        batch = sample_batch(streams, cfg, rng)
+        batch = sample_batch(streams, cfg, rng).to(place.device)
         for group in opt.param_groups:
             group["lr"] = lr_at(step, cfg)
-        logits = model.train_logits(batch[:, :-1])
-        loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), batch[:, 1:].reshape(-1))
+        with autocast(place):
+            logits = model.train_logits(batch[:, :-1])
+            loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), batch[:, 1:].reshape(-1))
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         step += 1
+        value = loss.item()
         bar.update(1)
-        bar.set_postfix(loss=f"{loss.item():.3f}")
-        log.write(json.dumps({"step": step, "loss": round(loss.item(), 4), "lr": lr_at(step - 1, cfg),
+        bar.set_postfix(loss=f"{value:.3f}")
+        log.write(json.dumps({"step": step, "loss": round(value, 4), "lr": lr_at(step - 1, cfg),
                               "elapsed_s": round(time.perf_counter() - t0, 1)}) + "\n")
         if step % cfg.checkpoint_every == 0 or step == stop_at:
             log.flush()
@@ -183,7 +191,9 @@ def save_target(model: Transformer, tokenizer_path: str | Path, out: str | Path)
 
 def heldout_loss(model: Transformer, tokenizer: Tokenizer, data_dir: str | Path, max_rows: int = 50,
                  context: int = 512) -> dict[str, float]:
-    """Mean next-token loss (nats) on the reference continuations of eval/heldout_<domain>.jsonl."""
+    """Mean next-token loss (nats) on the reference continuations of eval/heldout_<domain>.jsonl, taken in fp32
+    whatever the model's dtype, on its device."""
+    device = place_of(model).device
     out = {}
     for domain in DOMAINS:
         rows = [json.loads(x) for x in (Path(data_dir) / "eval" / f"heldout_{domain}.jsonl").read_text().splitlines()]
@@ -193,9 +203,9 @@ def heldout_loss(model: Transformer, tokenizer: Tokenizer, data_dir: str | Path,
             ref = tokenizer.encode(r["reference"]).ids[: context - len(prompt)]
             if not ref:
                 continue
-            ids = torch.tensor([prompt + ref])
+            ids = torch.tensor([prompt + ref], device=device)
             with torch.no_grad():
-                logits = model.train_logits(ids[:, :-1])[0, len(prompt) - 1 :]
+                logits = model.train_logits(ids[:, :-1])[0, len(prompt) - 1 :].float()
             total += F.cross_entropy(logits, ids[0, len(prompt) :], reduction="sum").item()
             count += len(ref)
         out[domain] = round(total / max(count, 1), 4)
@@ -212,7 +222,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--limit-chars", type=int, help="per domain, for smoke runs")
     p.add_argument("--config", type=Path, help="JSON overriding PretrainConfig fields")
     p.add_argument("--max-new-steps", type=int, help="train at most this many steps now, then checkpoint and stop")
+    add_placement_args(p)
     args = p.parse_args(argv)
+    place = placement(args.device, args.dtype)
     cfg = PretrainConfig(**(json.loads(args.config.read_text()) if args.config else {}))
     tok_path = args.work / "tokenizer.json"
     if args.stage in ("tokenizer", "all"):
@@ -222,7 +234,7 @@ def main(argv: list[str] | None = None) -> int:
                                          args.limit_chars)))
     if args.stage in ("target", "all"):
         model, done = pretrain(args.work / "tokens", tok_path, args.work / "target-run", cfg,
-                               max_new_steps=args.max_new_steps)
+                               max_new_steps=args.max_new_steps, place=place)
         if not done:
             print(json.dumps({"checkpoint": str(args.work / "target-run" / "checkpoint.pt"), "finished": False}))
             return 0

@@ -1,0 +1,95 @@
+"""Where a model's tensors live: one device and one floating dtype, chosen once and given to every model,
+cache and timer of a process.
+
+The dtype follows the device unless asked: bf16 on CUDA (what the published checkpoints are trained and
+stored in), fp32 on CPU (bf16 matmuls on CPUs without AMX run two orders of magnitude slower).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+DEVICES = ("auto", "cpu", "cuda")
+
+
+@dataclass(frozen=True)
+class Placement:
+    device: torch.device
+    dtype: torch.dtype
+
+    @property
+    def dtype_name(self) -> str:
+        return str(self.dtype).removeprefix("torch.")
+
+    def synchronize(self) -> None:
+        """Wait for the device's queued work, so that a wall-clock timing covers the forward itself."""
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+
+CPU = Placement(torch.device("cpu"), torch.float32)
+
+
+def placement(device: str | torch.device | None = None, dtype: str | torch.dtype | None = None) -> Placement:
+    """`device`: "auto" (None: CUDA when present), "cpu", "cuda" or "cuda:N"; `dtype`: a name in DTYPES,
+    None for the device's default. Raises ValueError naming the argument."""
+    dev = _device(device)
+    if dtype is None:
+        return Placement(dev, torch.bfloat16 if dev.type == "cuda" else torch.float32)
+    if isinstance(dtype, torch.dtype):
+        if dtype not in DTYPES.values():
+            raise ValueError(f"dtype: {dtype} is not one of {', '.join(DTYPES)}")
+        return Placement(dev, dtype)
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype: {dtype!r} is not one of {', '.join(DTYPES)}")
+    return Placement(dev, DTYPES[dtype])
+
+
+def _device(device: str | torch.device | None) -> torch.device:
+    if device is None or device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        dev = torch.device(device)
+    except RuntimeError as e:
+        raise ValueError(f"device: {device!r} is not a device ({', '.join(DEVICES)}, or cuda:N)") from e
+    if dev.type not in ("cpu", "cuda", "meta"):
+        raise ValueError(f"device: {device!r} is not supported ({', '.join(DEVICES)}, or cuda:N)")
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device: {device!r} asked for, but this PyTorch sees no CUDA device")
+    return dev
+
+
+def place_of(module: nn.Module) -> Placement:
+    """A model's placement, read from its first floating parameter."""
+    p = next(p for p in module.parameters() if p.is_floating_point())
+    return Placement(p.device, p.dtype)
+
+
+def empty_on(module: nn.Module, place: Placement) -> nn.Module:
+    """Give a model built on the meta device uninitialised storage on `place` (floating parameters in its
+    dtype), keeping tied parameters tied: a checkpoint then fills it, and no random initialisation nor fp32
+    copy of a large model is ever made. Buffers are left to the model (`reset_buffers`), which computes them."""
+    made: dict[int, nn.Parameter] = {}
+    for mod in module.modules():
+        for name, p in list(mod.named_parameters(recurse=False)):
+            if id(p) not in made:
+                dtype = place.dtype if p.is_floating_point() else p.dtype
+                made[id(p)] = nn.Parameter(torch.empty(p.shape, dtype=dtype, device=place.device),
+                                           requires_grad=p.requires_grad)
+            setattr(mod, name, made[id(p)])
+    return module
+
+
+def move_to(module: nn.Module, place: Placement) -> nn.Module:
+    """Move a built model to `place`: floating parameters cast to its dtype, buffers (RoPE frequencies) kept
+    in their own dtype."""
+    module.to(place.device)
+    with torch.no_grad():
+        for p in module.parameters():
+            if p.is_floating_point() and p.dtype != place.dtype:
+                p.data = p.data.to(place.dtype)
+    return module
