@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: venv test bench serve sweep soak models models-smoke evaluate clean
+.PHONY: venv test gpu-check bench serve sweep soak models models-smoke evaluate clean
 
 venv: $(STAMP)
 
@@ -51,6 +51,18 @@ models-smoke: venv
 
 test: venv
 	$(BIN)/python -m pytest tests
+
+# On a host with an NVIDIA GPU (docs/gpu.md): the GPU tests (models, engine and a served repository on CUDA in
+# bf16; real checkpoints too when ADAFLASH_GPU_MODEL_DIR names a model folder), then the engine's benchmark on the
+# GPU in bf16 on the tiny models and, when given, the real ones. Output under bench-out/gpu/.
+gpu-check: venv
+	mkdir -p bench-out/gpu
+	ADAFLASH_GPU_CHECK=1 $(BIN)/python -m pytest -v tests/test_gpu.py 2>&1 | tee bench-out/gpu/tests.txt
+	$(BIN)/adaflash bench --tiny-random --device cuda --dtype bfloat16 --modes ar,ngram,dflash,adaflash \
+		--concurrency 1,8,32 --max-tokens 64 --json bench-out/gpu/bench-tiny.json
+	test -z "$(ADAFLASH_GPU_MODEL_DIR)" || $(BIN)/adaflash bench --model-dir $(ADAFLASH_GPU_MODEL_DIR) --device cuda \
+		--dtype bfloat16 --chat --modes ar,ngram,dflash,adaflash --concurrency 1,8,32 --max-tokens 128 \
+		--json bench-out/gpu/bench-real.json
 
 # Benchmarks write JSON under bench-out/; speed claims live here, never in tests.
 bench: venv

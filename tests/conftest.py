@@ -2,8 +2,15 @@
 
 from __future__ import annotations
 
-import pytest
-import torch
+import os
+
+# The suite's references are fp32 on the CPU: GPUs are hidden from it (and from the servers it starts), so that
+# `device auto` means the CPU here; `make gpu-check` sets ADAFLASH_GPU_CHECK=1 and runs tests/test_gpu.py on one.
+if os.environ.get("ADAFLASH_GPU_CHECK") != "1":
+    os.environ["CUDA_VISIBLE_DEVICES"] = ""
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
 from helpers import random_prompts, self_generated
 
 from adaflash.models.bundle import Bundle, tiny_random_bundle

@@ -60,3 +60,29 @@ def wait_until(condition: Callable[[], object], timeout_s: float, what: str, int
         if time.monotonic() > deadline:
             pytest.fail(f"timed out after {timeout_s:g} s waiting for {what}")
         time.sleep(interval_s)
+
+
+def modes_equal_up_to_ties(target: Transformer, drafter, prompts: list[list[int]], max_tokens: int,
+                           tolerance: float) -> int:
+    """Run every mode on `prompts` and check each output equals plain decoding's, or first departs from it where
+    plain decoding's token and the mode's are within `tolerance` x the largest logit of each other (half
+    precision rounds a k+1-row verify and a 1-row decode differently). Returns how many outputs were equal."""
+    from adaflash.decoding.modes import MODE_NAMES
+
+    engine = Engine(target, drafter, num_slots=len(prompts), max_len=max(map(len, prompts)) + max_tokens + 20,
+                    cost_model=fixed_costs(len(prompts)))
+    outputs = {mode: [s.output for s in engine.generate([Request(p, max_tokens, mode=mode, stop_ids=())
+                                                          for p in prompts], concurrency=len(prompts))]
+               for mode in MODE_NAMES}
+    equal = 0
+    for mode in MODE_NAMES:
+        for prompt, ref, got in zip(prompts, outputs["ar"], outputs[mode]):
+            i = next((j for j, (a, b) in enumerate(zip(ref, got)) if a != b), None)
+            if i is None:
+                equal += 1
+                continue
+            cache = target.new_cache(1, len(prompt) + i + 1)
+            logits = target.forward(cache, [0], [prompt + ref[:i]]).logits[-1].float()
+            gap = (logits[ref[i]] - logits[got[i]]).abs().item()
+            assert gap <= tolerance * logits.abs().max().item(), f"{mode} departs at {i} with a logit gap of {gap}"
+    return equal

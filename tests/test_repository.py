@@ -4,6 +4,9 @@ measures the cost table when it starts, in the process that serves), so a server
 from __future__ import annotations
 
 import shutil
+from dataclasses import replace
+
+import pytest
 
 from helpers import fixed_costs
 
@@ -38,3 +41,43 @@ def test_a_given_cost_table_is_handed_to_the_target(tmp_path):
     repo = build_repository(tmp_path / "model_repository", _configs_only(tmp_path), "drafter", CFG, given)
     path = _parameter((repo / "target" / "config.pbtxt").read_text(), "cost_table")
     assert path and open(path).read() == given.read_text()
+
+
+def test_a_gpu_repository_puts_the_models_on_the_named_gpu_in_bf16(tmp_path):
+    """Written on a machine without a GPU for one with: the target and drafter get a GPU instance on the
+    device asked for, in the device's default dtype; the Python-only models stay on the CPU."""
+    gpu = replace(CFG, device="cuda:1")
+    repo = build_repository(tmp_path / "model_repository", _configs_only(tmp_path), "drafter", gpu)
+    for model in ("target", "drafter"):
+        config = (repo / model / "config.pbtxt").read_text()
+        assert "kind: KIND_GPU gpus: [ 1 ]" in config
+        assert (_parameter(config, "device"), _parameter(config, "dtype")) == ("cuda", "bfloat16")
+    assert "KIND_GPU" not in (repo / "orchestrator" / "config.pbtxt").read_text()
+    cpu = build_repository(tmp_path / "cpu_repository", _configs_only(tmp_path / "b"), "drafter",
+                           replace(CFG, device="cpu", dtype="bfloat16"))
+    config = (cpu / "target" / "config.pbtxt").read_text()
+    assert "kind: KIND_CPU" in config and _parameter(config, "dtype") == "bfloat16"
+
+
+def test_a_bad_device_or_dtype_is_refused_by_name(tmp_path):
+    with pytest.raises(ValueError, match="^dtype"):
+        build_repository(tmp_path / "r", _configs_only(tmp_path), "drafter", replace(CFG, dtype="fp8"))
+    with pytest.raises(ValueError, match="^device"):
+        build_repository(tmp_path / "s", _configs_only(tmp_path / "b"), "drafter", replace(CFG, device="tpu"))
+
+
+def test_a_kv_cache_budget_bounds_the_sequences_at_once(tmp_path):
+    """The budget holds 2.5 sequences of max_len (target KV and drafter context in fp32, counted from real
+    caches of the tiny models): two run at once, the rest wait in the admission queue."""
+    bundle = tiny_random_bundle(seed=0)
+    per_token = sum(c.k.nbytes + c.v.nbytes for c in (bundle.target.new_cache(1, 1), bundle.drafter.new_cache(1, 1)))
+    budget = replace(CFG, device="cpu", kv_cache_memory=str(int(2.5 * CFG.max_len * per_token)))
+    repo = build_repository(tmp_path / "model_repository", _configs_only(tmp_path), "drafter", budget)
+    for model in ("target", "drafter", "orchestrator"):
+        assert _parameter((repo / model / "config.pbtxt").read_text(), "max_active") == "2"
+    with pytest.raises(ValueError, match="^kv_cache_memory: .* less than one sequence"):
+        build_repository(tmp_path / "r", _configs_only(tmp_path / "b"), "drafter",
+                         replace(budget, kv_cache_memory=str(per_token * 10)))
+    with pytest.raises(ValueError, match="^kv_cache_memory"):
+        build_repository(tmp_path / "s", _configs_only(tmp_path / "c"), "drafter",
+                         replace(budget, kv_cache_memory="lots"))

@@ -17,9 +17,12 @@ import string
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
+from adaflash.cli_args import byte_size
 from adaflash.decoding.modes import modes_served
 from adaflash.models.bundle import save_bundle, tiny_random_bundle
 from adaflash.models.drafter import DEFAULT_BLOCK_SIZE, DrafterConfig
+from adaflash.models.checkpoint import read_config
+from adaflash.models.memory import plan_memory, slots_for_budget, tokens_for_budget
 from adaflash.models.placement import Placement, placement
 from adaflash.models.target import TargetConfig
 from adaflash.serving.pacing import AUTO
@@ -59,6 +62,8 @@ class RepositoryConfig:
     default_spec_mode: str = "adaflash"
     device: str = "auto"  # the target's and drafter's: auto (CUDA when this machine's PyTorch sees one), cpu, cuda[:N]
     dtype: str = ""  # their floating dtype; empty: the device's default (placement.py)
+    kv_cache_memory: str = ""  # bytes for the target's KV cache and the drafter's context together (e.g. 40GiB):
+    # max_active shrinks to the sequences of max_len it holds, and requests beyond them queue; empty: max_active
 
 
 def build_repository(out_dir: str | Path, model_dir: str | Path, drafter: str | None = "drafter",
@@ -66,9 +71,11 @@ def build_repository(out_dir: str | Path, model_dir: str | Path, drafter: str | 
     """Write the repository to `out_dir` (replaced); returns it. Without a drafter only ar/ngram are served."""
     out_dir, model_dir = Path(out_dir).resolve(), Path(model_dir).resolve()
     cfg = fit_to_context(config or RepositoryConfig(), _target_context(model_dir))
+    drafter_dir = model_dir / drafter if drafter else None
+    place = placement(cfg.device, cfg.dtype or None, present=False)
+    cfg = fit_to_budget(cfg, model_dir, drafter_dir, place)
     if cfg.max_prompt_tokens + cfg.max_output_tokens + DEFAULT_BLOCK_SIZE > cfg.max_len:
         raise ValueError("max_len must hold max_prompt_tokens + max_output_tokens + a draft block")
-    drafter_dir = model_dir / drafter if drafter else None
     modes = modes_served(drafter_dir is not None)
     default_mode = cfg.default_spec_mode if cfg.default_spec_mode in modes else "ar"
     if out_dir.exists():
@@ -79,7 +86,6 @@ def build_repository(out_dir: str | Path, model_dir: str | Path, drafter: str | 
     cost_path.unlink(missing_ok=True)
     if drafter_dir and cost_table:
         shutil.copyfile(cost_table, cost_path)
-    place = placement(cfg.device, cfg.dtype or None)
     fields = {**{k: str(v) for k, v in asdict(cfg).items()}, "target_dir": str(model_dir / "target"),
               "device": place.device.type, "dtype": place.dtype_name, "model_instances": _instances(place),
               "drafter_dir": str(drafter_dir or ""), "cost_table": str(cost_path if cost_path.exists() else ""),
@@ -94,6 +100,27 @@ def build_repository(out_dir: str | Path, model_dir: str | Path, drafter: str | 
     if drafter_dir:
         shutil.copytree(drafter_dir, out_dir / "drafter" / "1" / "weights")
     return out_dir
+
+
+def fit_to_budget(cfg: RepositoryConfig, model_dir: Path, drafter_dir: Path | None, place: Placement) -> RepositoryConfig:
+    """Fewer sequences at once when `kv_cache_memory` holds fewer than max_active of max_len tokens (target KV and
+    drafter context in the served dtype, `models/memory.py`): the caches are allocated up front, so the budget
+    bounds the batch, and the admission queue holds the requests beyond it."""
+    if not cfg.kv_cache_memory:
+        return cfg
+    try:
+        budget = byte_size(cfg.kv_cache_memory)
+    except argparse.ArgumentTypeError as exc:
+        raise ValueError(f"kv_cache_memory: {exc}") from None
+    drafter_cfg = DrafterConfig.from_hf(read_config(drafter_dir)) if drafter_dir else None
+    plan = plan_memory(TargetConfig.from_hf(read_config(model_dir / "target")), drafter_cfg, place.dtype,
+                       cfg.max_active, cfg.max_len)
+    slots = slots_for_budget(plan, budget)
+    if slots < 1:
+        raise ValueError(f"kv_cache_memory: {cfg.kv_cache_memory} holds {tokens_for_budget(plan, budget)} positions "
+                         f"({plan.cache_bytes_per_token} bytes each in {place.dtype_name}), less than one sequence of "
+                         f"max_len {cfg.max_len}")
+    return replace(cfg, max_active=min(cfg.max_active, slots))
 
 
 def _instances(place: Placement) -> str:

@@ -8,29 +8,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import sys
 from pathlib import Path
 
-from adaflash.cli_args import DEFAULT_MODEL_DIR
+from adaflash.cli_args import DEFAULT_MODEL_DIR, byte_size
 from adaflash.models.checkpoint import read_config
 from adaflash.models.drafter import DrafterConfig
 from adaflash.models.memory import (MemoryPlan, cache_bytes_for, device_cache_budget, gib, plan_memory,
                                     slots_for_budget, tokens_for_budget)
 from adaflash.models.placement import DTYPES
 from adaflash.models.target import TargetConfig
-
-UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
-         "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
-
-
-def byte_size(text: str) -> int:
-    """An argparse type for a memory size: bytes, or a number with a unit (141GB = 141e9, 139GiB = 139 x 2^30)."""
-    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:e[0-9]+)?)\s*([a-z]*)\s*", text.lower())
-    if match is None or match.group(2) not in UNITS:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a size (e.g. 141GB, 139GiB, 40e9)")
-    return int(float(match.group(1)) * UNITS[match.group(2)])
-
 
 def _fraction(text: str) -> float:
     value = float(text)

@@ -34,10 +34,12 @@ class Placement:
 CPU = Placement(torch.device("cpu"), torch.float32)
 
 
-def placement(device: str | torch.device | None = None, dtype: str | torch.dtype | None = None) -> Placement:
+def placement(device: str | torch.device | None = None, dtype: str | torch.dtype | None = None,
+              present: bool = True) -> Placement:
     """`device`: "auto" (None: CUDA when present), "cpu", "cuda" or "cuda:N"; `dtype`: a name in DTYPES,
-    None for the device's default. Raises ValueError naming the argument."""
-    dev = _device(device)
+    None for the device's default. `present=False` accepts a GPU this machine lacks (a model repository
+    written here for a GPU host). Raises ValueError naming the argument."""
+    dev = _device(device, present)
     if dtype is None:
         return Placement(dev, torch.bfloat16 if dev.type == "cuda" else torch.float32)
     if isinstance(dtype, torch.dtype):
@@ -49,7 +51,7 @@ def placement(device: str | torch.device | None = None, dtype: str | torch.dtype
     return Placement(dev, DTYPES[dtype])
 
 
-def _device(device: str | torch.device | None) -> torch.device:
+def _device(device: str | torch.device | None, present: bool) -> torch.device:
     if device is None or device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     try:
@@ -58,7 +60,7 @@ def _device(device: str | torch.device | None) -> torch.device:
         raise ValueError(f"device: {device!r} is not a device ({', '.join(DEVICES)}, or cuda:N)") from e
     if dev.type not in ("cpu", "cuda", "meta"):
         raise ValueError(f"device: {device!r} is not supported ({', '.join(DEVICES)}, or cuda:N)")
-    if dev.type == "cuda" and not torch.cuda.is_available():
+    if present and dev.type == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"device: {device!r} asked for, but this PyTorch sees no CUDA device")
     return dev
 

@@ -1,0 +1,73 @@
+"""On a CUDA GPU (`make gpu-check`; skipped elsewhere): the models, the engine and a served repository on the
+device in bf16. The rest of the suite runs on the CPU (conftest.py hides GPUs from it), so its fp32 references
+stay exact."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+from helpers import modes_equal_up_to_ties, random_prompts
+from test_placement import DeviceLog
+
+from adaflash.decoding.engine import Engine
+from adaflash.decoding.sequence import Request
+from adaflash.models.bundle import load_bundle, save_bundle, tiny_random_bundle
+from adaflash.models.placement import move_to, placement
+from adaflash_build.repository import RepositoryConfig, build_repository
+from adaflash_client import AdaFlashClient, GenerationParams
+from adaflash_server.launcher import ServerConfig, TritonServer
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (make gpu-check)")
+CUDA = placement("cuda", "bfloat16") if torch.cuda.is_available() else None
+
+
+def _on_cuda(bundle):
+    return move_to(bundle.target, CUDA), move_to(bundle.drafter, CUDA)
+
+
+def test_forwards_on_cuda_make_every_tensor_there() -> None:
+    target, drafter = _on_cuda(tiny_random_bundle(seed=0))
+    cache, context = target.new_cache(3, 64), drafter.new_cache(3, 64)
+    log = DeviceLog()
+    with log:
+        out = target.forward(cache, [0, 1, 2], [[1, 2, 3, 4], [5, 6], [7]], capture_layers=[1, 2])
+        target.forward(cache, [0, 1], [[8, 9, 10], [11, 12, 13]])
+        drafter.append_context(context, [0, 1, 2], out.hidden, [4, 2, 1])
+        drafter.draft(target, context, [0, 2], [3, 4], 8)
+    assert {d.type for d in log.devices} == {"cuda"}, {str(d): ops[:5] for d, ops in log.devices.items()}
+
+
+def test_every_mode_on_cuda_matches_plain_decoding_up_to_rounding_ties(trained_tiny) -> None:
+    target, drafter = _on_cuda(trained_tiny)
+    equal = modes_equal_up_to_ties(target, drafter, random_prompts(8, seed=5), 32, tolerance=0.03)
+    assert equal > 0
+
+
+def test_a_repository_served_on_cuda_answers_like_the_engine_on_cuda(trained_tiny, tmp_path) -> None:
+    """ar, one request at a time: the served forward and the in-process one run the same shapes on the same
+    device, so the text is equal; adaflash answers through the GPU drafter."""
+    model_dir = save_bundle(trained_tiny, tmp_path / "models")
+    cfg = RepositoryConfig(max_active=8, max_batch_size=8, max_len=512, max_prompt_tokens=128, max_output_tokens=256,
+                           device="cuda:0")
+    repo = build_repository(tmp_path / "model_repository", model_dir, "drafter", cfg)
+    bundle = load_bundle(model_dir, None, CUDA)
+    prompts = ["def add(a, b):", "The capital of France is", "1, 2, 3, 4,"]
+    engine = Engine(bundle.target, None, num_slots=1, max_len=512)
+    expected = [bundle.tokenizer.decode(engine.generate([Request(bundle.tokenizer.encode(p).ids, 24)])[0].output)
+                for p in prompts]
+    with TritonServer(ServerConfig(model_repository=repo, state_dir=tmp_path / "state")) as server:
+        client = AdaFlashClient(server.grpc_url, timeout_s=120)
+        for prompt, text in zip(prompts, expected):
+            assert client.generate(prompt, GenerationParams(max_tokens=24, spec_mode="ar")).text == text
+            assert client.generate(prompt, GenerationParams(max_tokens=24, spec_mode="adaflash")).text
+
+
+@pytest.mark.skipif(not os.environ.get("ADAFLASH_GPU_MODEL_DIR"), reason="no real checkpoints named")
+def test_real_checkpoints_load_and_decode_on_cuda() -> None:
+    """ADAFLASH_GPU_MODEL_DIR: a model folder (target/ and drafter/, e.g. Qwen3-8B and its DFlash drafter)."""
+    bundle = load_bundle(os.environ["ADAFLASH_GPU_MODEL_DIR"], "drafter", CUDA)
+    ids = [bundle.tokenizer.encode("Write a Python function that reverses a string.").ids]
+    equal = modes_equal_up_to_ties(bundle.target, bundle.drafter, ids, 64, tolerance=0.03)
+    assert equal > 0
