@@ -6,16 +6,22 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+import tritonclient.grpc as grpcclient
 from helpers import modes_equal_up_to_ties, random_prompts
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from adaflash.decoding.engine import Engine
 from adaflash.decoding.modes import MODE_NAMES
+from adaflash.decoding.sequence import Request
 from adaflash.decoding.steps import StepResult
 from adaflash.models.layers import rope_cos_sin
 from adaflash.models.bundle import load_bundle, save_bundle, tiny_random_bundle
 from adaflash.models.placement import CPU, Placement, move_to, place_of, placement
 from adaflash.models.target import ForwardBatch
 from adaflash.serving import protocol
+from adaflash_build.repository import RepositoryConfig, build_repository
+from adaflash_client import AdaFlashClient, GenerationParams
+from adaflash_server.launcher import ServerConfig, TritonServer
 
 META = Placement(torch.device("meta"), torch.bfloat16)
 
@@ -139,3 +145,26 @@ def test_malformed_features_name_the_field() -> None:
         protocol.decode_target_result({**wire, "feature_dtype": np.array([7], np.int32)})
     with pytest.raises(ValueError, match="^features"):
         protocol.decode_target_result({**wire, "features": wire["features"][:, :-1]})
+
+
+def test_a_bfloat16_repository_serves_like_the_bfloat16_engine(trained_tiny, tmp_path) -> None:
+    """The target and drafter models in bf16 (on the CPU here; the GPU variant is in test_gpu.py): ar one request
+    at a time runs the same shapes as the engine, so the text is equal; adaflash drafts from features that cross
+    the wire in bf16 (the drafter model runs)."""
+    model_dir = save_bundle(trained_tiny, tmp_path / "models")
+    cfg = RepositoryConfig(max_active=4, max_batch_size=8, max_len=512, max_prompt_tokens=128, max_output_tokens=256,
+                           device="cpu", dtype="bfloat16")
+    repo = build_repository(tmp_path / "model_repository", model_dir, "drafter", cfg)
+    bundle = load_bundle(model_dir, None, placement("cpu", "bfloat16"))
+    prompts = ["def add(a, b):", "The capital of France is", "1, 2, 3, 4,"]
+    engine = Engine(bundle.target, None, num_slots=1, max_len=512)
+    expected = [bundle.tokenizer.decode(engine.generate([Request(bundle.tokenizer.encode(p).ids, 24)])[0].output)
+                for p in prompts]
+    with TritonServer(ServerConfig(model_repository=repo, state_dir=tmp_path / "state")) as server:
+        client = AdaFlashClient(server.grpc_url, timeout_s=120)
+        for prompt, text in zip(prompts, expected):
+            assert client.generate(prompt, GenerationParams(max_tokens=24, spec_mode="ar")).text == text
+        drafted = [client.generate(p, GenerationParams(max_tokens=24, spec_mode="adaflash")) for p in prompts]
+        stats = grpcclient.InferenceServerClient(server.grpc_url).get_inference_statistics(model_name="drafter")
+    assert all(c.text for c in drafted)
+    assert sum(s.inference_count for s in stats.model_stats) > 0
