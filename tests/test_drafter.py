@@ -11,6 +11,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from adaflash.models.bundle import tiny_random_bundle
+from adaflash.models.checkpoint import EXTENSION
 from adaflash.models.drafter import DFlashDrafter, DrafterConfig, default_target_layer_ids
 from adaflash.models.layers import RopeConfig
 from adaflash.models.target import Transformer
@@ -304,3 +305,81 @@ def test_a_shorter_block_drafts_as_a_drafter_run_at_that_block_size():
     assert (short.hidden - full.hidden[:, :4]).abs().max().item() > 1e-4  # the later masks do take part
     with pytest.raises(ValueError, match="block_length"):
         drafter.draft(target, cache, slots, anchors, block_length=5)
+
+
+# ---- what the published files hold ----------------------------------------------------------------------
+
+MODELS = Path(__file__).resolve().parent.parent / "models" / "default"
+
+
+def published_names(layers: int, length_head: bool) -> set[str]:
+    """The tensor names of checkpoint-format.md (/work/shared/reference), transcribed."""
+    names = {"fc.weight", "hidden_norm.weight", "norm.weight"}
+    for i in range(layers):
+        p = f"layers.{i}."
+        names |= {p + f"self_attn.{x}_proj.weight" for x in "qkvo"} | {p + f"self_attn.{x}_norm.weight" for x in "qk"}
+        names |= {p + f"mlp.{x}_proj.weight" for x in ("gate", "up", "down")}
+        names |= {p + "input_layernorm.weight", p + "post_attention_layernorm.weight"}
+    if length_head:
+        names |= {f"thresh_head_two_model.{x}.{y}" for x in ("down", "res.0", "out") for y in ("weight", "bias")}
+    return names
+
+
+def test_the_published_file_holds_the_published_tensors_and_ours_lie_apart(tmp_path):
+    drafter = tiny_random_bundle(seed=6, length_head=True).drafter
+    cfg = dataclasses.replace(drafter.config, position_head=True, position_head_dim=8)
+    with_position = DFlashDrafter(cfg)
+    with_position.load_state_dict(drafter.state_dict(), strict=False)
+    with_position.save_pretrained(tmp_path, dtype=torch.float32)
+
+    assert set(load_file(str(tmp_path / "model.safetensors"))) == published_names(cfg.num_hidden_layers, True)
+    assert sorted(p.name for p in tmp_path.glob("*.safetensors")) == ["model.safetensors"]  # what loaders glob
+    ours = load_file(str(tmp_path / EXTENSION))
+    assert ours and all(k.startswith("position_head.") for k in ours)
+    loaded = DFlashDrafter.from_pretrained(tmp_path)  # one loader finds both files
+    assert loaded.config.position_head
+    for name, value in with_position.state_dict().items():
+        assert torch.equal(loaded.state_dict()[name], value), name
+
+    drafter.save_pretrained(tmp_path, dtype=torch.float32)  # the same folder without the position head
+    assert not (tmp_path / EXTENSION).exists()
+    assert not DFlashDrafter.from_pretrained(tmp_path).config.position_head
+
+
+@pytest.mark.skipif(not (MODELS / "drafter" / "config.json").exists(), reason="models/default not built")
+def test_the_default_drafter_publishes_exactly_the_published_tensors():
+    cfg = DrafterConfig.from_hf(json.loads((MODELS / "drafter" / "config.json").read_text()))
+    names = set(load_file(str(MODELS / "drafter" / "model.safetensors")))
+    assert names == published_names(cfg.num_hidden_layers, cfg.length_head)
+    assert cfg.length_head and cfg.hf["dflash_config"]["thresh_head_direct_len"] is True
+
+
+def test_a_length_head_that_predicts_a_threshold_is_refused():
+    """Without `thresh_head_direct_len` AdaFlash's head output is a confidence threshold, which no published
+    serving path turns into a verify length."""
+    raw = json.loads((CONFIGS / "adaflash-qwen3-8b-thresh-head.json").read_text())
+    del raw["dflash_config"]["thresh_head_direct_len"]
+    with pytest.raises(ValueError, match="thresh_head_direct_len"):
+        DrafterConfig.from_hf(raw)
+
+
+# ---- sliding-window layers --------------------------------------------------------------------------------
+
+def test_sliding_layers_are_read_as_transformers_reads_a_qwen3_config():
+    raw = json.loads((CONFIGS / "dflash-qwen3-8b-b16.json").read_text())
+    assert [DrafterConfig.from_hf(raw).window(i) for i in range(5)] == [None] * 5
+    raw.update(layer_types=["sliding_attention"] * 2 + ["full_attention"] * 3, use_sliding_window=True,
+               sliding_window=2048)
+    cfg = DrafterConfig.from_hf(raw)
+    assert [cfg.window(i) for i in range(5)] == [2048, 2048, None, None, None]
+    assert DrafterConfig.from_hf(cfg.to_hf()) == cfg
+    # Transformers' Qwen3Config drops the window unless use_sliding_window: the layers attend fully.
+    raw["use_sliding_window"] = False
+    assert [DrafterConfig.from_hf(raw).window(i) for i in range(5)] == [None] * 5
+    # Without layer_types, the layers from max_window_layers on slide (with the default window when unset).
+    del raw["layer_types"], raw["sliding_window"]
+    raw.update(use_sliding_window=True, max_window_layers=3)
+    assert [DrafterConfig.from_hf(raw).window(i) for i in range(5)] == [None] * 3 + [4096] * 2
+    raw["layer_types"] = ["full_attention"] * 4
+    with pytest.raises(ValueError, match="layer_types"):
+        DrafterConfig.from_hf(raw)

@@ -66,15 +66,21 @@ def test_a_bad_device_or_dtype_is_refused_by_name(tmp_path):
         build_repository(tmp_path / "s", _configs_only(tmp_path / "b"), "drafter", replace(CFG, device="tpu"))
 
 
-def test_a_kv_cache_budget_bounds_the_sequences_at_once(tmp_path):
-    """The budget holds 2.5 sequences of max_len (target KV and drafter context in fp32, counted from real
-    caches of the tiny models): two run at once, the rest wait in the admission queue."""
+def test_a_kv_cache_budget_pages_the_caches(tmp_path):
+    """A budget of 2.5 sequences of max_len (target KV and drafter context in fp32, counted from real caches of
+    the tiny models) for max_active 4: the caches are paged, the budget's positions in pages of kv_page; a budget
+    that holds max_active x max_len needs no paging; one below a sequence of max_len is refused."""
     bundle = tiny_random_bundle(seed=0)
     per_token = sum(c.k.nbytes + c.v.nbytes for c in (bundle.target.new_cache(1, 1), bundle.drafter.new_cache(1, 1)))
-    budget = replace(CFG, device="cpu", kv_cache_memory=str(int(2.5 * CFG.max_len * per_token)))
+    budget = replace(CFG, device="cpu", kv_page=32, kv_cache_memory=str(int(2.5 * CFG.max_len * per_token)))
     repo = build_repository(tmp_path / "model_repository", _configs_only(tmp_path), "drafter", budget)
     for model in ("target", "drafter", "orchestrator"):
-        assert _parameter((repo / model / "config.pbtxt").read_text(), "max_active") == "2"
+        config = (repo / model / "config.pbtxt").read_text()
+        assert _parameter(config, "max_active") == "4"
+        assert (_parameter(config, "kv_page"), _parameter(config, "kv_pages")) == ("32", str(int(2.5 * 512) // 32))
+    roomy = replace(budget, kv_cache_memory=str(4 * CFG.max_len * per_token))
+    repo = build_repository(tmp_path / "roomy", _configs_only(tmp_path / "a"), "drafter", roomy)
+    assert _parameter((repo / "target" / "config.pbtxt").read_text(), "kv_pages") == "0"
     with pytest.raises(ValueError, match="^kv_cache_memory: .* less than one sequence"):
         build_repository(tmp_path / "r", _configs_only(tmp_path / "b"), "drafter",
                          replace(budget, kv_cache_memory=str(per_token * 10)))

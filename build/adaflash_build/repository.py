@@ -22,7 +22,7 @@ from adaflash.decoding.modes import modes_served
 from adaflash.models.bundle import save_bundle, tiny_random_bundle
 from adaflash.models.drafter import DEFAULT_BLOCK_SIZE, DrafterConfig
 from adaflash.models.checkpoint import read_config
-from adaflash.models.memory import plan_memory, slots_for_budget, tokens_for_budget
+from adaflash.models.memory import plan_memory, tokens_for_budget
 from adaflash.models.placement import Placement, placement
 from adaflash.models.target import TargetConfig
 from adaflash.serving.pacing import AUTO
@@ -63,7 +63,9 @@ class RepositoryConfig:
     device: str = "auto"  # the target's and drafter's: auto (CUDA when this machine's PyTorch sees one), cpu, cuda[:N]
     dtype: str = ""  # their floating dtype; empty: the device's default (placement.py)
     kv_cache_memory: str = ""  # bytes for the target's KV cache and the drafter's context together (e.g. 40GiB):
-    # max_active shrinks to the sequences of max_len it holds, and requests beyond them queue; empty: max_active
+    # when they hold fewer than max_active x max_len positions the caches are paged (kv_page positions a page) and
+    # a request waits until the positions it may fill are free; empty: max_active x max_len, unpaged
+    kv_page: int = 64
 
 
 def build_repository(out_dir: str | Path, model_dir: str | Path, drafter: str | None = "drafter",
@@ -73,7 +75,7 @@ def build_repository(out_dir: str | Path, model_dir: str | Path, drafter: str | 
     cfg = fit_to_context(config or RepositoryConfig(), _target_context(model_dir))
     drafter_dir = model_dir / drafter if drafter else None
     place = placement(cfg.device, cfg.dtype or None, present=False)
-    cfg = fit_to_budget(cfg, model_dir, drafter_dir, place)
+    kv_pages = pages_for_budget(cfg, model_dir, drafter_dir, place)
     if cfg.max_prompt_tokens + cfg.max_output_tokens + DEFAULT_BLOCK_SIZE > cfg.max_len:
         raise ValueError("max_len must hold max_prompt_tokens + max_output_tokens + a draft block")
     modes = modes_served(drafter_dir is not None)
@@ -87,7 +89,7 @@ def build_repository(out_dir: str | Path, model_dir: str | Path, drafter: str | 
     if drafter_dir and cost_table:
         shutil.copyfile(cost_table, cost_path)
     fields = {**{k: str(v) for k, v in asdict(cfg).items()}, "target_dir": str(model_dir / "target"),
-              "device": place.device.type, "dtype": place.dtype_name, "model_instances": _instances(place),
+              "kv_pages": str(kv_pages), "device": place.device.type, "dtype": place.dtype_name, "model_instances": _instances(place),
               "drafter_dir": str(drafter_dir or ""), "cost_table": str(cost_path if cost_path.exists() else ""),
               "idle_us": str(cfg.idle_timeout_s * 1_000_000), "default_spec_mode": default_mode,
               **_ensemble_wiring()}
@@ -102,12 +104,11 @@ def build_repository(out_dir: str | Path, model_dir: str | Path, drafter: str | 
     return out_dir
 
 
-def fit_to_budget(cfg: RepositoryConfig, model_dir: Path, drafter_dir: Path | None, place: Placement) -> RepositoryConfig:
-    """Fewer sequences at once when `kv_cache_memory` holds fewer than max_active of max_len tokens (target KV and
-    drafter context in the served dtype, `models/memory.py`): the caches are allocated up front, so the budget
-    bounds the batch, and the admission queue holds the requests beyond it."""
+def pages_for_budget(cfg: RepositoryConfig, model_dir: Path, drafter_dir: Path | None, place: Placement) -> int:
+    """The pages of `kv_page` positions that `kv_cache_memory` holds (target KV and drafter context in the served
+    dtype, `models/memory.py`), or 0 (unpaged) when there is no budget or it holds max_active x max_len anyway."""
     if not cfg.kv_cache_memory:
-        return cfg
+        return 0
     try:
         budget = byte_size(cfg.kv_cache_memory)
     except argparse.ArgumentTypeError as exc:
@@ -115,12 +116,15 @@ def fit_to_budget(cfg: RepositoryConfig, model_dir: Path, drafter_dir: Path | No
     drafter_cfg = DrafterConfig.from_hf(read_config(drafter_dir)) if drafter_dir else None
     plan = plan_memory(TargetConfig.from_hf(read_config(model_dir / "target")), drafter_cfg, place.dtype,
                        cfg.max_active, cfg.max_len)
-    slots = slots_for_budget(plan, budget)
-    if slots < 1:
-        raise ValueError(f"kv_cache_memory: {cfg.kv_cache_memory} holds {tokens_for_budget(plan, budget)} positions "
-                         f"({plan.cache_bytes_per_token} bytes each in {place.dtype_name}), less than one sequence of "
-                         f"max_len {cfg.max_len}")
-    return replace(cfg, max_active=min(cfg.max_active, slots))
+    if cfg.kv_page < 1:
+        raise ValueError(f"kv_page: must be >= 1, got {cfg.kv_page}")
+    tokens = tokens_for_budget(plan, budget)
+    if tokens < cfg.max_len:
+        raise ValueError(f"kv_cache_memory: {cfg.kv_cache_memory} holds {tokens} positions ({plan.cache_bytes_per_token} "
+                         f"bytes each in {place.dtype_name}), less than one sequence of max_len {cfg.max_len}")
+    if tokens >= cfg.max_active * cfg.max_len:
+        return 0
+    return tokens // cfg.kv_page
 
 
 def _instances(place: Placement) -> str:

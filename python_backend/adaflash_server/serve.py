@@ -22,6 +22,8 @@ from adaflash_build.repository import (
     tiny_model_dir,
 )
 from adaflash_server.launcher import ServerConfig, TritonServer
+from adaflash_server.openai_front import DEFAULT_PORT as OPENAI_PORT
+from adaflash_server.openai_front import FrontServer
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -45,9 +47,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     src.add_argument("--tiny-random", action="store_true", help="serve seeded tiny random models")
     p.add_argument("--drafter", default="drafter", help="drafter folder name in the model folder ('' for none)")
     p.add_argument("--state-dir", type=Path, default=Path(".serve"), help="generated repository, logs, tiny models")
+    p.add_argument("--host", default=ServerConfig.host,
+                   help="IPv4 address the ports bind to; 0.0.0.0: every interface (a container's published ports)")
     p.add_argument("--grpc-port", type=int, default=8001)
     p.add_argument("--http-port", type=int, default=8000)
     p.add_argument("--metrics-port", type=int, default=8002)
+    p.add_argument("--openai-port", type=int, default=OPENAI_PORT,
+                   help="the OpenAI-compatible HTTP endpoint (/v1/completions, /v1/chat/completions); 0: none")
     p.add_argument("--cost-table", type=Path, help="reuse a measured verify/draft cost table (JSON)")
     p.add_argument("--drain-timeout-s", type=float, default=ServerConfig.drain_timeout_s,
                    help="on SIGTERM or Ctrl-C: stop admitting, let running requests finish for this long, then exit")
@@ -74,20 +80,44 @@ def run(args: argparse.Namespace) -> int:
     print(f"building the model repository for {model_dir} (the target measures its verify costs when it starts)",
           flush=True)
     repo = build_repository(args.state_dir / "model_repository", model_dir, args.drafter or None, cfg, args.cost_table)
-    server = TritonServer(ServerConfig(model_repository=repo, grpc_port=args.grpc_port, http_port=args.http_port,
-                                       drain_timeout_s=args.drain_timeout_s,
-                                       metrics_port=args.metrics_port, state_dir=args.state_dir / "server"))
+    server = TritonServer(server_config(args, repo))
     server.start()
+    front = _start_front(server, args.openai_port)
     print(f"""
 Triton is serving the `adaflash` ensemble (log: {server.log_path})
   gRPC     {server.grpc_url}
   metrics  {server.metrics_url}
+  OpenAI   {front.url if front else 'off (--openai-port 0)'}
 Try:
   .venv/bin/adaflash-client "def fibonacci(n):" --url {server.grpc_url} --stream --max-tokens 64 --spec-mode {cfg.default_spec_mode}
 Swap in another drafter without a restart (running requests finish on the old one):
   .venv/bin/adaflash publish-drafter <drafter folder> --repository {repo} --url {server.grpc_url}
 Ctrl-C stops the server.""", flush=True)
-    return server.wait()
+    try:
+        return server.wait()
+    finally:
+        if front:
+            front.stop()
+
+
+def server_config(args: argparse.Namespace, repo: Path) -> ServerConfig:
+    """Where `adaflash serve` listens: ports and address as given, so a container binding 0.0.0.0 is reachable
+    through its published ports while a plain `make serve` stays on loopback."""
+    return ServerConfig(model_repository=repo, host=args.host, grpc_port=args.grpc_port, http_port=args.http_port,
+                        metrics_port=args.metrics_port, drain_timeout_s=args.drain_timeout_s,
+                        state_dir=args.state_dir / "server")
+
+
+def _start_front(server: TritonServer, port: int) -> FrontServer | None:
+    """The OpenAI endpoint on the server's host, once Triton is ready (it reads the target's description from it);
+    a front that cannot start stops the server too, rather than leave it running in its own session."""
+    if not port:
+        return None
+    try:
+        return FrontServer(server.grpc_url, server.config.host, port).start()
+    except BaseException:
+        server.stop()
+        raise
 
 
 def add_publish_arguments(p: argparse.ArgumentParser) -> None:

@@ -43,7 +43,8 @@ class TritonPythonModel:
         place = protocol.model_placement(params, args["model_instance_kind"], args["model_instance_device_id"])
         self.slots = DrafterSlots(DFlashDrafter.from_pretrained(weights, place),
                                   TokenHeads.from_pretrained(params["target_dir"], place),
-                                  int(params["max_active"]), int(params["max_len"]), float(params["idle_timeout_s"]))
+                                  int(params["max_active"]), int(params["max_len"]), float(params["idle_timeout_s"]),
+                                  protocol.model_paging(params))
         self.occupancy = _occupancy_gauge(args["model_name"])
         self.reporter = OccupancyReporter(self.slots, self.occupancy[1].set)
         self.reporter.start()

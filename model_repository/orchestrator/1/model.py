@@ -141,7 +141,9 @@ class TritonPythonModel:
                          protocol.DRAFTER: float(params["drafter_timeout_s"])}
         self.repository = os.path.dirname(args["model_repository"])
         backend = RemoteBackend(self._call, self._newest_drafter, log=pb_utils.Logger.log_error)
-        self.scheduler = Scheduler(backend, self.planner, None, max_active, self.max_len, self.has_drafter)
+        paging = protocol.model_paging(params)
+        self.scheduler = Scheduler(backend, self.planner, None, max_active, self.max_len, self.has_drafter,
+                                   kv_pages=paging and paging.pages, page=paging.page if paging else 1)
         self.clients = {}  # sequence id -> Client
         self.cancelled = set()  # sequence ids whose client went away (told by postprocessing)
         self.next_cancel_check = 0.0
@@ -199,6 +201,7 @@ class TritonPythonModel:
             generation = protocol.decode_generation(tensors)
             validate_request(generation.request, self.target_config.vocab_size, self.max_len, self.planner.block_size,
                              self.has_drafter)
+            self.scheduler.check_capacity(generation.request)
         except ValueError as exc:
             sender.send(_error(f"INVALID_ARGUMENT: {exc}", pb_utils.TritonError.INVALID_ARG), flags=FINAL)
             return

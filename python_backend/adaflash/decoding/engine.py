@@ -20,7 +20,7 @@ from adaflash.decoding.policy import LengthController
 from adaflash.decoding.scheduler import Scheduler, Timed, run_now
 from adaflash.decoding.sequence import Request, Sequence, validate_request
 from adaflash.decoding.steps import StepResult, ms_since, step_batch
-from adaflash.models.cache import KVCache
+from adaflash.models.cache import KVCache, Paging
 from adaflash.models.drafter import DFlashDrafter, Draft, block_size_of
 from adaflash.models.placement import place_of
 from adaflash.models.target import Transformer
@@ -29,12 +29,13 @@ from adaflash.models.target import Transformer
 class LocalBackend:
     """The target and the drafter in this process, their caches, and a cache slot per running sequence."""
 
-    def __init__(self, target: Transformer, drafter: DFlashDrafter | None, num_slots: int, max_len: int) -> None:
+    def __init__(self, target: Transformer, drafter: DFlashDrafter | None, num_slots: int, max_len: int,
+                 paging: Paging | None = None) -> None:
         self.target, self.drafter = target, drafter
         self.place = place_of(target)
         self.capture = drafter.config.target_layer_ids if drafter else None
-        self.cache = target.new_cache(num_slots, max_len)
-        self.context = drafter.new_cache(num_slots, max_len) if drafter is not None else None
+        self.cache = target.new_cache(num_slots, max_len, paging)
+        self.context = drafter.new_cache(num_slots, max_len, paging) if drafter is not None else None
         self.free_slots = list(range(num_slots - 1, -1, -1))
 
     async def forward(self, prefill: list[Sequence], verify: list[Sequence],
@@ -94,8 +95,11 @@ class Engine:
         prior_weight: float = 4.0,
         probe_every: int = 8,
         copies: bool = True,
+        paging: Paging | None = None,
     ) -> None:
-        """`copies=False` keeps adaflash to its drafter (no copies of the context), to measure what each gives."""
+        """`copies=False` keeps adaflash to its drafter (no copies of the context), to measure what each gives.
+        `paging`: caches of shared pages (a memory budget) instead of a max_len slot per sequence; sequences then
+        wait until the pages they may fill are free."""
         self.target, self.drafter = target, drafter
         self.max_len, self.num_slots = max_len, num_slots
         if drafter is not None:
@@ -103,10 +107,10 @@ class Engine:
         if cost_model is None and drafter is not None:
             cost_model = measure_costs(target, drafter, num_slots, max_len=max_len)
         self.cost = cost_model
-        self.backend = LocalBackend(target, drafter, num_slots, max_len)
+        self.backend = LocalBackend(target, drafter, num_slots, max_len, paging)
         self.planner = Planner(LengthController(cost_model, block_size_of(drafter), prior_weight, probe_every), copies)
         self.scheduler = Scheduler(self.backend, self.planner, cost_model, num_slots, max_len, drafter is not None,
-                                   prefill_tokens)
+                                   prefill_tokens, *((paging.pages, paging.page) if paging else ()))
         self._ids = count()
 
     @property
@@ -141,6 +145,7 @@ class Engine:
         """Queue a request; raises ValueError naming the offending field."""
         validate_request(request, self.target.config.vocab_size, self.max_len, self.block_size,
                          has_drafter=self.drafter is not None)
+        self.scheduler.check_capacity(request)
         stops = self.target.config.eos_token_ids if request.stop_ids is None else request.stop_ids
         seq = Sequence(id=next(self._ids), request=request, tokens=list(request.prompt_ids),
                        generator=torch.Generator().manual_seed(request.sampling.seed), stop_ids=frozenset(stops),

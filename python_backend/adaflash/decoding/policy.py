@@ -111,14 +111,15 @@ def ratio_from_rates(rates: np.ndarray, block_size: int) -> float:
 
 PUBLISHED_RATE = 1.3  # AdaFlash's threshold rate (THRESHOLD_RATE of its scripts/tools/benchmark.sh)
 PUBLISHED_MIN_CANDIDATE = 1  # its CANDIDATE_LEN_MIN: the anchor alone, no draft token
+ESTIMATED_MIN_CANDIDATE = 2  # without a head: at least one draft token (SpecForge's default minimum)
 
 
-def published_length(ratio: float, block_size: int, cap: int) -> int:
+def published_length(ratio: float, block_size: int, cap: int, min_candidate: int = PUBLISHED_MIN_CANDIDATE) -> int:
     """AdaFlash's serving rule (SGLang, `thresh_head_direct_len`): the head's ratio is a candidate length over B,
     the block positions to verify with the anchor counted (its label is (a + 1) / B), so the candidate length is
-    round(ratio * B * 1.3) (half to even, as torch rounds) within [1, B] and the draft tokens one fewer: 0 is a
-    plain step."""
-    candidate = min(block_size, max(PUBLISHED_MIN_CANDIDATE, round(ratio * block_size * PUBLISHED_RATE)))
+    round(ratio * B * 1.3) (half to even, as torch rounds) within [min_candidate, B] and the draft tokens one
+    fewer: 0 is a plain step."""
+    candidate = min(block_size, max(min_candidate, round(ratio * block_size * PUBLISHED_RATE)))
     return min(cap, candidate - 1)
 
 
@@ -271,8 +272,12 @@ class LengthController:
         return estimates[:, :width]
 
     def published(self, rates: np.ndarray, ratio: float | None, cap: int) -> int:
-        """The published rule, with the head's ratio or, without a head, the one the estimates imply."""
-        return published_length(ratio_from_rates(rates, self.block_size) if ratio is None else ratio, self.block_size, cap)
+        """The published rule, with the head's ratio or, without a head, the one the estimates imply. Estimates
+        learn only from verified drafts, so without a head at least one token is verified: a sequence whose
+        estimates fell would otherwise never draft again."""
+        if ratio is not None:
+            return published_length(ratio, self.block_size, cap)
+        return published_length(ratio_from_rates(rates, self.block_size), self.block_size, cap, ESTIMATED_MIN_CANDIDATE)
 
     def observe(self, seq: PolicyState, draft_len: int, accepted: int, matched: int = 0) -> None:
         """Record a verified draft: drafted, or copied after a lookup that `matched` tokens. (adaflash

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 from adaflash.decoding.costs import CostModel
 from adaflash.decoding.modes import get_mode
 from adaflash.decoding.planner import Candidate, Plan, Planner
-from adaflash.decoding.sequence import Sequence, StepRecord, draft_cap
+from adaflash.decoding.sequence import Request, Sequence, StepRecord, draft_cap
 from adaflash.decoding.steps import StepResult
 
 if TYPE_CHECKING:
@@ -74,16 +74,31 @@ class Scheduler:
     """Waiting and running sequences, and the step that advances all of them by one target forward."""
 
     def __init__(self, backend: Backend, planner: Planner, cost: CostModel | None, max_active: int, max_len: int,
-                 has_drafter: bool, prefill_tokens: int = 4096) -> None:
+                 has_drafter: bool, prefill_tokens: int = 4096, kv_pages: int | None = None, page: int = 1) -> None:
+        """`kv_pages` pages of `page` positions: a paged cache's size (None: unpaged, a slot per sequence);
+        a sequence is admitted only when the pages it can fill (prompt and max_tokens) are free."""
         self.backend, self.planner, self.cost = backend, planner, cost
         self.max_active, self.max_len, self.has_drafter = max_active, max_len, has_drafter
         self.prefill_tokens = prefill_tokens
+        self.kv_pages, self.page, self.reserved = kv_pages, page, 0
         self.waiting: deque[Sequence] = deque()
         self.running: dict[Hashable, Sequence] = {}
 
     @property
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
+
+    def pages_for(self, request: Request) -> int:
+        """Pages a sequence may fill: its prompt and every token it may produce (drafts stay within them)."""
+        return -(-min(self.max_len, len(request.prompt_ids) + request.max_tokens) // self.page)
+
+    def check_capacity(self, request: Request) -> None:
+        """ValueError naming max_tokens when the request could never be admitted: it needs more positions than
+        the whole paged cache holds."""
+        if self.kv_pages is not None and self.pages_for(request) > self.kv_pages:
+            raise ValueError(f"max_tokens: the prompt and {request.max_tokens} new tokens need "
+                             f"{self.pages_for(request) * self.page} cache positions, the cache holds "
+                             f"{self.kv_pages * self.page}")
 
     def add(self, seq: Sequence) -> None:
         """Queue a sequence (its request already validated); it is admitted when a step has room."""
@@ -129,8 +144,12 @@ class Scheduler:
             seq = self.waiting[0]
             if batch and len(seq.tokens) > budget:
                 break
+            pages = self.pages_for(seq.request)
+            if self.kv_pages is not None and self.reserved + pages > self.kv_pages:
+                break
             self.waiting.popleft()
             self.running[seq.id] = seq
+            self.reserved += pages
             budget -= len(seq.tokens)
             batch.append(seq)
         return batch
@@ -195,6 +214,7 @@ class Scheduler:
             return
         for seq in seqs:
             del self.running[seq.id]
+            self.reserved -= self.pages_for(seq.request)
             seq.finished_at = seq.finished_at or time.perf_counter()
             seq.pending_context.clear()
         await self.backend.release(seqs)

@@ -7,10 +7,13 @@ its own, so a model can be trained, measured and served without ordering traps.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Protocol
 
 import torch
+from torch import Tensor
 
+from adaflash.models.layers import gather_slots
 from adaflash.models.placement import Placement
 
 
@@ -20,20 +23,87 @@ class AttentionShape(Protocol):
     head_dim: int
 
 
-class KVCache:
-    """N slots x max_len positions per layer, allocated once; `lengths[slot]` says how many are valid.
+@dataclass(frozen=True)
+class Paging:
+    """A paged cache: `pages` pages of `page` positions per layer, shared by the slots (from a memory budget)."""
 
-    Truncating a slot only lowers its length: rejected positions are overwritten later.
+    page: int
+    pages: int
+
+    def __post_init__(self) -> None:
+        if self.page < 1 or self.pages < 1:
+            raise ValueError(f"paging: page and pages must be >= 1, got {self.page} and {self.pages}")
+
+
+class CacheFull(RuntimeError):
+    """No free page: the scheduler admits sequences only while their reserved positions fit, so this is a defect
+    (or a caller that skipped admission)."""
+
+
+class KVCache:
+    """Per layer, pages of `page` positions; each slot (a running sequence) holds a table of pages and
+    `lengths[slot]` valid positions.
+
+    Two layouts, one interface. Unpaged (no `paging`): slot s owns page s of max_len positions for good, the
+    layout is [slots, KV, max_len, hd] as a contiguous cache, and consecutive slots gather as a view. Paged: a slot takes pages from the free list as it grows and returns
+    them when truncated below them, so long and short sequences share the memory without each reserving
+    max_len; attention then gathers a slot's pages (a copy). Truncating only lowers a length: rejected
+    positions are overwritten later.
     """
 
-    def __init__(self, shape: AttentionShape, num_slots: int, max_len: int, place: Placement) -> None:
-        size = (shape.num_hidden_layers, num_slots, shape.num_key_value_heads, max_len, shape.head_dim)
+    def __init__(self, shape: AttentionShape, num_slots: int, max_len: int, place: Placement,
+                 paging: Paging | None = None) -> None:
+        self.page = max_len if paging is None else min(paging.page, max_len)
+        self.paged = self.page < max_len
+        num_pages = num_slots if not self.paged else paging.pages
+        size = (shape.num_hidden_layers, num_pages, shape.num_key_value_heads, self.page, shape.head_dim)
         self.k = torch.zeros(size, dtype=place.dtype, device=place.device)
         self.v = torch.zeros(size, dtype=place.dtype, device=place.device)
         self.lengths = [0] * num_slots
         self.max_len = max_len
+        self.tables: list[list[int]] = [[] if self.paged else [s] for s in range(num_slots)]
+        self.free = list(range(num_pages - 1, -1, -1)) if self.paged else []
+
+    @property
+    def capacity(self) -> int:
+        """Positions the cache holds in all."""
+        return self.k.shape[1] * self.page
+
+    def reserve(self, slot: int, length: int) -> None:
+        """Make positions 0..length-1 of `slot` writable, taking pages from the free list."""
+        if length > self.max_len:
+            raise ValueError(f"slot {slot}: {length} tokens exceed the cache length {self.max_len}")
+        need = -(-length // self.page) - len(self.tables[slot])
+        if need > len(self.free):
+            raise CacheFull(f"slot {slot} needs {need} more pages of {self.page} positions, {len(self.free)} are free")
+        for _ in range(max(need, 0)):
+            self.tables[slot].append(self.free.pop())
 
     def truncate(self, slot: int, length: int) -> None:
         if not 0 <= length <= self.lengths[slot]:
             raise ValueError(f"cannot truncate slot {slot} of length {self.lengths[slot]} to {length}")
         self.lengths[slot] = length
+        if self.paged:
+            keep = -(-length // self.page)
+            self.free.extend(reversed(self.tables[slot][keep:]))
+            del self.tables[slot][keep:]
+
+    def locate(self, slots: list[int], starts: list[int], counts: list[int],
+               device: torch.device) -> tuple[Tensor, Tensor]:
+        """Where `counts[b]` new positions from `starts[b]` of `slots[b]` go: their pages and offsets, [T] each."""
+        positions = [st + j for st, c in zip(starts, counts) for j in range(c)]
+        owners = [s for s, c in zip(slots, counts) for _ in range(c)]
+        pages = [self.tables[s][p // self.page] for s, p in zip(owners, positions)]
+        return (torch.tensor(pages, dtype=torch.long, device=device),
+                torch.tensor([p % self.page for p in positions], dtype=torch.long, device=device))
+
+    def gather(self, store: Tensor, slots: list[int], length: int) -> Tensor:
+        """One layer's keys or values `store` [pages, KV, page, hd] of `slots` -> [B, KV, length, hd]; positions
+        past a slot's own length are whatever its pages (or page 0) hold: the caller masks them."""
+        if not self.paged:
+            return gather_slots(store, [self.tables[s][0] for s in slots], length)
+        n = -(-length // self.page)
+        table = [(self.tables[s] + [0] * n)[:n] for s in slots]
+        pages = store[torch.tensor(table, dtype=torch.long, device=store.device)]  # [B, n, KV, page, hd]
+        b, _, kv, page, hd = pages.shape
+        return pages.permute(0, 2, 1, 3, 4).reshape(b, kv, n * page, hd)[:, :, :length]

@@ -18,9 +18,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from adaflash.models.cache import KVCache
+from adaflash.models.cache import KVCache, Paging
 from adaflash.models.checkpoint import load_weights, read_config, save_checkpoint
-from adaflash.models.layers import MLP, RMSNorm, RopeConfig, apply_rope, attend, gather_slots, rope_cos_sin
+from adaflash.models.layers import MLP, RMSNorm, RopeConfig, apply_rope, attend, rope_cos_sin
 from adaflash.models.placement import CPU, Placement, empty_on, place_of
 from adaflash.models.target import Transformer
 
@@ -328,9 +328,9 @@ class DFlashDrafter(nn.Module):
         if problems:
             raise ValueError("drafter does not match target: " + "; ".join(problems))
 
-    def new_cache(self, num_slots: int, max_len: int) -> KVCache:
-        """The per-slot context keys and values of every drafter layer."""
-        return KVCache(self.config, num_slots, max_len, place_of(self))
+    def new_cache(self, num_slots: int, max_len: int, paging: Paging | None = None) -> KVCache:
+        """The per-slot context keys and values of every drafter layer (paged like the target's when asked)."""
+        return KVCache(self.config, num_slots, max_len, place_of(self), paging)
 
     def fuse(self, features: Tensor) -> Tensor:
         """Concatenated target hidden states [T, n_layers * D] -> one context vector per position."""
@@ -341,18 +341,19 @@ class DFlashDrafter(nn.Module):
         """Project newly committed positions (packed `features`, `counts[b]` for `slots[b]`) into `cache`."""
         if sum(counts) == 0:
             return
-        if any(cache.lengths[s] + n > cache.max_len for s, n in zip(slots, counts)):
-            raise ValueError(f"drafter context exceeds its cache length {cache.max_len}")
+        starts = [cache.lengths[s] for s in slots]
+        for s, st, n in zip(slots, starts, counts):
+            cache.reserve(s, st + n)
         device = self.inv_freq.device
-        positions = torch.tensor([cache.lengths[s] + j for s, n in zip(slots, counts) for j in range(n)],
-                                 dtype=torch.long, device=device)
-        slot_t = torch.tensor([s for s, n in zip(slots, counts) for _ in range(n)], dtype=torch.long, device=device)
+        positions = torch.tensor([st + j for st, n in zip(starts, counts) for j in range(n)], dtype=torch.long,
+                                 device=device)
+        pages, offsets = cache.locate(slots, starts, counts, device)
         fused = self.fuse(features.to(self.fc.weight))
         cos, sin = self._rope(positions)
         for i, layer in enumerate(self.layers):
             k, v = layer.self_attn.project_kv(fused, cos, sin)
-            cache.k[i][slot_t, :, positions] = k
-            cache.v[i][slot_t, :, positions] = v
+            cache.k[i][pages, :, offsets] = k
+            cache.v[i][pages, :, offsets] = v
         for s, n in zip(slots, counts):
             cache.lengths[s] += n
 
@@ -365,7 +366,7 @@ class DFlashDrafter(nn.Module):
         lc = max(lengths)
         ctx_lens = torch.tensor(lengths, dtype=torch.long, device=cache.k.device)
         ctx_mask = torch.arange(lc, device=cache.k.device)[None, :] < ctx_lens[:, None]
-        ctx_kv = [(gather_slots(cache.k[i], slots, lc), gather_slots(cache.v[i], slots, lc)) for i in range(len(self.layers))]
+        ctx_kv = [(cache.gather(cache.k[i], slots, lc), cache.gather(cache.v[i], slots, lc)) for i in range(len(self.layers))]
         ids = self.block_ids(anchors, block_length)
         return self._finish(target, self.block_hidden(target, ids, ctx_lens, ctx_kv, ctx_mask))
 

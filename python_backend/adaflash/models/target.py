@@ -15,9 +15,9 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.nn.attention.bias import CausalBias, causal_lower_right
 
-from adaflash.models.cache import KVCache
+from adaflash.models.cache import KVCache, Paging
 from adaflash.models.checkpoint import load_weights, read_config, save_checkpoint
-from adaflash.models.layers import (MLP, Joined, Ragged, RMSNorm, RopeConfig, apply_rope, attend, gather_slots, rms_norm,
+from adaflash.models.layers import (MLP, Joined, Ragged, RMSNorm, RopeConfig, apply_rope, attend, rms_norm,
                                     rope_cos_sin)
 from adaflash.models.placement import CPU, Placement, empty_on, place_of
 
@@ -95,23 +95,26 @@ class AttentionGroup:
 
 @dataclass
 class ForwardBatch:
-    """Where the new tokens of one ragged forward go: their slots, cache positions and attention groups."""
+    """Where the new tokens of one ragged forward go: their positions, cache pages and offsets, and attention
+    groups."""
 
     positions: Tensor  # [T]
-    slot_of_token: Tensor  # [T]
+    pages: Tensor  # [T] the cache page each token's key and value go to
+    offsets: Tensor  # [T] their place in it
     groups: list[AttentionGroup]
-    run: tuple[int, int, int] | None = None  # (slot, start, end) when one sequence: its writes are a slice
+    cache: KVCache
+    run: tuple[int, int, int] | None = None  # (page, start, end) when one sequence's writes are a slice of a page
 
-    def write(self, cache: Tensor, x: Tensor) -> None:
-        """Store the new tokens' keys or values x [T, KV, hd] in one layer's cache [N, KV, max_len, hd]."""
+    def write(self, store: Tensor, x: Tensor) -> None:
+        """Store the new tokens' keys or values x [T, KV, hd] in one layer's cache pages [P, KV, page, hd]."""
         if self.run is not None:
-            slot, start, end = self.run
-            cache[slot, :, start:end] = x.transpose(0, 1)
+            page, start, end = self.run
+            store[page, :, start:end] = x.transpose(0, 1)
         else:
-            cache[self.slot_of_token, :, self.positions] = x
+            store[self.pages, :, self.offsets] = x
 
     @classmethod
-    def build(cls, slots: list[int], starts: list[int], counts: list[int], device: torch.device,
+    def build(cls, cache: KVCache, slots: list[int], starts: list[int], counts: list[int], device: torch.device,
               fused_causal: bool | None = None) -> "ForwardBatch":
         """`fused_causal`: groups whose sequences all start at the same position with the same count attend
         under PyTorch's lower-right causal bias instead of a boolean mask, which lets CUDA run its fused SDPA
@@ -119,20 +122,31 @@ class ForwardBatch:
         fused = device.type == "cuda" if fused_causal is None else fused_causal
         ragged = Ragged.build(counts, device)
         positions = torch.tensor(starts, dtype=torch.long, device=device)[ragged.seq_of_token] + ragged.row_of_token
-        slot_of_token = torch.tensor(slots, dtype=torch.long, device=device)[ragged.seq_of_token]
+        pages, offsets = cache.locate(slots, starts, counts, device)
         buckets: dict[int, list[int]] = {}
         for row, c in enumerate(counts):
             buckets.setdefault(1 << (c - 1).bit_length(), []).append(row)
         if len(buckets) == 1:  # the common case: one group, the whole batch
-            run = (slots[0], starts[0], starts[0] + counts[0]) if len(slots) == 1 else None
-            return cls(positions, slot_of_token, [_group(slice(None), slots, starts, ragged, fused)], run)
+            return cls(positions, pages, offsets, [_group(slice(None), slots, starts, ragged, fused)], cache,
+                       _run(cache, slots, starts, counts))
         groups = []
         for rows in buckets.values():
             tokens = torch.tensor([t for r in rows for t in range(ragged.offsets[r], ragged.offsets[r] + counts[r])],
                                   dtype=torch.long, device=device)
             groups.append(_group(tokens, [slots[r] for r in rows], [starts[r] for r in rows],
                                  Ragged.build([counts[r] for r in rows], device), fused))
-        return cls(positions, slot_of_token, groups)
+        return cls(positions, pages, offsets, groups, cache)
+
+
+def _run(cache: KVCache, slots: list[int], starts: list[int], counts: list[int]) -> tuple[int, int, int] | None:
+    """One sequence whose new tokens fall in one page: its writes are a slice."""
+    if len(slots) != 1:
+        return None
+    first, last = starts[0] // cache.page, (starts[0] + counts[0] - 1) // cache.page
+    if first != last:
+        return None
+    offset = starts[0] % cache.page
+    return cache.tables[slots[0]][first], offset, offset + counts[0]
 
 
 def _group(tokens: Tensor | slice, slots: list[int], starts: list[int], ragged: Ragged,
@@ -194,17 +208,17 @@ class Attention(nn.Module):
         fb.write(k_cache, k)
         fb.write(v_cache, v)
         if len(fb.groups) == 1:
-            out = self.attend_group(q, fb.groups[0], k_cache, v_cache)
+            out = self.attend_group(q, fb.groups[0], fb.cache, k_cache, v_cache)
         else:
             out = q.new_empty(q.shape)
             for g in fb.groups:
-                out[g.tokens] = self.attend_group(q[g.tokens], g, k_cache, v_cache)
+                out[g.tokens] = self.attend_group(q[g.tokens], g, fb.cache, k_cache, v_cache)
         return self.o_proj(out.reshape(t, -1))
 
-    def attend_group(self, q: Tensor, g: AttentionGroup, k_cache: Tensor, v_cache: Tensor) -> Tensor:
+    def attend_group(self, q: Tensor, g: AttentionGroup, cache: KVCache, k_cache: Tensor, v_cache: Tensor) -> Tensor:
         """q [Tg, H, hd] of one attention group -> its attention output, packed alike."""
-        keys = gather_slots(k_cache, g.slots, g.kv_len)
-        values = gather_slots(v_cache, g.slots, g.kv_len)
+        keys = cache.gather(k_cache, g.slots, g.kv_len)
+        values = cache.gather(v_cache, g.slots, g.kv_len)
         qp = g.ragged.pad(q).transpose(1, 2)  # [G, H, Qmax, hd]
         return g.ragged.unpad(attend(qp, keys, values, g.mask, self.head_dim**-0.5).transpose(1, 2))
 
@@ -267,8 +281,9 @@ class Transformer(nn.Module):
     def save_pretrained(self, path: str | Path, dtype: torch.dtype = torch.float32) -> None:
         save_checkpoint(self, path, target_config_to_hf(self.config), dtype, _tied(self.config))
 
-    def new_cache(self, num_slots: int, max_len: int) -> KVCache:
-        return KVCache(self.config, num_slots, max_len, place_of(self))
+    def new_cache(self, num_slots: int, max_len: int, paging: Paging | None = None) -> KVCache:
+        """Unpaged (slots x max_len) unless `paging` (from a memory budget) says otherwise."""
+        return KVCache(self.config, num_slots, max_len, place_of(self), paging)
 
     def train_logits(self, ids: Tensor) -> Tensor:
         """ids [B, T] -> logits [B, T, vocab] with plain causal attention: the pretraining path."""
@@ -296,10 +311,9 @@ class Transformer(nn.Module):
         counts = [len(t) for t in tokens]
         starts = [cache.lengths[s] for s in slots]
         for s, st, c in zip(slots, starts, counts):
-            if st + c > cache.max_len:
-                raise ValueError(f"slot {s}: {st + c} tokens exceed the cache length {cache.max_len}")
+            cache.reserve(s, st + c)
         device = self.inv_freq.device
-        fb = ForwardBatch.build(slots, starts, counts, device)
+        fb = ForwardBatch.build(cache, slots, starts, counts, device)
         ids = torch.tensor([t for seq in tokens for t in seq], dtype=torch.long, device=device)
         x = self.model.embed_tokens(ids)
         cos, sin = rope_cos_sin(self.inv_freq, fb.positions)

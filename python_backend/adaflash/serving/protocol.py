@@ -28,6 +28,7 @@ from adaflash.decoding.costs import CostModel
 from adaflash.decoding.sampling import SamplingParams
 from adaflash.decoding.sequence import Request, Sequence
 from adaflash.decoding.steps import StepResult
+from adaflash.models.cache import Paging
 from adaflash.models.drafter import Draft
 from adaflash.models.placement import Placement, placement
 
@@ -332,6 +333,12 @@ def names(specs: Iterable[TensorSpec]) -> list[str]:
 def model_parameters(model_config: dict) -> dict[str, str]:
     """The `parameters` of a model's config (as Triton passes it to `initialize`), as plain strings."""
     return {k: v["string_value"] for k, v in model_config.get("parameters", {}).items()}
+
+
+def model_paging(params: dict[str, str]) -> Paging | None:
+    """The paged caches' shape the repository builder sized from a memory budget (`kv_pages` 0: unpaged)."""
+    pages = int(params.get("kv_pages") or 0)
+    return Paging(int(params["kv_page"]), pages) if pages else None
 
 
 def model_placement(params: dict[str, str], instance_kind: str, device_id: str) -> Placement:

@@ -18,7 +18,7 @@ import torch
 from adaflash.decoding.sampling import SamplingParams
 from adaflash.decoding.scheduler import Timed
 from adaflash.decoding.steps import StepResult, ms_since, step_batch
-from adaflash.models.cache import KVCache
+from adaflash.models.cache import KVCache, Paging
 from adaflash.models.drafter import DFlashDrafter, Draft
 from adaflash.models.placement import place_of
 from adaflash.models.target import TokenHeads, Transformer
@@ -114,8 +114,8 @@ class OccupancyReporter(threading.Thread):
 
 class TargetSlots(CacheSlots):
     def __init__(self, target: Transformer, num_slots: int, max_len: int, capture: list[int] | None,
-                 idle_timeout_s: float = 600.0) -> None:
-        super().__init__(target.new_cache(num_slots, max_len), idle_timeout_s)
+                 idle_timeout_s: float = 600.0, paging: Paging | None = None) -> None:
+        super().__init__(target.new_cache(num_slots, max_len, paging), idle_timeout_s)
         self.target, self.capture, self.max_len = target, capture, max_len
         self.sampling: dict[Hashable, tuple[SamplingParams, torch.Generator]] = {}
 
@@ -161,9 +161,9 @@ class TargetSlots(CacheSlots):
 
 class DrafterSlots(CacheSlots):
     def __init__(self, drafter: DFlashDrafter, target: Transformer | TokenHeads, num_slots: int, max_len: int,
-                 idle_timeout_s: float = 600.0) -> None:
+                 idle_timeout_s: float = 600.0, paging: Paging | None = None) -> None:
         drafter.check_target(target)
-        super().__init__(drafter.new_cache(num_slots, max_len), idle_timeout_s)
+        super().__init__(drafter.new_cache(num_slots, max_len, paging), idle_timeout_s)
         self.drafter, self.target = drafter, target
 
     def run(self, call: DraftCall) -> Timed[Draft]:

@@ -1,0 +1,668 @@
+"""An OpenAI-compatible HTTP endpoint (`/v1/models`, `/v1/completions`, `/v1/chat/completions`) in front of the
+server's own gRPC stream: `adaflash serve --openai-port`, or alone as `adaflash openai-front`.
+
+Why a front and not a second engine: every request goes through the `adaflash` ensemble exactly as a gRPC client's
+would (the same admission queue, pacing, metrics and lossless decoding), so the HTTP text equals the gRPC text. The
+front only translates: OpenAI fields to the ensemble's inputs (chat messages through the server's own
+`apply_chat_template` + `messages` fields), chunks to server-sent events, the server's field-naming errors to
+OpenAI's error format. A field the server cannot honour is refused by name with a 400, never ignored, because an
+OpenAI client has no other way to learn that its `n`, `logprobs` or penalty had no effect.
+
+Each HTTP request holds an `AdaFlashClient` of its own for its duration (taken from a pool, so connections are
+reused), which makes `AdaFlashClient.cancel()` a per-request cancel: a client that disconnects cancels its gRPC
+request at once, and the server frees the sequence.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import re
+import threading
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import uvicorn
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+from tokenizers import Tokenizer
+
+from adaflash.models.chat_template import ChatTemplate, load_chat_template
+from adaflash.models.tokenizer import load_tokenizer
+from adaflash.serving.api import prompt_ids
+from adaflash_client import AdaFlashClient, GenerationParams
+from adaflash_client.client import Chunk, GenerationError
+
+DEFAULT_PORT = 9000  # the port of Triton's own OpenAI frontend
+_PREPROCESSING = "preprocessing"  # the model whose config names the tokenizer and the output limit
+_COMPLETION_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
+_SERVER_ERROR = re.compile(r"\b(INVALID_ARGUMENT|UNAVAILABLE): (?:(\w+): )?")
+# The ensemble's inputs under the OpenAI field a client sent (text_input depends on the route).
+_PARAM_OF_INPUT = {"max_tokens": "max_tokens", "temperature": "temperature", "top_p": "top_p", "top_k": "top_k",
+                   "random_seed": "seed", "stop_words": "stop", "spec_mode": "spec_mode", "max_draft": "max_draft",
+                   "apply_chat_template": "messages", "messages": "messages",
+                   "chat_template_kwargs": "chat_template_kwargs"}
+
+
+class OpenAIError(Exception):
+    """An error answered in OpenAI's format: {"error": {"message", "type", "param", "code"}}."""
+
+    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None) -> None:
+        super().__init__(message)
+        self.status, self.message, self.param, self.code = status, message, param, code
+
+    @property
+    def kind(self) -> str:
+        return {400: "invalid_request_error", 404: "invalid_request_error", 503: "service_unavailable"}.get(
+            self.status, "server_error")
+
+    def body(self) -> dict[str, Any]:
+        return {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}}
+
+    def response(self) -> JSONResponse:
+        return JSONResponse(self.body(), status_code=self.status)
+
+
+def _invalid(param: str, message: str) -> OpenAIError:
+    return OpenAIError(400, f"{param}: {message}", param=param, code="invalid_value")
+
+
+# ---------------------------------------------------------------------------------------------
+# What the front knows of the served model
+
+
+@dataclass(frozen=True)
+class Target:
+    """The served target as the front needs it: its name, the output limit (the default `max_tokens` of a chat
+    request, as OpenAI's is "what the context allows"), and its tokenizer and chat template for `usage`'s
+    prompt_tokens (None when the front cannot read the server's target folder: prompt_tokens is then 0)."""
+
+    name: str
+    max_output_tokens: int
+    tokenizer: Tokenizer | None = None
+    chat: ChatTemplate | None = None
+
+    def prompt_tokens(self, values: dict[str, Any]) -> int:
+        """The prompt's length as the server's preprocessing computes it (the same function, the same files)."""
+        if self.tokenizer is None:
+            return 0
+        return len(prompt_ids(self.tokenizer, values, self.chat))
+
+
+def describe_target(grpc_url: str, served_model_name: str | None = None) -> Target:
+    """Read the target from the running server's preprocessing model config: its folder (the model folder's
+    name is the served name unless one is given) and its output limit."""
+    import tritonclient.grpc as grpcclient
+
+    client = grpcclient.InferenceServerClient(grpc_url)
+    try:
+        config = client.get_model_config(_PREPROCESSING, as_json=True)["config"]
+    finally:
+        client.close()
+    params = {k: v["string_value"] for k, v in config.get("parameters", {}).items()}
+    target_dir = Path(params["tokenizer_dir"])
+    name = served_model_name or target_dir.parent.name
+    if not (target_dir / "tokenizer.json").is_file():
+        return Target(name, int(params["max_output_tokens"]))
+    return Target(name, int(params["max_output_tokens"]), load_tokenizer(target_dir), load_chat_template(target_dir))
+
+
+# ---------------------------------------------------------------------------------------------
+# OpenAI request -> the ensemble's request
+
+
+@dataclass
+class Generation:
+    """One translated request: what is sent over gRPC, and what the answer needs."""
+
+    chat: bool
+    prompt: str
+    params: GenerationParams
+    stream: bool
+    include_usage: bool
+    max_tokens_param: str  # the field the client limited the output with, for the server's errors
+
+    def values(self) -> dict[str, Any]:
+        """The request as the server's preprocessing sees it, for counting the prompt's tokens."""
+        return {"text_input": self.prompt, "apply_chat_template": bool(self.params.apply_chat_template),
+                "messages": tuple(self.params.messages or ()),
+                "chat_template_kwargs": self.params.chat_template_kwargs or {}}
+
+
+_NO_EFFECT: dict[str, Callable[[Any], bool]] = {  # parameters the server lacks: accepted only at their neutral value
+    "n": lambda v: v == 1,
+    "best_of": lambda v: v == 1,
+    "logprobs": lambda v: v is False or v is None,
+    "top_logprobs": lambda v: v in (0, None),
+    "echo": lambda v: v is False,
+    "suffix": lambda v: v in ("", None),
+    "presence_penalty": lambda v: v == 0,
+    "frequency_penalty": lambda v: v == 0,
+    "repetition_penalty": lambda v: v == 1,
+    "logit_bias": lambda v: not v,
+    "tools": lambda v: not v,
+    "tool_choice": lambda v: v in ("none", None),
+    "parallel_tool_calls": lambda v: v is None,
+    "functions": lambda v: not v,
+    "function_call": lambda v: v in ("none", None),
+    "response_format": lambda v: v is None or v == {"type": "text"},
+}
+_COMMON = {"model", "stream", "stream_options", "max_tokens", "temperature", "top_p", "top_k", "seed", "stop",
+           "spec_mode", "max_draft", "user", *_NO_EFFECT}
+_COMPLETION_FIELDS = {*_COMMON, "prompt"}
+_CHAT_FIELDS = {*_COMMON, "messages", "max_completion_tokens", "chat_template_kwargs"}
+_CHAT_ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
+
+
+def completion_generation(body: dict[str, Any], target: Target) -> Generation:
+    """/v1/completions: one prompt string (OpenAI's default of 16 output tokens)."""
+    _check_fields(body, _COMPLETION_FIELDS, target)
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
+        prompt = prompt[0]
+    if not isinstance(prompt, str):
+        raise _invalid("prompt", "must be a string (a batch of prompts, or token ids, is not supported)")
+    max_tokens = _integer(body, "max_tokens", _COMPLETION_DEFAULT_MAX_TOKENS)
+    return _generation(body, chat=False, prompt=prompt, max_tokens=max_tokens, max_tokens_param="max_tokens")
+
+
+def chat_generation(body: dict[str, Any], target: Target) -> Generation:
+    """/v1/chat/completions: the last message is the user's turn (the ensemble's text_input), the ones before
+    travel as `messages`, and the server renders them all in the target's chat template."""
+    _check_fields(body, _CHAT_FIELDS, target)
+    *history, last = _chat_messages(body.get("messages"))
+    if last["role"] != "user":
+        raise _invalid("messages", f"the last message must be the user's, got role {last['role']!r}")
+    param = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
+    max_tokens = _integer(body, param, target.max_output_tokens)
+    generation = _generation(body, chat=True, prompt=last["content"], max_tokens=max_tokens, max_tokens_param=param)
+    generation.params.apply_chat_template = True
+    generation.params.messages = history or None
+    kwargs = body.get("chat_template_kwargs")
+    if kwargs is not None and not isinstance(kwargs, dict):
+        raise _invalid("chat_template_kwargs", "must be an object")
+    generation.params.chat_template_kwargs = kwargs or None
+    return generation
+
+
+def _check_fields(body: dict[str, Any], allowed: set[str], target: Target) -> None:
+    """Unknown fields, and known ones the server cannot honour, are refused by name; so is another model."""
+    unknown = sorted(set(body) - allowed)
+    if unknown:
+        raise OpenAIError(400, f"Unrecognized request argument supplied: {unknown[0]}", param=unknown[0],
+                          code="unsupported_parameter")
+    for name, neutral in _NO_EFFECT.items():
+        if name in body and not neutral(body[name]):
+            raise OpenAIError(400, f"{name}: not supported by this server (only {name}'s no-op value is accepted)",
+                              param=name, code="unsupported_parameter")
+    model = body.get("model")
+    if not isinstance(model, str):
+        raise _invalid("model", "must be a string naming the model (GET /v1/models)")
+    if model != target.name:
+        raise OpenAIError(404, f"The model `{model}` does not exist (this server serves `{target.name}`)",
+                          param="model", code="model_not_found")
+
+
+def _chat_messages(messages: Any) -> list[dict[str, str]]:
+    """Messages as the server's `messages` field takes them: role and text content only."""
+    if not isinstance(messages, list) or not messages:
+        raise _invalid("messages", "must be a non-empty list of messages")
+    return [_chat_message(m, i) for i, m in enumerate(messages)]
+
+
+def _chat_message(message: Any, index: int) -> dict[str, str]:
+    where = f"messages[{index}]"
+    if not isinstance(message, dict) or message.get("role") not in _CHAT_ROLES:
+        raise _invalid("messages", f"{where}: role must be one of {', '.join(_CHAT_ROLES)}")
+    extra = sorted(set(message) - {"role", "content", "name"})
+    if extra:
+        raise _invalid("messages", f"{where}.{extra[0]}: not supported by this server")
+    return {"role": _CHAT_ROLES[message["role"]], "content": _message_text(message.get("content"), where)}
+
+
+def _message_text(content: Any, where: str) -> str:
+    """String content, or a list of text parts joined (images and audio are refused)."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list) and all(isinstance(p, dict) and p.get("type") == "text"
+                                         and isinstance(p.get("text"), str) for p in content):
+        return "".join(p["text"] for p in content)
+    raise _invalid("messages", f"{where}.content: must be a string or a list of text parts")
+
+
+def _generation(body: dict[str, Any], chat: bool, prompt: str, max_tokens: int, max_tokens_param: str) -> Generation:
+    """The fields both routes share; OpenAI's defaults (temperature 1, top_p 1), not the server's."""
+    stream = _boolean(body, "stream", False)
+    options = body.get("stream_options")
+    if options is not None and not stream:
+        raise _invalid("stream_options", "only allowed when stream is true")
+    if options is not None and not (isinstance(options, dict) and set(options) <= {"include_usage"}):
+        raise _invalid("stream_options", "must be an object with include_usage only")
+    params = GenerationParams(
+        max_tokens=max_tokens,
+        temperature=_number(body, "temperature", 1.0),
+        top_k=_integer(body, "top_k", 0),
+        top_p=_number(body, "top_p", 1.0),
+        seed=_optional_integer(body, "seed"),
+        stop_words=_stop(body.get("stop")),
+        spec_mode=_optional_string(body, "spec_mode"),
+        max_draft=_optional_integer(body, "max_draft"),
+    )
+    return Generation(chat, prompt, params, stream, bool((options or {}).get("include_usage")), max_tokens_param)
+
+
+def _stop(value: Any) -> list[str] | None:
+    """A string or up to 4 strings (OpenAI's limit); the server checks that each is one token and says so."""
+    if value is None:
+        return None
+    words = [value] if isinstance(value, str) else value
+    if not (isinstance(words, list) and len(words) <= 4 and all(isinstance(w, str) for w in words)):
+        raise _invalid("stop", "must be a string or a list of up to 4 strings")
+    return words or None
+
+
+def _boolean(body: dict[str, Any], name: str, default: bool) -> bool:
+    value = body.get(name)
+    if value is None:
+        return default
+    if not isinstance(value, bool):
+        raise _invalid(name, f"must be a boolean, got {value!r}")
+    return value
+
+
+def _number(body: dict[str, Any], name: str, default: float) -> float:
+    value = body.get(name)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise _invalid(name, f"must be a number, got {value!r}")
+    return float(value)
+
+
+def _integer(body: dict[str, Any], name: str, default: int) -> int:
+    value = _optional_integer(body, name)
+    return default if value is None else value
+
+
+def _optional_integer(body: dict[str, Any], name: str) -> int | None:
+    value = body.get(name)
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+        raise _invalid(name, f"must be an integer, got {value!r}")
+    return value
+
+
+def _optional_string(body: dict[str, Any], name: str) -> str | None:
+    value = body.get(name)
+    if value is not None and not isinstance(value, str):
+        raise _invalid(name, f"must be a string, got {value!r}")
+    return value
+
+
+def server_error(error: GenerationError, generation: Generation) -> OpenAIError:
+    """The server's answer in OpenAI's terms: its INVALID_ARGUMENT names an input, which becomes the OpenAI field
+    the client sent (400); UNAVAILABLE (queue full, model unloaded while draining, server down) is a 503."""
+    match = _SERVER_ERROR.search(error.message)
+    if match and match.group(1) == "INVALID_ARGUMENT":
+        field = match.group(2) or ""
+        if field == "text_input":
+            param = "messages" if generation.chat else "prompt"
+        elif field == "max_tokens":
+            param = generation.max_tokens_param
+        else:
+            param = _PARAM_OF_INPUT.get(field)
+        return OpenAIError(400, error.message[match.end():] if param else error.message, param=param,
+                           code="invalid_value")
+    if (match or error.status == "StatusCode.UNAVAILABLE" or "unknown model" in error.message
+            or "is not ready" in error.message):
+        return OpenAIError(503, f"the server is unavailable: {error.message}", code="service_unavailable")
+    return OpenAIError(500, error.message, code="server_error")
+
+
+# ---------------------------------------------------------------------------------------------
+# gRPC chunks on the event loop
+
+
+class ClientPool:
+    """Idle `AdaFlashClient`s; each HTTP request holds one alone, so its cancel() cancels only that request."""
+
+    def __init__(self, grpc_url: str) -> None:
+        self.grpc_url = grpc_url
+        self._idle: list[AdaFlashClient] = []
+        self._lock = threading.Lock()
+
+    def acquire(self) -> AdaFlashClient:
+        with self._lock:
+            if self._idle:
+                return self._idle.pop()
+        return AdaFlashClient(self.grpc_url)
+
+    def release(self, client: AdaFlashClient) -> None:
+        with self._lock:
+            self._idle.append(client)
+
+    def close(self) -> None:
+        with self._lock:
+            idle, self._idle = self._idle, []
+        for client in idle:
+            client.close()
+
+
+_END = object()
+
+
+class _Pump:
+    """Iterates one request's chunks in a thread of its own (the client library blocks) and hands them to the
+    event loop; cancel() from the loop ends the gRPC request at once. The client goes back to the pool only
+    when the thread is done with it, and a late cancel() can then no longer reach the client's next request."""
+
+    def __init__(self, pool: ClientPool, chunks: Iterator[Chunk], client: AdaFlashClient) -> None:
+        self.pool, self.chunks, self.client = pool, chunks, client
+        self.queue: asyncio.Queue = asyncio.Queue()
+        self.loop = asyncio.get_running_loop()
+        self._lock = threading.Lock()
+        self._done = False
+        threading.Thread(target=self._run, name="openai-front-request", daemon=True).start()
+
+    def _run(self) -> None:
+        end: object = _END
+        try:
+            with contextlib.closing(self.chunks):
+                for chunk in self.chunks:
+                    self._hand(chunk)
+        except Exception as exc:  # noqa: BLE001 - handed to the request, which answers it
+            end = exc
+        with self._lock:
+            self._done = True
+        self.pool.release(self.client)
+        self._hand(end)
+
+    def _hand(self, item: object) -> None:
+        with contextlib.suppress(RuntimeError):  # the loop closed: the front is shutting down
+            self.loop.call_soon_threadsafe(self.queue.put_nowait, item)
+
+    def cancel(self) -> None:
+        with self._lock:
+            if not self._done:
+                self.client.cancel()
+
+
+async def chunks_of(pool: ClientPool, generation: Generation) -> AsyncIterator[Chunk]:
+    """The request's chunks; leaving early (a closed or cancelled generator: the HTTP client left) cancels it."""
+    client = pool.acquire()
+    try:
+        chunks = client.stream(generation.prompt, generation.params)
+    except ValueError as exc:  # a value its tensor cannot hold (a seed above 2**64)
+        pool.release(client)
+        field = str(exc).split("=", 1)[0]
+        raise _invalid(_PARAM_OF_INPUT.get(field, field), str(exc)) from None
+    pump = _Pump(pool, chunks, client)
+    try:
+        while (item := await pump.queue.get()) is not _END:
+            if isinstance(item, GenerationError):
+                raise server_error(item, generation)
+            if isinstance(item, Exception):
+                raise item
+            yield item
+    finally:
+        pump.cancel()
+
+
+# ---------------------------------------------------------------------------------------------
+# Responses
+
+
+@dataclass
+class Totals:
+    """What the chunks of a request add up to (counters are cumulative, per-step lists concatenate)."""
+
+    num_output_tokens: int = 0
+    accepted: int = 0
+    drafted: int = 0
+    verify_steps: int = 0
+    target_forwards: int = 0
+    finish_reason: str | None = None
+
+    def add(self, chunk: Chunk) -> None:
+        self.num_output_tokens, self.target_forwards = chunk.num_output_tokens, chunk.target_forwards
+        self.accepted += sum(chunk.accepted_per_step)
+        self.drafted += sum(chunk.draft_len_per_step)
+        self.verify_steps += len(chunk.accepted_per_step)
+        self.finish_reason = chunk.finish_reason or self.finish_reason
+
+    def usage(self, prompt_tokens: int) -> dict[str, int]:
+        return {"prompt_tokens": prompt_tokens, "completion_tokens": self.num_output_tokens,
+                "total_tokens": prompt_tokens + self.num_output_tokens}
+
+    def speculation(self) -> dict[str, Any]:
+        """The `adaflash` object: tau counts committed tokens per verify step, bonus included, as the client
+        library's Completion.tau does."""
+        steps = self.verify_steps
+        return {"tau": (self.num_output_tokens - 1) / steps if steps else None, "verify_steps": steps,
+                "target_forwards": self.target_forwards, "draft_tokens": self.drafted,
+                "accepted_draft_tokens": self.accepted,
+                "acceptance_rate": self.accepted / self.drafted if self.drafted else None}
+
+
+class Answer:
+    """The OpenAI objects of one request: ids, names and the shape of a choice per route."""
+
+    def __init__(self, generation: Generation, model: str) -> None:
+        self.chat, self.model = generation.chat, model
+        self.id = f"{'chatcmpl' if self.chat else 'cmpl'}-{uuid.uuid4().hex}"
+        self.created = int(time.time())
+
+    def _object(self, kind: str, choices: list[dict[str, Any]]) -> dict[str, Any]:
+        return {"id": self.id, "object": kind, "created": self.created, "model": self.model, "choices": choices}
+
+    def whole(self, text: str, totals: Totals, prompt_tokens: int) -> dict[str, Any]:
+        if self.chat:
+            choice = {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
+                      "finish_reason": totals.finish_reason}
+        else:
+            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": totals.finish_reason}
+        return {**self._object("chat.completion" if self.chat else "text_completion", [choice]),
+                "usage": totals.usage(prompt_tokens), "adaflash": totals.speculation()}
+
+    def delta(self, delta: dict[str, Any] | str, finish_reason: str | None = None) -> dict[str, Any]:
+        """A stream chunk with one choice: a chat `delta` object, or a completion's text."""
+        if self.chat:
+            choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+        else:
+            choice = {"index": 0, "text": delta, "logprobs": None, "finish_reason": finish_reason}
+        return self._object("chat.completion.chunk" if self.chat else "text_completion", [choice])
+
+    def usage_chunk(self, totals: Totals, prompt_tokens: int) -> dict[str, Any]:
+        return {**self._object("chat.completion.chunk" if self.chat else "text_completion", []),
+                "usage": totals.usage(prompt_tokens), "adaflash": totals.speculation()}
+
+
+def sse(payload: dict[str, Any] | str) -> str:
+    return f"data: {payload if isinstance(payload, str) else json.dumps(payload, ensure_ascii=False)}\n\n"
+
+
+async def stream_events(answer: Answer, first: Chunk | None, rest: AsyncIterator[Chunk], generation: Generation,
+                        prompt_tokens: int) -> AsyncIterator[str]:
+    """Server-sent events: a chunk per server response, the finishing chunk (with the `adaflash` object), the usage
+    chunk when asked for, `[DONE]`. An error after the first event is sent as an error event."""
+    totals = Totals()
+    usage_field = {"usage": None} if generation.include_usage else {}
+    if answer.chat:
+        yield sse({**answer.delta({"role": "assistant", "content": ""}), **usage_field})
+    try:
+        chunk = first
+        while chunk is not None:
+            totals.add(chunk)
+            if chunk.text:
+                yield sse({**answer.delta({"content": chunk.text} if answer.chat else chunk.text), **usage_field})
+            chunk = await anext(rest, None)
+    except OpenAIError as error:
+        yield sse(error.body())
+        yield sse("[DONE]")
+        return
+    finally:
+        await rest.aclose()
+    yield sse({**answer.delta({} if answer.chat else "", totals.finish_reason), **usage_field,
+               "adaflash": totals.speculation()})
+    if generation.include_usage:
+        yield sse(answer.usage_chunk(totals, prompt_tokens))
+    yield sse("[DONE]")
+
+
+# ---------------------------------------------------------------------------------------------
+# The application
+
+
+class Front:
+    """The routes over one server: the target's description and the client pool."""
+
+    def __init__(self, grpc_url: str, target: Target) -> None:
+        self.target = target
+        self.pool = ClientPool(grpc_url)
+
+    async def models(self, request: Request) -> Response:
+        return JSONResponse({"object": "list", "data": [{"id": self.target.name, "object": "model", "created": 0,
+                                                         "owned_by": "adaflash"}]})
+
+    async def completions(self, request: Request) -> Response:
+        return await self._answer(request, completion_generation)
+
+    async def chat_completions(self, request: Request) -> Response:
+        return await self._answer(request, chat_generation)
+
+    async def _answer(self, request: Request, translate: Callable[[dict[str, Any], Target], Generation]) -> Response:
+        """The first chunk (or the server's refusal) comes before the response starts, so a refused request gets
+        its 400 or 503 status rather than an error inside a 200 stream."""
+        try:
+            generation = translate(await _json_body(request), self.target)
+            prompt_tokens = self._prompt_tokens(generation)
+            chunks = chunks_of(self.pool, generation)
+            first = await _unless_disconnected(request, anext(chunks, None))
+            answer = Answer(generation, self.target.name)
+            if generation.stream:
+                return StreamingResponse(stream_events(answer, first, chunks, generation, prompt_tokens),
+                                         media_type="text/event-stream")
+            return JSONResponse(await _unless_disconnected(request, _whole(answer, first, chunks, prompt_tokens)))
+        except OpenAIError as error:
+            return error.response()
+
+    def _prompt_tokens(self, generation: Generation) -> int:
+        """The server refuses what cannot be rendered or tokenised, naming the field: leave that answer to it."""
+        try:
+            return self.target.prompt_tokens(generation.values())
+        except ValueError:
+            return 0
+
+
+async def _json_body(request: Request) -> dict[str, Any]:
+    try:
+        body = json.loads(await request.body())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise OpenAIError(400, f"the request body is not JSON: {exc}", code="invalid_json") from None
+    if not isinstance(body, dict):
+        raise OpenAIError(400, "the request body must be a JSON object", code="invalid_json")
+    return body
+
+
+async def _whole(answer: Answer, first: Chunk | None, rest: AsyncIterator[Chunk], prompt_tokens: int) -> dict:
+    totals, texts = Totals(), []
+    async with contextlib.aclosing(rest):
+        chunk = first
+        while chunk is not None:
+            totals.add(chunk)
+            texts.append(chunk.text)
+            chunk = await anext(rest, None)
+    return answer.whole("".join(texts), totals, prompt_tokens)
+
+
+async def _unless_disconnected(request: Request, work: Any) -> Any:
+    """`work`'s result; cancelled (its generator closed, so the gRPC request with it) when the HTTP client
+    disconnects first. A streaming response watches for this itself once it has started."""
+    task = asyncio.ensure_future(work)
+    watch = asyncio.ensure_future(_disconnect(request))
+    try:
+        await asyncio.wait({task, watch}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watch.cancel()
+        if not task.done():
+            task.cancel()
+    if task.cancelled():
+        raise OpenAIError(499, "the client disconnected", code="client_closed_request")
+    return task.result()
+
+
+async def _disconnect(request: Request) -> None:
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+async def _http_error(request: Request, exc: Exception) -> Response:
+    """Unknown routes and wrong methods in OpenAI's error format too."""
+    status = exc.status_code if isinstance(exc, HTTPException) else 500
+    message = f"{request.method} {request.url.path}: {exc.detail if isinstance(exc, HTTPException) else exc}"
+    return OpenAIError(status, message, code="not_found" if status == 404 else None).response()
+
+
+def create_app(grpc_url: str, target: Target) -> Starlette:
+    front = Front(grpc_url, target)
+    routes = [Route("/v1/models", front.models, methods=["GET"]),
+              Route("/v1/completions", front.completions, methods=["POST"]),
+              Route("/v1/chat/completions", front.chat_completions, methods=["POST"])]
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        yield
+        front.pool.close()
+
+    return Starlette(routes=routes, exception_handlers={HTTPException: _http_error}, lifespan=lifespan)
+
+
+class FrontServer:
+    """The front on a port of `host`, served by uvicorn in a thread: `adaflash serve` starts it once Triton is
+    ready and stops it on shutdown."""
+
+    def __init__(self, grpc_url: str, host: str, port: int, served_model_name: str | None = None) -> None:
+        app = create_app(grpc_url, describe_target(grpc_url, served_model_name))
+        self.server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning",
+                                                    timeout_graceful_shutdown=5))
+        self.url = f"http://{host}:{port}/v1"
+        self._thread = threading.Thread(target=self.server.run, name="openai-front", daemon=True)
+
+    def start(self, timeout_s: float = 30.0) -> FrontServer:
+        """Return once uvicorn listens; RuntimeError when it failed to (the port taken) or is not up in time."""
+        self._thread.start()
+        deadline = time.monotonic() + timeout_s
+        while not self.server.started:
+            if not self._thread.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError(f"the OpenAI endpoint did not start on {self.url}")
+            time.sleep(0.05)
+        return self
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self._thread.join(timeout=10)
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    """The `adaflash openai-front` command (entry point `adaflash.commands`)."""
+    p = sub.add_parser("openai-front", help="serve the OpenAI-compatible HTTP endpoint in front of a running server")
+    p.add_argument("--grpc-url", default="127.0.0.1:8001", help="the running server's gRPC address")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=DEFAULT_PORT)
+    p.add_argument("--served-model-name", help="the model name clients send (default: the model folder's name)")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    app = create_app(args.grpc_url, describe_target(args.grpc_url, args.served_model_name))
+    print(f"OpenAI-compatible endpoint on http://{args.host}:{args.port}/v1 (gRPC {args.grpc_url})", flush=True)
+    uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
+    return 0
