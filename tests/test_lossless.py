@@ -159,7 +159,9 @@ def test_max_draft_caps_the_verified_length(trained_tiny, prompts, reference, mo
     for seq, ref in zip(seqs, reference):
         assert seq.output == ref
         assert all(st.draft_len <= 3 for st in seq.steps)
-    assert any(st.draft_len == 3 for seq in seqs for st in seq.steps)
+    # the published rule verifies round(ratio x B x 1.3) - 1 tokens: on this drafter's low estimates, below the cap
+    reached = 0 if mode == "adaflash-published" else 2
+    assert any(st.draft_len > reached for seq in seqs for st in seq.steps)
 
 
 @pytest.mark.parametrize("mode", ["ngram", "dflash", "adaflash"])

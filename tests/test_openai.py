@@ -41,7 +41,7 @@ def served(tmp_path_factory):
     costs = root / "cost.json"
     fixed_costs(16).save(costs)
     cfg = RepositoryConfig(max_active=16, max_batch_size=16, max_len=1024, max_prompt_tokens=400,
-                           max_output_tokens=600)
+                           max_output_tokens=600, preprocessing_instances=1)
     repo = build_repository(root / "model_repository", model_dir, "drafter", cfg, costs)
     with TritonServer(ServerConfig(model_repository=repo, state_dir=root / "state")) as server:
         front = FrontServer(server.grpc_url, "127.0.0.1", free_ports(1)[0]).start()
@@ -193,6 +193,7 @@ def test_bad_completion_input_is_an_openai_400_naming_the_field(sdk, case):
     (dict(logprobs=True), "logprobs"),
     (dict(tools=[{"type": "function", "function": {"name": "f", "parameters": {}}}]), "tools"),
     (dict(messages=[{"role": "assistant", "content": "hi"}]), "messages"),
+    (dict(messages=[{"role": "user", "content": "hi", "name": "bob"}]), "messages"),
     (dict(messages=[{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]), "messages"),
 ])
 def test_bad_chat_input_is_an_openai_400_naming_the_field(sdk, kwargs, param):
@@ -237,4 +238,4 @@ def test_server_refusals_become_openai_errors(message, chat, status, param):
 def test_an_unreachable_server_is_a_503():
     error = server_error(GenerationError("StatusCode.UNAVAILABLE", "failed to connect to all addresses"),
                          _generation(False))
-    assert error.status == 503 and error.body()["error"]["type"] == "service_unavailable"
+    assert (error.status, error.body()["error"]["code"]) == (503, "service_unavailable")

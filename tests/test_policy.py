@@ -115,14 +115,15 @@ def test_ratio_to_rates_solves_the_geometric_sum(block_size):
 
 
 def test_published_length():
-    assert published_length(0.0, 16, 15) == 1  # at least one token
-    assert published_length(0.01, 16, 15) == 1
-    assert published_length(0.2, 16, 15) == 4  # round(4.16)
-    assert published_length(0.3, 16, 15) == 6  # round(6.24)
-    assert published_length(0.5, 16, 15) == 10  # round(10.4)
+    """round(ratio x B x 1.3) block positions, the anchor among them, within [1, B]: one fewer draft tokens."""
+    assert published_length(0.0, 16, 15) == 0  # the anchor alone: a plain step
+    assert published_length(0.01, 16, 15) == 0
+    assert published_length(0.2, 16, 15) == 3  # round(4.16) - 1
+    assert published_length(0.3, 16, 15) == 5  # round(6.24) - 1
+    assert published_length(0.5, 16, 15) == 9  # round(10.4) - 1
     assert published_length(0.5, 16, 7) == 7  # capped
-    assert published_length(1.0, 16, 15) == 15  # round(20.8) capped at the block
-    assert published_length(0.5, 8, 7) == 5  # round(5.2)
+    assert published_length(1.0, 16, 15) == 15  # round(20.8) capped at the block, minus the anchor
+    assert published_length(0.5, 8, 7) == 4  # round(5.2) - 1
 
 
 def test_probes_back_off_while_drafting_does_not_pay():

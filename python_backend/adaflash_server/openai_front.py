@@ -62,8 +62,7 @@ class OpenAIError(Exception):
 
     @property
     def kind(self) -> str:
-        return {400: "invalid_request_error", 404: "invalid_request_error", 503: "service_unavailable"}.get(
-            self.status, "server_error")
+        return "invalid_request_error" if self.status < 500 else "server_error"
 
     def body(self) -> dict[str, Any]:
         return {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}}
@@ -223,7 +222,7 @@ def _chat_message(message: Any, index: int) -> dict[str, str]:
     where = f"messages[{index}]"
     if not isinstance(message, dict) or message.get("role") not in _CHAT_ROLES:
         raise _invalid("messages", f"{where}: role must be one of {', '.join(_CHAT_ROLES)}")
-    extra = sorted(set(message) - {"role", "content", "name"})
+    extra = sorted(set(message) - {"role", "content"})
     if extra:
         raise _invalid("messages", f"{where}.{extra[0]}: not supported by this server")
     return {"role": _CHAT_ROLES[message["role"]], "content": _message_text(message.get("content"), where)}
@@ -495,9 +494,9 @@ async def stream_events(answer: Answer, first: Chunk | None, rest: AsyncIterator
     chunk when asked for, `[DONE]`. An error after the first event is sent as an error event."""
     totals = Totals()
     usage_field = {"usage": None} if generation.include_usage else {}
-    if answer.chat:
-        yield sse({**answer.delta({"role": "assistant", "content": ""}), **usage_field})
     try:
+        if answer.chat:
+            yield sse({**answer.delta({"role": "assistant", "content": ""}), **usage_field})
         chunk = first
         while chunk is not None:
             totals.add(chunk)
@@ -594,6 +593,7 @@ async def _unless_disconnected(request: Request, work: Any) -> Any:
         watch.cancel()
         if not task.done():
             task.cancel()
+            await asyncio.wait({task})
     if task.cancelled():
         raise OpenAIError(499, "the client disconnected", code="client_closed_request")
     return task.result()

@@ -27,10 +27,12 @@ import torch.nn.functional as F
 from torch import Tensor
 from tqdm import tqdm
 
-from adaflash.cli_args import DEFAULT_MODEL_DIR, csv_list
+from adaflash.cli_args import DEFAULT_MODEL_DIR, add_placement_args, csv_list
 from adaflash.models.drafter import DFlashDrafter, LengthHead, PositionHead
 from adaflash.models.target import Transformer
-from adaflash.training.dflash import anchored_blocks, sample_anchors, target_features
+from adaflash.models.placement import move_to, placement
+from adaflash.training.dflash import anchored_blocks, block_logits, sample_anchors, target_features
+from adaflash.training.precision import master_place
 
 HEADS = {"published": "thresh_head_two_model.", "position": "position_head."}  # head -> its tensors' prefix
 
@@ -74,7 +76,7 @@ def collect_blocks(drafter: DFlashDrafter, target: Transformer, sequences: list[
             continue
         feats = target_features(target, tokens, drafter.config.target_layer_ids)
         hidden, labels, valid = anchored_blocks(drafter, target, t, feats, anchors)
-        logits = target.lm_head(hidden[:, 1:])
+        logits = block_logits(target, hidden)
         parts.append((hidden, PositionHead.confidence(logits), (logits.argmax(-1) == labels) & valid, valid.all(dim=1)))
         tags += [domain] * anchors.numel()
     return Blocks(*(torch.cat([p[i] for p in parts]) for i in range(4)), tags)
@@ -209,13 +211,20 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--head-dim", type=int, default=64)
     p.add_argument("--holdout", type=float, default=0.1, help="share of sequences kept for calibration")
     p.add_argument("--seed", type=int, default=0)
+    add_placement_args(p)
     args = p.parse_args(argv)
+    try:
+        place = placement(args.device, args.dtype)
+    except ValueError as exc:
+        p.error(f"--{exc}")
     heads = tuple(args.heads)
     out = args.out or f"{args.drafter}-heads"
     regenerated = args.regenerated or Path("work") / args.drafter / "regenerated.jsonl"
     rows = [json.loads(line) for line in regenerated.read_text().splitlines()]
-    target = Transformer.from_pretrained(args.model_dir / "target")
-    drafter = with_heads(DFlashDrafter.from_pretrained(args.model_dir / args.drafter), args.head_dim, args.seed, heads)
+    target = Transformer.from_pretrained(args.model_dir / "target", place)
+    master = master_place(place)  # the heads train in fp32 on the device, the drafter frozen beside them
+    drafter = move_to(with_heads(DFlashDrafter.from_pretrained(args.model_dir / args.drafter, master), args.head_dim,
+                                 args.seed, heads), master)
     train_idx, held_idx = split(len(rows), args.holdout, args.seed)
 
     def blocks(idx: list[int]) -> Blocks:
