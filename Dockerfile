@@ -23,7 +23,7 @@ ENV PIP_CONSTRAINT=""
 WORKDIR /app
 COPY . .
 RUN --mount=type=cache,target=/root/.cache/pip make venv
-EXPOSE 8000 8001 8002
+EXPOSE 8000 8001 8002 9000
 CMD [".venv/bin/adaflash", "serve", "--host", "0.0.0.0"]
 
 FROM python:3.11.13-slim-bookworm AS cpu
@@ -35,5 +35,5 @@ ENV PIP_EXTRA_INDEX_URL=https://download.pytorch.org/whl/cpu
 WORKDIR /app
 COPY . .
 RUN --mount=type=cache,target=/root/.cache/pip make venv
-EXPOSE 8000 8001 8002
+EXPOSE 8000 8001 8002 9000
 CMD [".venv/bin/adaflash", "serve", "--host", "0.0.0.0"]

@@ -31,7 +31,7 @@ DOCKERFILE = ROOT / "Dockerfile"
 DOCKERIGNORE = ROOT / ".dockerignore"
 SCHEMA = Path(__file__).parent / "fixtures" / "compose_spec" / "compose-spec.json"
 READY_URL = "http://127.0.0.1:8000/v2/health/ready"
-CONTAINER_PORTS = ["8000", "8001", "8002"]  # HTTP, gRPC, metrics: `adaflash serve`'s defaults
+CONTAINER_PORTS = ["8000", "8001", "8002", "9000"]  # HTTP, gRPC, metrics, OpenAI: `adaflash serve`'s defaults
 ADAFLASH = ".venv/bin/adaflash"
 BIND_ALL = ["--host", "0.0.0.0"]
 TRTLLM_IMAGE = "nvcr.io/nvidia/tritonserver:{tag}-trtllm-python-py3"
@@ -182,7 +182,8 @@ def test_default_service_publishes_the_server_ports_and_waits_for_readiness() ->
     assert server["build"]["target"] == "cpu"
     assert "command" not in server  # the image's CMD, held to `make serve` below
     defaults = cli(json.loads(instructions(stages()["cpu"], "CMD")[0]))
-    assert [str(defaults.http_port), str(defaults.grpc_port), str(defaults.metrics_port)] == CONTAINER_PORTS
+    assert [str(defaults.http_port), str(defaults.grpc_port), str(defaults.metrics_port),
+            str(defaults.openai_port)] == CONTAINER_PORTS
 
 
 def test_gpu_profile_reserves_an_nvidia_gpu_and_serves_the_mounted_models_on_cuda() -> None:

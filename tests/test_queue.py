@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
@@ -89,7 +90,7 @@ def test_beyond_the_queue_and_its_longest_wait_requests_are_refused_by_name(serv
 def _serve(tmp_path):
     """`adaflash serve --tiny-random` as a user runs it, on free ports: (process, ports)."""
     ports = free_ports(3)
-    cmd = [sys.executable, "-m", "adaflash.cli", "serve", "--tiny-random", "--state-dir", str(tmp_path),
+    cmd = [sys.executable, "-m", "adaflash.cli", "serve", "--tiny-random", "--state-dir", str(tmp_path), "--openai-port", "0",
            "--grpc-port", str(ports[0]), "--http-port", str(ports[1]), "--metrics-port", str(ports[2]),
            "--max-active", "2", "--max-len", "4096", "--max-prompt-tokens", "64", "--max-output-tokens", "3000"]
     serve = subprocess.Popen(cmd, stdout=(tmp_path / "serve.log").open("w"), stderr=subprocess.STDOUT)
@@ -167,3 +168,29 @@ def _http_status(port: int, path: str) -> int | None:
         return exc.code
     except OSError:
         return None
+
+
+def test_sigterm_after_a_cancelled_stream_exits_without_waiting_for_the_drain_timeout(tmp_path):
+    """A stream the client cancelled is over for the server: the drain that follows must not wait out its
+    timeout (60 s here) for it."""
+    serve, (grpc_port, _, metrics_port) = _serve(tmp_path)
+    try:
+        with AdaFlashClient(f"127.0.0.1:{grpc_port}", timeout_s=60) as client:
+            stream = client.stream("x", GenerationParams(max_tokens=1500, spec_mode="ar"))
+            next(stream)
+            stream.close()
+        wait_until(lambda: _cancelled(metrics_port) == 1, 30, "the cancel to land")
+        started = time.monotonic()
+        serve.send_signal(signal.SIGTERM)
+        assert serve.wait(90) == 0
+        assert time.monotonic() - started < 30, (tmp_path / "serve.log").read_text()[-2000:]
+    finally:
+        if serve.poll() is None:
+            serve.kill()
+            serve.wait()
+
+
+def _cancelled(metrics_port: int) -> float:
+    text = urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics").read().decode()
+    return sum(float(v) for v in re.findall(r'^adaflash_requests_total{[^}]*finish_reason="cancelled"[^}]*} (\S+)$',
+                                             text, re.M))

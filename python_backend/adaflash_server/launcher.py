@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import re
 import shutil
 import signal
 import socket
@@ -36,6 +37,7 @@ from adaflash.serving.threads import openmp_wait_env
 
 LOG_TAIL_LINES = 60
 _POLL_INTERVAL_S = 0.1
+_IDLE_SETTLE_S = 1.0  # the orchestrator's gauges are updated off its loop: idle counts once it has lasted this long
 _READY_PROBE_TIMEOUT_S = 2.0
 
 
@@ -364,6 +366,9 @@ class TritonServer:
         self._process: subprocess.Popen | None = None  # set while started and not yet cleaned up
         self._healer: Healer | None = None
         self._log: IO[bytes] | None = None
+        # After a drain: Triton still counts requests in flight that the orchestrator has ended (cancelled
+        # streams), so its own shutdown would wait out its exit timeout and fail; stopping kills it instead.
+        self._stranded = False
 
     @property
     def grpc_url(self) -> str:
@@ -447,7 +452,10 @@ class TritonServer:
         a new BLS request to the target, which a stopping server refuses, so in-flight requests would
         fail at their next step. Unloading only the entry model instead makes readiness false and refuses
         new requests at once, while the requests it admitted (queued ones included) run to their end on
-        the models behind it; Triton finishes the unload when the last one ends.
+        the models behind it; Triton finishes the unload when the last one ends. A stream its client cancelled
+        never ends for Triton 2.51's ensemble (the unload would wait out the timeout), so the drain is also over
+        when the orchestrator reports nothing running and nothing queued (the server is then stopped with a
+        kill: nothing is left to finish).
         """
         import tritonclient.grpc as grpcclient  # late, as in _server_ready
 
@@ -455,13 +463,27 @@ class TritonServer:
         try:
             client.unload_model(self.config.entry_model)
             deadline = time.monotonic() + timeout_s
+            idle_since = None
             while self._entry_state(client) == "UNLOADING":
+                idle_since = (idle_since or time.monotonic()) if self._orchestrator_idle() else None
+                if idle_since is not None and time.monotonic() - idle_since >= _IDLE_SETTLE_S:
+                    self._stranded = True
+                    return True
                 if time.monotonic() > deadline:
                     return False
                 time.sleep(_POLL_INTERVAL_S)
             return True
         finally:
             client.close()
+
+    def _orchestrator_idle(self) -> bool:
+        """No request running or queued, as the orchestrator's gauges say (False when they cannot be read)."""
+        try:
+            text = urllib.request.urlopen(self.metrics_url, timeout=2).read().decode()
+        except OSError:
+            return False
+        gauges = re.findall(r"^adaflash_(?:active_sequences|queued_requests)(?:{[^}]*})? (\S+)$", text, re.M)
+        return bool(gauges) and all(float(v) == 0 for v in gauges)
 
     def _entry_state(self, client) -> str:
         index = client.get_model_repository_index(as_json=True).get("models", [])
@@ -477,6 +499,11 @@ class TritonServer:
         process = self._process
         if process is None:
             return None
+        if process.poll() is None and self._stranded:
+            _kill_group(process.pid)
+            process.wait()
+            self._cleanup()
+            return 0
         if process.poll() is None:
             process.send_signal(signal.SIGTERM)
             try:
