@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from adaflash.decoding.costs import CostModel
 from adaflash.decoding.engine import Engine
@@ -86,3 +88,49 @@ def modes_equal_up_to_ties(target: Transformer, drafter, prompts: list[list[int]
             gap = (logits[ref[i]] - logits[got[i]]).abs().item()
             assert gap <= tolerance * logits.abs().max().item(), f"{mode} departs at {i} with a logit gap of {gap}"
     return equal
+
+
+# A one-model repository for tests of the launcher and deployment: the Python backend echoes its input.
+ECHO_CONFIG = """\
+name: "echo"
+backend: "python"
+max_batch_size: 0
+input [ { name: "IN", data_type: TYPE_INT32, dims: [ -1 ] } ]
+output [ { name: "OUT", data_type: TYPE_INT32, dims: [ -1 ] } ]
+instance_group [ { kind: KIND_CPU, count: 1 } ]
+"""
+
+ECHO_MODEL = """\
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        return [
+            pb_utils.InferenceResponse([pb_utils.Tensor("OUT", pb_utils.get_input_tensor_by_name(r, "IN").as_numpy())])
+            for r in requests
+        ]
+"""
+
+
+def echo_repository(root: Path, config: str = ECHO_CONFIG, model: str = ECHO_MODEL) -> Path:
+    """A model repository with one Python-backend model, `echo`, version 1."""
+    (root / "echo" / "1").mkdir(parents=True)
+    (root / "echo" / "config.pbtxt").write_text(config)
+    (root / "echo" / "1" / "model.py").write_text(model)
+    return root
+
+
+class DeviceLog(TorchDispatchMode):
+    """Every device an op's tensor outputs land on while the mode is active."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.devices: dict[torch.device, list[str]] = {}
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in out if isinstance(out, (tuple, list)) else [out]:
+            if isinstance(t, torch.Tensor):
+                self.devices.setdefault(t.device, []).append(str(func))
+        return out

@@ -19,6 +19,7 @@ import jsonschema
 import pytest
 import yaml
 from dockerfile_parse import DockerfileParser
+from helpers import echo_repository
 
 from adaflash.cli import build_parser
 from adaflash_client import sweep
@@ -35,25 +36,6 @@ CONTAINER_PORTS = ["8000", "8001", "8002", "9000"]  # HTTP, gRPC, metrics, OpenA
 ADAFLASH = ".venv/bin/adaflash"
 BIND_ALL = ["--host", "0.0.0.0"]
 TRTLLM_IMAGE = "nvcr.io/nvidia/tritonserver:{tag}-trtllm-python-py3"
-
-ECHO_CONFIG = """\
-name: "echo"
-backend: "python"
-max_batch_size: 0
-input [ { name: "IN", data_type: TYPE_INT32, dims: [ -1 ] } ]
-output [ { name: "OUT", data_type: TYPE_INT32, dims: [ -1 ] } ]
-instance_group [ { kind: KIND_CPU, count: 1 } ]
-"""
-ECHO_MODEL = """\
-import triton_python_backend_utils as pb_utils
-
-
-class TritonPythonModel:
-    def execute(self, requests):
-        return [pb_utils.InferenceResponse([pb_utils.Tensor("OUT", pb_utils.get_input_tensor_by_name(r, "IN")
-                .as_numpy())]) for r in requests]
-"""
-
 
 def interpolate(value: object, env: dict[str, str]) -> object:
     """Compose's `${VAR}` and `${VAR:-default}` substitution, applied before Compose validates a file."""
@@ -145,13 +127,6 @@ def _pattern_regex(pattern: str) -> re.Pattern:
 def dockerignore_patterns() -> list[str]:
     lines = (line.strip() for line in DOCKERIGNORE.read_text().splitlines())
     return [line for line in lines if line and not line.startswith("#")]
-
-
-def echo_repository(root: Path) -> Path:
-    (root / "echo" / "1").mkdir(parents=True)
-    (root / "echo" / "config.pbtxt").write_text(ECHO_CONFIG)
-    (root / "echo" / "1" / "model.py").write_text(ECHO_MODEL)
-    return root
 
 
 def healthcheck_exit_code(http_port: int) -> int:

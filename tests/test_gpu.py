@@ -8,8 +8,7 @@ import os
 
 import pytest
 import torch
-from helpers import modes_equal_up_to_ties, random_prompts
-from test_placement import DeviceLog
+from helpers import DeviceLog, modes_equal_up_to_ties, random_prompts
 
 from adaflash.decoding.engine import Engine
 from adaflash.decoding.sequence import Request

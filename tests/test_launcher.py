@@ -11,31 +11,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
+from helpers import ECHO_CONFIG, ECHO_MODEL, echo_repository
 
 from adaflash.serving.threads import TARGET_SPIN_COUNT, openmp_wait_env
 from adaflash_server import ServerConfig, TritonServer, TritonServerError, find_bundled_server
-
-CONFIG = """\
-name: "echo"
-backend: "python"
-max_batch_size: 0
-input [ { name: "IN", data_type: TYPE_INT32, dims: [ -1 ] } ]
-output [ { name: "OUT", data_type: TYPE_INT32, dims: [ -1 ] } ]
-instance_group [ { kind: KIND_CPU, count: 1 } ]
-"""
-
-MODEL = """\
-import triton_python_backend_utils as pb_utils
-
-
-class TritonPythonModel:
-    def execute(self, requests):
-        return [
-            pb_utils.InferenceResponse([pb_utils.Tensor("OUT", pb_utils.get_input_tensor_by_name(r, "IN").as_numpy())])
-            for r in requests
-        ]
-"""
-
 
 SPIN_MODEL = """\
 import os
@@ -54,14 +33,6 @@ class TritonPythonModel:
         seen = np.array([int(PASSIVE), SPIN], dtype=np.int32)
         return [pb_utils.InferenceResponse([pb_utils.Tensor("OUT", seen)]) for _ in requests]
 """
-
-
-def echo_repository(root: Path, config: str = CONFIG, model: str = MODEL) -> Path:
-    """A model repository with one Python-backend model, `echo`, version 1."""
-    (root / "echo" / "1").mkdir(parents=True)
-    (root / "echo" / "config.pbtxt").write_text(config)
-    (root / "echo" / "1" / "model.py").write_text(model)
-    return root
 
 
 def port_is_free(port: int) -> bool:
@@ -139,8 +110,8 @@ def test_model_processes_get_their_openmp_wait_settings(tmp_path: Path, monkeypa
 @pytest.mark.parametrize(
     "config, model, expected",
     [
-        (CONFIG, "def execute(:\n", "SyntaxError"),
-        (CONFIG.replace("TYPE_INT32", "TYPE_NOPE", 1), MODEL, "failed to read text proto"),
+        (ECHO_CONFIG, "def execute(:\n", "SyntaxError"),
+        (ECHO_CONFIG.replace("TYPE_INT32", "TYPE_NOPE", 1), ECHO_MODEL, "failed to read text proto"),
     ],
     ids=["model-syntax-error", "config-parse-error"],
 )

@@ -7,8 +7,7 @@ import numpy as np
 import pytest
 import torch
 import tritonclient.grpc as grpcclient
-from helpers import modes_equal_up_to_ties, random_prompts
-from torch.utils._python_dispatch import TorchDispatchMode
+from helpers import DeviceLog, modes_equal_up_to_ties, random_prompts
 
 from adaflash.decoding.engine import Engine
 from adaflash.decoding.modes import MODE_NAMES
@@ -38,21 +37,6 @@ def test_dtype_follows_the_device_and_bad_values_name_the_argument() -> None:
     if not torch.cuda.is_available():
         with pytest.raises(ValueError, match="^device: 'cuda'.*no CUDA"):
             placement("cuda")
-
-
-class DeviceLog(TorchDispatchMode):
-    """Every device an op's tensor outputs land on while the mode is active."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.devices: dict[torch.device, list[str]] = {}
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        for t in out if isinstance(out, (tuple, list)) else [out]:
-            if isinstance(t, torch.Tensor):
-                self.devices.setdefault(t.device, []).append(str(func))
-        return out
 
 
 def test_forwards_create_every_tensor_on_the_models_device() -> None:

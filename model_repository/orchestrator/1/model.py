@@ -141,9 +141,8 @@ class TritonPythonModel:
                          protocol.DRAFTER: float(params["drafter_timeout_s"])}
         self.repository = os.path.dirname(args["model_repository"])
         backend = RemoteBackend(self._call, self._newest_drafter, log=pb_utils.Logger.log_error)
-        paging = protocol.model_paging(params)
         self.scheduler = Scheduler(backend, self.planner, None, max_active, self.max_len, self.has_drafter,
-                                   kv_pages=paging and paging.pages, page=paging.page if paging else 1)
+                                   paging=protocol.model_paging(params))
         self.clients = {}  # sequence id -> Client
         self.cancelled = set()  # sequence ids whose client went away (told by postprocessing)
         self.next_cancel_check = 0.0

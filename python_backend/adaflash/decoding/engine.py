@@ -110,7 +110,7 @@ class Engine:
         self.backend = LocalBackend(target, drafter, num_slots, max_len, paging)
         self.planner = Planner(LengthController(cost_model, block_size_of(drafter), prior_weight, probe_every), copies)
         self.scheduler = Scheduler(self.backend, self.planner, cost_model, num_slots, max_len, drafter is not None,
-                                   prefill_tokens, *((paging.pages, paging.page) if paging else ()))
+                                   prefill_tokens, paging)
         self._ids = count()
 
     @property

@@ -25,6 +25,7 @@ from adaflash.decoding.costs import CostModel
 from adaflash.decoding.modes import get_mode
 from adaflash.decoding.planner import Candidate, Plan, Planner
 from adaflash.decoding.sequence import Request, Sequence, StepRecord, draft_cap
+from adaflash.models.cache import Paging
 from adaflash.decoding.steps import StepResult
 
 if TYPE_CHECKING:
@@ -74,13 +75,15 @@ class Scheduler:
     """Waiting and running sequences, and the step that advances all of them by one target forward."""
 
     def __init__(self, backend: Backend, planner: Planner, cost: CostModel | None, max_active: int, max_len: int,
-                 has_drafter: bool, prefill_tokens: int = 4096, kv_pages: int | None = None, page: int = 1) -> None:
-        """`kv_pages` pages of `page` positions: a paged cache's size (None: unpaged, a slot per sequence);
+                 has_drafter: bool, prefill_tokens: int = 4096, paging: Paging | None = None) -> None:
+        """`paging`: the paged caches' size (None: unpaged, a slot per sequence);
         a sequence is admitted only when the pages it can fill (prompt and max_tokens) are free."""
         self.backend, self.planner, self.cost = backend, planner, cost
         self.max_active, self.max_len, self.has_drafter = max_active, max_len, has_drafter
         self.prefill_tokens = prefill_tokens
-        self.kv_pages, self.page, self.reserved = kv_pages, page, 0
+        self.kv_pages = None if paging is None else paging.pages
+        self.page = 1 if paging is None else paging.page
+        self.reserved = 0
         self.waiting: deque[Sequence] = deque()
         self.running: dict[Hashable, Sequence] = {}
 

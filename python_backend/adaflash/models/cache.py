@@ -89,12 +89,14 @@ class KVCache:
             del self.tables[slot][keep:]
 
     def locate(self, slots: list[int], starts: list[int], counts: list[int],
-               device: torch.device) -> tuple[Tensor, Tensor]:
-        """Where `counts[b]` new positions from `starts[b]` of `slots[b]` go: their pages and offsets, [T] each."""
+               device: torch.device) -> tuple[Tensor, Tensor, Tensor]:
+        """The `counts[b]` new positions from `starts[b]` of `slots[b]`, and where they go: their pages and offsets,
+        [T] each."""
         positions = [st + j for st, c in zip(starts, counts) for j in range(c)]
         owners = [s for s, c in zip(slots, counts) for _ in range(c)]
         pages = [self.tables[s][p // self.page] for s, p in zip(owners, positions)]
-        return (torch.tensor(pages, dtype=torch.long, device=device),
+        return (torch.tensor(positions, dtype=torch.long, device=device),
+                torch.tensor(pages, dtype=torch.long, device=device),
                 torch.tensor([p % self.page for p in positions], dtype=torch.long, device=device))
 
     def gather(self, store: Tensor, slots: list[int], length: int) -> Tensor:

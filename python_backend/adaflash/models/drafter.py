@@ -344,10 +344,7 @@ class DFlashDrafter(nn.Module):
         starts = [cache.lengths[s] for s in slots]
         for s, st, n in zip(slots, starts, counts):
             cache.reserve(s, st + n)
-        device = self.inv_freq.device
-        positions = torch.tensor([st + j for st, n in zip(starts, counts) for j in range(n)], dtype=torch.long,
-                                 device=device)
-        pages, offsets = cache.locate(slots, starts, counts, device)
+        positions, pages, offsets = cache.locate(slots, starts, counts, self.inv_freq.device)
         fused = self.fuse(features.to(self.fc.weight))
         cos, sin = self._rope(positions)
         for i, layer in enumerate(self.layers):

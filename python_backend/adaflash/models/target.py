@@ -121,8 +121,7 @@ class ForwardBatch:
         kernels (default: on CUDA only; CPU keeps the mask, whose kernel measured no slower there)."""
         fused = device.type == "cuda" if fused_causal is None else fused_causal
         ragged = Ragged.build(counts, device)
-        positions = torch.tensor(starts, dtype=torch.long, device=device)[ragged.seq_of_token] + ragged.row_of_token
-        pages, offsets = cache.locate(slots, starts, counts, device)
+        positions, pages, offsets = cache.locate(slots, starts, counts, device)
         buckets: dict[int, list[int]] = {}
         for row, c in enumerate(counts):
             buckets.setdefault(1 << (c - 1).bit_length(), []).append(row)
