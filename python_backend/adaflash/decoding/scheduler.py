@@ -152,6 +152,7 @@ class Scheduler:
                 break
             self.waiting.popleft()
             self.running[seq.id] = seq
+            seq.admitted_at = time.perf_counter()
             self.reserved += pages
             budget -= len(seq.tokens)
             batch.append(seq)

@@ -48,6 +48,7 @@ class Sequence:
     can_draft: bool = True  # False without a drafter for its mode, or after the drafter failed it
     pending_context: list[torch.Tensor] = field(default_factory=list)  # target features not yet in the drafter
     submitted_at: float = 0.0  # time.perf_counter() stamps
+    admitted_at: float | None = None  # when it left the queue for a slot
     finished_at: float | None = None
 
     @property

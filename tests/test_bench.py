@@ -1,0 +1,41 @@
+"""The offline benchmark's per-domain figures: a domain's speed is read from the time its own requests ran."""
+
+from __future__ import annotations
+
+from helpers import random_prompts
+
+from adaflash.decoding.engine import Engine
+from adaflash.decoding.sampling import SamplingParams
+from adaflash.evaluation.bench import run_bench
+from adaflash.models.bundle import tiny_random_bundle
+
+
+def test_per_domain_speed_leaves_out_the_queue_and_tiles_the_run_at_concurrency_1():
+    """At concurrency 1 requests run one after another, so a domain queued behind another must not be charged the
+    other's time: its figure is its tokens over its requests' admission-to-finish time, and those intervals do not
+    overlap."""
+    bundle = tiny_random_bundle(seed=0)
+    engine = Engine(bundle.target, bundle.drafter, num_slots=2, max_len=256)
+    prompts = random_prompts(6, seed=7)
+    domains = ["first"] * 3 + ["second"] * 3
+    seqs_seen = []
+    generate = engine.generate
+
+    def recording(requests, concurrency=None):
+        seqs = generate(requests, concurrency)
+        seqs_seen.extend(seqs)
+        return seqs
+
+    engine.generate = recording
+    rows, ok = run_bench(engine, prompts, domains, ["ar"], [1], 8, SamplingParams(), progress=False)
+    assert ok
+    seqs = seqs_seen
+    assert len(seqs) == 6 and all(s.submitted_at < seqs[0].admitted_at for s in seqs)  # all queued at once
+    for before, after in zip(seqs, seqs[1:]):
+        assert before.admitted_at <= before.finished_at <= after.admitted_at
+    per_domain = rows[0]["per_domain"]
+    for name, part in (("first", seqs[:3]), ("second", seqs[3:])):
+        served = sum(s.finished_at - s.admitted_at for s in part)
+        assert per_domain[name]["output_tokens_per_s"] == round(sum(len(s.output) for s in part) / served, 2)
+    queued = sum(s.finished_at - s.submitted_at for s in seqs[3:])
+    assert per_domain["second"]["output_tokens_per_s"] > sum(len(s.output) for s in seqs[3:]) / queued
