@@ -50,6 +50,11 @@ class AcceptanceStats:
         return out
 
 
+def upper_bound(rates: np.ndarray, tries: np.ndarray) -> np.ndarray:
+    """One standard error above each rate, the error of a rate estimated from `tries` Bernoulli trials."""
+    return np.minimum(1.0, rates + np.sqrt(rates * (1 - rates) / (tries + 1)))
+
+
 def ratio_to_rates(ratio: torch.Tensor, block_size: int, iters: int = 40) -> np.ndarray:
     """Turn the published head's accepted fraction (a+1)/B into a constant per-position rate alpha,
     solving sum_{j=1}^{B-1} alpha^j = expected accepted tokens by bisection."""
@@ -164,9 +169,13 @@ class LengthController:
         return np.stack([s.stats.rates(prior, self.prior_weight) for s in seqs])
 
     def copy_rates(self, seqs: list[PolicyState], matched: list[int]) -> np.ndarray:
-        """Acceptance estimates of copies whose lookup matched `matched[i]` tokens (see `ngram.lookup`)."""
+        """Acceptance estimates of copies whose lookup matched `matched[i]` tokens (see `ngram.lookup`), each raised
+        to an upper confidence bound over the tries of its position by every sequence: a position is tried only
+        when a copy is verified past it, so a pessimistic estimate drawn from a try or two would keep the policy
+        from ever verifying there again, and never learning otherwise (the drafter's lengths have its head)."""
         priors = {n: self.global_copy[n].chained_rates(0.5, 1.0) for n in set(matched)}
-        return np.stack([s.copy[n].rates(priors[n], self.prior_weight) for s, n in zip(seqs, matched)])
+        return np.stack([upper_bound(s.copy[n].rates(priors[n], self.prior_weight), self.global_copy[n].tries)
+                         for s, n in zip(seqs, matched)])
 
     def prefers_copy(self, seqs: list[PolicyState], matched: list[int], proposal_lens: list[int],
                      caps: list[int]) -> list[bool]:
