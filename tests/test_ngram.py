@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from adaflash.decoding.ngram import propose
+from adaflash.decoding.ngram import lookup
 
 
 def reference_propose(tokens: list[int], k: int, max_n: int = 3, min_n: int = 1) -> list[int]:
@@ -30,34 +30,34 @@ def reference_propose(tokens: list[int], k: int, max_n: int = 3, min_n: int = 1)
 def test_longest_ngram_first():
     # 3-gram [1, 2, 3] occurred at the start (followed by 9); the 1-gram [3] occurred later (followed by 7).
     tokens = [1, 2, 3, 9, 3, 7, 1, 2, 3]
-    assert propose(tokens, 3) == [9, 3, 7]
-    assert propose(tokens, 3, max_n=1) == [7, 1, 2]
+    assert lookup(tokens, 3)[0] == [9, 3, 7]
+    assert lookup(tokens, 3, max_n=1)[0] == [7, 1, 2]
 
 
 def test_latest_occurrence_wins():
     tokens = [4, 1, 5, 4, 1, 6, 4, 1]
-    assert propose(tokens, 2) == [6, 4]
-    assert propose(tokens, 3) == [6, 4, 1]
+    assert lookup(tokens, 2)[0] == [6, 4]
+    assert lookup(tokens, 3)[0] == [6, 4, 1]
 
 
 def test_no_match_and_k_zero():
-    assert propose([1, 2, 3, 4], 5) == []
-    assert propose([7], 4) == []
-    assert propose([1, 2, 1, 2], 0) == []
-    assert propose([1, 2, 1, 2], -3) == []
+    assert lookup([1, 2, 3, 4], 5)[0] == []
+    assert lookup([7], 4)[0] == []
+    assert lookup([1, 2, 1, 2], 0)[0] == []
+    assert lookup([1, 2, 1, 2], -3)[0] == []
     # Only a 1-gram matches; with min_n=2 there is no proposal.
-    assert propose([5, 6, 7, 5], 3) == [6, 7, 5]
-    assert propose([5, 6, 7, 5], 3, min_n=2) == []
+    assert lookup([5, 6, 7, 5], 3)[0] == [6, 7, 5]
+    assert lookup([5, 6, 7, 5], 3, min_n=2)[0] == []
 
 
 def test_periodic_continuation():
     # [1, 2] occurred at index 1; what follows it is [1, 2] and then the end: period 2 continues.
-    assert propose([5, 1, 2, 1, 2], 4) == [1, 2, 1, 2]
-    assert propose([5, 1, 2, 1, 2], 7) == [1, 2, 1, 2, 1, 2, 1]
-    assert propose([3, 3, 3, 3], 5) == [3, 3, 3, 3, 3]
-    assert propose([8, 4, 4], 3) == [4, 4, 4]
+    assert lookup([5, 1, 2, 1, 2], 4)[0] == [1, 2, 1, 2]
+    assert lookup([5, 1, 2, 1, 2], 7)[0] == [1, 2, 1, 2, 1, 2, 1]
+    assert lookup([3, 3, 3, 3], 5)[0] == [3, 3, 3, 3, 3]
+    assert lookup([8, 4, 4], 3)[0] == [4, 4, 4]
     # Period 3 after a 3-gram match: [a b c a b c] -> continues a b c ...
-    assert propose([0, 1, 2, 0, 1, 2], 5) == [0, 1, 2, 0, 1]
+    assert lookup([0, 1, 2, 0, 1, 2], 5)[0] == [0, 1, 2, 0, 1]
 
 
 @pytest.mark.parametrize("seed", range(4))
@@ -68,7 +68,7 @@ def test_matches_reference_and_never_exceeds_k(seed):
         tokens = [rng.randint(0, rng.choice([2, 3, 6])) for _ in range(length)]
         k = rng.randint(0, 16)
         max_n = rng.randint(1, 4)
-        got = propose(tokens, k, max_n=max_n)
+        got = lookup(tokens, k, max_n=max_n)[0]
         assert len(got) <= k
         assert all(isinstance(t, int) and t in tokens for t in got)
         assert got == reference_propose(tokens, k, max_n=max_n), (tokens, k, max_n)

@@ -233,7 +233,8 @@ def test_probes_keep_to_their_share_of_the_time():
         return controller.choose_drafters(seqs, [15] * 3, batch=16, other_tokens=13, n_drafting=3)[0]
 
     assert choose() == [True, False, False]
-    window = fixed_costs().draft_ms(1, 2) / 1000 / 0.1  # one 2-position draft, at 10% of the time
+    cost = fixed_costs()  # one 2-position draft and a verified token more, at 10% of the time
+    window = (cost.draft_ms(1, 2) + cost.verify_ms(16, 17) - cost.verify_ms(16, 16)) / 1000 / 0.1
     for _ in range(5):
         now[0] += window / 10
         assert choose() == [False, False, False]
@@ -258,3 +259,25 @@ def test_one_early_miss_past_the_first_token_does_not_stop_long_copies():
     for _ in range(200):
         controller.observe(seq, draft_len=15, accepted=1, matched=3)  # position 2 tried often, always missed
     assert controller.copy_lengths([seq], [3], [15], batch=1, other_tokens=0)[0] == [1]
+
+
+def test_a_probe_is_charged_its_verify_too():
+    """On this CPU a second verified token costs half a drafter forward (7 -> 10 ms beside a 6 ms draft): a
+    limiter that charged only the draft let probes take about twice their share at concurrency 1."""
+    now = [0.0]
+    cost = CostModel(verify={1: [(1, 7.0), (2, 10.0), (4, 16.0), (8, 16.0), (16, 16.5)]},
+                     draft={1: [(2, 6.0), (4, 9.0), (8, 9.0), (16, 9.5)]})
+    controller = LengthController(cost, block_size=16, probe_every=1, probe_share=0.1, clock=lambda: now[0])
+    seq = controller.new_sequence()
+    for _ in range(50):
+        seq.stats.update(draft_len=15, accepted=0)  # drafting never pays: only probes draft
+
+    def probes() -> bool:
+        seq.skipped = seq.probe_interval = 1
+        return controller.choose_drafters([seq], [15], batch=1, other_tokens=0, n_drafting=1)[0] == [True]
+
+    assert probes()
+    now[0] = 0.080  # past the draft's 60 ms at 10% of the time, within the probe's 90 ms
+    assert not probes()
+    now[0] = 0.095
+    assert probes()

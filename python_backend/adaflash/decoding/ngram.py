@@ -7,11 +7,6 @@ import numpy as np
 MAX_N = 3
 
 
-def propose(tokens: list[int], k: int, max_n: int = MAX_N, min_n: int = 1) -> list[int]:
-    """`lookup`'s proposal alone."""
-    return lookup(tokens, k, max_n, min_n)[0]
-
-
 def lookup(tokens: list[int], k: int, max_n: int = MAX_N, min_n: int = 1) -> tuple[list[int], int]:
     """The up-to-k tokens that followed the latest earlier occurrence of the last n tokens, longest n first.
 

@@ -102,7 +102,7 @@ class Planner:
         plan = Plan(block_length=self.block_size)
         for s in seqs:
             if not s.mode.drafter:
-                plan.proposals[s.key] = ngram.propose(s.tokens, s.cap) if s.mode.copies else []
+                self._propose_copy(plan, s)
         proposing = [s for s in seqs if s.mode.drafter and s.cap > 0]
         caps = {s.key: s.cap for s in proposing}
         adaptive = [s for s in proposing if s.mode.length is Length.COST_AWARE]
@@ -117,6 +117,15 @@ class Planner:
         plan.drafts = [DraftRequest(s.key, s.mode.name, caps[s.key], plan.block_length, r)
                        for s, r in zip(drafting, rates)]
         return plan
+
+    @staticmethod
+    def _propose_copy(plan: Plan, s: Candidate) -> None:
+        """A mode without a drafter verifies its copy whole (prompt lookup), or nothing. Its copies are marked as
+        copies, so that what they teach goes to the copy estimates, not to the drafter's."""
+        proposal, matched = ngram.lookup(s.tokens, s.cap) if s.mode.copies else ([], 0)
+        plan.proposals[s.key] = proposal
+        if proposal:
+            plan.copied[s.key] = matched
 
     def _plan_adaptive(self, plan: Plan, seqs: list[Candidate], adaptive: list[Candidate], caps: dict[Hashable, int],
                        outside: Load) -> int:

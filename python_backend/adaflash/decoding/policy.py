@@ -169,13 +169,9 @@ class LengthController:
         return np.stack([s.stats.rates(prior, self.prior_weight) for s in seqs])
 
     def copy_rates(self, seqs: list[PolicyState], matched: list[int]) -> np.ndarray:
-        """Acceptance estimates of copies whose lookup matched `matched[i]` tokens (see `ngram.lookup`), each raised
-        to an upper confidence bound over the tries of its position by every sequence: a position is tried only
-        when a copy is verified past it, so a pessimistic estimate drawn from a try or two would keep the policy
-        from ever verifying there again, and never learning otherwise (the drafter's lengths have its head)."""
+        """Acceptance estimates of copies whose lookup matched `matched[i]` tokens (see `ngram.lookup`)."""
         priors = {n: self.global_copy[n].chained_rates(0.5, 1.0) for n in set(matched)}
-        return np.stack([upper_bound(s.copy[n].rates(priors[n], self.prior_weight), self.global_copy[n].tries)
-                         for s, n in zip(seqs, matched)])
+        return np.stack([s.copy[n].rates(priors[n], self.prior_weight) for s, n in zip(seqs, matched)])
 
     def prefers_copy(self, seqs: list[PolicyState], matched: list[int], proposal_lens: list[int],
                      caps: list[int]) -> list[bool]:
@@ -198,9 +194,16 @@ class LengthController:
                      other_tokens: int, other_expected: float | None = None) -> tuple[list[int], list[float]]:
         """How much of each copy proposal to verify (cost-aware, nothing to draft), and the tokens each
         is expected to commit; a sequence whose copies have not been verified for `probe_every` steps
-        verifies one token, so its estimate follows the text."""
+        verifies one token, so its estimate follows the text.
+
+        The lengths are chosen from an upper confidence bound of the estimates over every sequence's tries of each
+        position: a position is tried only when a copy is verified past it, so a pessimistic estimate drawn from a
+        try or two would keep the policy from ever verifying there again, and so from learning otherwise. (Whether
+        to copy rather than draft is decided on the estimates themselves; drafted lengths follow the drafter's
+        head.)"""
         rates = self.copy_rates(seqs, matched)
-        ks, _ = choose_lengths(rates, proposal_lens, self.cost, batch, other_tokens, draft_ms=0.0,
+        optimistic = np.stack([upper_bound(r, self.global_copy[n].tries) for r, n in zip(rates, matched)])
+        ks, _ = choose_lengths(optimistic, proposal_lens, self.cost, batch, other_tokens, draft_ms=0.0,
                                other_expected=other_expected)
         for i, s in enumerate(seqs):
             if ks[i] == 0 and proposal_lens[i] > 0:
@@ -227,7 +230,7 @@ class LengthController:
             self._decision = (key, *self._plan(self.estimated_rates(seqs), caps, batch, other_tokens, n_drafting,
                                                other_expected))
         _, pays, block_length = self._decision
-        chosen = [True] * len(seqs) if pays else self._probes(seqs, block_length)
+        chosen = [True] * len(seqs) if pays else self._probes(seqs, block_length, batch, other_tokens + len(seqs))
         for s, c in zip(seqs, chosen):
             s.skipped = 0 if c else s.skipped + 1
             if pays:
@@ -236,9 +239,10 @@ class LengthController:
                 s.probe_interval = min(2 * s.probe_interval, 128)
         return chosen, block_length
 
-    def _probes(self, seqs: list[PolicyState], block_length: int) -> list[bool]:
+    def _probes(self, seqs: list[PolicyState], block_length: int, batch: int, tokens: int) -> list[bool]:
         """Sequences due for a probe, if probing keeps to `probe_share` of the time: every probe costs a
-        drafter forward, and under load the sequences' schedules would together run one every step.
+        drafter forward and the verify of what it drafted (at least a token each, beside the step's `tokens`),
+        and under load the sequences' schedules would together run one every step.
         Due sequences that have to wait probe together later, in one forward."""
         due = [s.skipped >= s.probe_interval for s in seqs]
         if not any(due):
@@ -246,7 +250,10 @@ class LengthController:
         now = self.clock()
         if now < self._probe_after:
             return [False] * len(seqs)
-        self._probe_after = now + self.cost.draft_ms(sum(due), block_length) / 1000 / self.probe_share
+        n = sum(due)
+        probe_ms = self.cost.draft_ms(n, block_length) + float(self.cost.verify_ms(batch, tokens + n)
+                                                             - self.cost.verify_ms(batch, tokens))
+        self._probe_after = now + probe_ms / 1000 / self.probe_share
         return due
 
     def _plan(self, rates: np.ndarray, caps: list[int], batch: int, other_tokens: int,
