@@ -6,7 +6,7 @@ from helpers import random_prompts
 
 from adaflash.decoding.engine import Engine
 from adaflash.decoding.sampling import SamplingParams
-from adaflash.evaluation.bench import run_bench
+from adaflash.evaluation.bench import Contender, compare, rounds, run_bench
 from adaflash.models.bundle import tiny_random_bundle
 
 
@@ -39,3 +39,32 @@ def test_per_domain_speed_leaves_out_the_queue_and_tiles_the_run_at_concurrency_
         assert per_domain[name]["output_tokens_per_s"] == round(sum(len(s.output) for s in part) / served, 2)
     queued = sum(s.finished_at - s.submitted_at for s in seqs[3:])
     assert per_domain["second"]["output_tokens_per_s"] > sum(len(s.output) for s in seqs[3:]) / queued
+
+
+def test_rounds_cover_every_prompt_once_in_order_and_hold_four_waves():
+    for n, c in [(40, 1), (40, 8), (40, 32), (36, 1), (7, 1), (1, 64)]:
+        parts = rounds(n, c)
+        assert [i for part in parts for i in part] == list(range(n))
+        assert len(parts) == 1 or all(len(part) >= 4 * c for part in parts)
+    assert len(rounds(40, 1)) == 10 and len(rounds(40, 8)) == 1
+
+
+def test_contenders_take_turns_on_each_round_and_outputs_stay_in_prompt_order():
+    """Every contender runs each round before the next round starts, the reference first; the others rotate."""
+    bundle = tiny_random_bundle(seed=0)
+    engine = Engine(bundle.target, bundle.drafter, num_slots=2, max_len=256)
+    prompts = random_prompts(8, seed=3)
+    calls = []
+    generate = engine.generate
+
+    def recording(requests, concurrency=None):
+        calls.append((requests[0].mode, [r.prompt_ids for r in requests]))
+        return generate(requests, concurrency)
+
+    engine.generate = recording
+    contenders = [Contender(m, m, engine) for m in ("ar", "ngram", "adaflash")]
+    rows, ok = compare(contenders, prompts, [None] * 8, [1], 8, SamplingParams(), progress=False)
+    assert ok and [r["mode"] for r in rows] == ["ar", "ngram", "adaflash"]
+    assert [m for m, _ in calls] == ["ar", "ngram", "adaflash", "ar", "adaflash", "ngram"]
+    assert [p for m, ps in calls if m == "ngram" for p in ps] == prompts
+    assert all(r["output_tokens"] == rows[0]["output_tokens"] for r in rows)

@@ -82,26 +82,31 @@ def compare(
     """Rows per (contender, concurrency), the contender's name under `label`; returns (rows, ok), ok False
     if any greedy output differed from ar's.
 
-    The first contender must be plain `ar`: at each concurrency it runs first and is the reference
-    for equality and speedups. All prompts run as one mixed workload; per-domain figures are read
-    from that same run.
+    The first contender must be plain `ar`: it is the reference for equality and speedups. All prompts run as one
+    mixed workload; per-domain figures are read from that same run. The prompts run in rounds (`rounds`), every
+    contender on each round before the next, so that a machine whose speed drifts over minutes (a shared one)
+    weighs on every contender alike instead of on whichever ran during a slow spell.
     """
     assert contenders[0].mode == REFERENCE_MODE, "the reference mode comes first"
     rows, ok = [], True
     for c in concurrencies:
-        reference: list[list[int]] | None = None
+        seqs: dict[str, list[Sequence]] = {ct.name: [] for ct in contenders}
+        walls = dict.fromkeys(seqs, 0.0)
+        others = contenders[1:]
+        for i, part in enumerate(rounds(len(prompt_ids), c)):
+            turn = i % len(others) if others else 0  # who follows the reference rotates from round to round
+            for ct in [contenders[0], *others[turn:], *others[:turn]]:
+                reqs = [Request(prompt_ids[j], max_tokens, mode=ct.mode, sampling=sampling) for j in part]
+                t0 = time.perf_counter()
+                seqs[ct.name] += ct.engine.generate(reqs, concurrency=c)
+                walls[ct.name] += time.perf_counter() - t0
+        reference = [s.output for s in seqs[contenders[0].name]]
         for ct in contenders:
-            reqs = [Request(ids, max_tokens, mode=ct.mode, sampling=sampling) for ids in prompt_ids]
-            t0 = time.perf_counter()
-            seqs = ct.engine.generate(reqs, concurrency=c)
-            wall = time.perf_counter() - t0
-            if ct is contenders[0]:
-                reference = [s.output for s in seqs]
             ref = reference if sampling.greedy else None
-            row = {label: ct.name, "concurrency": c, **summarize(seqs, wall, ref)}
+            row = {label: ct.name, "concurrency": c, **summarize(seqs[ct.name], walls[ct.name], ref)}
             if any(d is not None for d in domains):
                 row["per_domain"] = {
-                    d: summarize_domain([s for s, sd in zip(seqs, domains) if sd == d],
+                    d: summarize_domain([s for s, sd in zip(seqs[ct.name], domains) if sd == d],
                                         None if ref is None else [r for r, sd in zip(ref, domains) if sd == d])
                     for d in sorted({d for d in domains if d is not None})
                 }
@@ -114,6 +119,17 @@ def compare(
                       f"draft={row['mean_draft_len']}  equal={row['greedy_equal_to_ar']}", flush=True)
     _add_speedups(rows, label, contenders[0].name)
     return rows, ok
+
+
+ROUND_WAVES = 4  # a round holds at least this many times the concurrency in prompts
+
+
+def rounds(n: int, concurrency: int) -> list[range]:
+    """The prompts' indices in rounds of at least ROUND_WAVES x `concurrency` prompts (one round when there are
+    fewer), in order: enough per round that each keeps `concurrency` requests in flight most of its time."""
+    count = max(1, n // (ROUND_WAVES * concurrency))
+    bounds = [n * i // count for i in range(count + 1)]
+    return [range(a, b) for a, b in zip(bounds, bounds[1:])]
 
 
 def _withhold_speed(row: dict) -> None:
