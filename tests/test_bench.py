@@ -6,8 +6,23 @@ from helpers import random_prompts
 
 from adaflash.decoding.engine import Engine
 from adaflash.decoding.sampling import SamplingParams
+from adaflash.decoding.sequence import Request, Sequence
 from adaflash.evaluation.bench import Contender, compare, rounds, run_bench
 from adaflash.models.bundle import tiny_random_bundle
+
+
+def record_generate(engine: Engine) -> list[tuple[list[Request], list[Sequence]]]:
+    """Each `engine.generate` call the benchmark makes, its requests and the sequences it returned, in order."""
+    calls = []
+    generate = engine.generate
+
+    def recording(requests: list[Request], concurrency: int | None = None) -> list[Sequence]:
+        seqs = generate(requests, concurrency)
+        calls.append((requests, seqs))
+        return seqs
+
+    engine.generate = recording
+    return calls
 
 
 def test_per_domain_speed_leaves_out_the_queue_and_tiles_the_run_at_concurrency_1():
@@ -18,18 +33,10 @@ def test_per_domain_speed_leaves_out_the_queue_and_tiles_the_run_at_concurrency_
     engine = Engine(bundle.target, bundle.drafter, num_slots=2, max_len=256)
     prompts = random_prompts(6, seed=7)
     domains = ["first"] * 3 + ["second"] * 3
-    seqs_seen = []
-    generate = engine.generate
-
-    def recording(requests, concurrency=None):
-        seqs = generate(requests, concurrency)
-        seqs_seen.extend(seqs)
-        return seqs
-
-    engine.generate = recording
+    calls = record_generate(engine)
     rows, ok = run_bench(engine, prompts, domains, ["ar"], [1], 8, SamplingParams(), progress=False)
     assert ok
-    seqs = seqs_seen
+    seqs = [s for _, done in calls for s in done]
     assert len(seqs) == 6 and all(s.submitted_at < seqs[0].admitted_at for s in seqs)  # all queued at once
     for before, after in zip(seqs, seqs[1:]):
         assert before.admitted_at <= before.finished_at <= after.admitted_at
@@ -54,17 +61,10 @@ def test_contenders_take_turns_on_each_round_and_outputs_stay_in_prompt_order():
     bundle = tiny_random_bundle(seed=0)
     engine = Engine(bundle.target, bundle.drafter, num_slots=2, max_len=256)
     prompts = random_prompts(8, seed=3)
-    calls = []
-    generate = engine.generate
-
-    def recording(requests, concurrency=None):
-        calls.append((requests[0].mode, [r.prompt_ids for r in requests]))
-        return generate(requests, concurrency)
-
-    engine.generate = recording
+    calls = record_generate(engine)
     contenders = [Contender(m, m, engine) for m in ("ar", "ngram", "adaflash")]
     rows, ok = compare(contenders, prompts, [None] * 8, [1], 8, SamplingParams(), progress=False)
     assert ok and [r["mode"] for r in rows] == ["ar", "ngram", "adaflash"]
-    assert [m for m, _ in calls] == ["ar", "ngram", "adaflash", "ar", "adaflash", "ngram"]
-    assert [p for m, ps in calls if m == "ngram" for p in ps] == prompts
+    assert [reqs[0].mode for reqs, _ in calls] == ["ar", "ngram", "adaflash", "ar", "adaflash", "ngram"]
+    assert [r.prompt_ids for reqs, _ in calls if reqs[0].mode == "ngram" for r in reqs] == prompts
     assert all(r["output_tokens"] == rows[0]["output_tokens"] for r in rows)

@@ -202,7 +202,7 @@ class LengthController:
         to copy rather than draft is decided on the estimates themselves; drafted lengths follow the drafter's
         head.)"""
         rates = self.copy_rates(seqs, matched)
-        optimistic = np.stack([upper_bound(r, self.global_copy[n].tries) for r, n in zip(rates, matched)])
+        optimistic = upper_bound(rates, np.stack([self.global_copy[n].tries for n in matched]))
         ks, _ = choose_lengths(optimistic, proposal_lens, self.cost, batch, other_tokens, draft_ms=0.0,
                                other_expected=other_expected)
         for i, s in enumerate(seqs):

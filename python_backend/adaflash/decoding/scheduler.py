@@ -25,8 +25,8 @@ from adaflash.decoding.costs import CostModel
 from adaflash.decoding.modes import get_mode
 from adaflash.decoding.planner import Candidate, Plan, Planner
 from adaflash.decoding.sequence import Request, Sequence, StepRecord, draft_cap
-from adaflash.models.cache import Paging
 from adaflash.decoding.steps import StepResult
+from adaflash.models.cache import Paging
 
 if TYPE_CHECKING:
     from adaflash.models.drafter import Draft
