@@ -36,17 +36,46 @@ def _tensors(**kw):
 
 def test_defaults_and_overrides():
     got = parse_request(_tensors(), LIMITS)
+    refused = {"decoder_text_input", "prompt_embedding_table", "prompt_table_extra_id", "prompt_vocab_size",
+               "embedding_bias_words", "embedding_bias_weights", "lora_task_id", "lora_weights", "lora_config",
+               "guided_decoding_guide_type", "guided_decoding_guide"}
     assert got == {"text_input": "hello", "max_tokens": 8, "stream": False, "temperature": 0.0, "top_k": 0,
-                   "top_p": 1.0, "random_seed": 0, "end_id": None, "stop_words": (), "spec_mode": "adaflash",
-                   "max_draft": None, "apply_chat_template": False, "messages": (), "chat_template_kwargs": {}}
+                   "top_p": 1.0, "seed": 0, "random_seed": None, "repetition_penalty": 1.0, "presence_penalty": 0.0,
+                   "frequency_penalty": 0.0, "min_tokens": 0, "return_log_probs": False, "end_id": None,
+                   "pad_id": None, "stop_words": (), "bad_words": (), "exclude_input_in_output": True,
+                   "return_num_input_tokens": False, "return_num_output_tokens": False, "return_perf_metrics": False,
+                   "spec_mode": "adaflash", "max_draft": None, "apply_chat_template": False, "messages": (),
+                   "chat_template_kwargs": {}, "num_return_sequences": 1, "beam_width": 1, "length_penalty": 1.0,
+                   "return_context_logits": False, "return_generation_logits": False, **dict.fromkeys(refused)}
     got = parse_request(_tensors(spec_mode=np.array([[b"ngram"]], dtype=object), top_k=np.array([[5]]),
                                  random_seed=np.array([[7]], dtype=np.uint64)), LIMITS)
-    assert (got["spec_mode"], got["top_k"], got["random_seed"]) == ("ngram", 5, 7)
+    assert (got["spec_mode"], got["top_k"], got["seed"]) == ("ngram", 5, 7)  # random_seed: seed's old name
+    with pytest.raises(ValueError, match="^random_seed: an alias of seed"):
+        parse_request(_tensors(seed=np.array([[1]], dtype=np.uint64), random_seed=np.array([[7]], dtype=np.uint64)),
+                      LIMITS)
+
+
+@pytest.mark.parametrize("field,value,reason", [
+    ("num_return_sequences", np.array([[2]], dtype=np.int32), "one sequence per request"),
+    ("beam_width", np.array([[4]], dtype=np.int32), "beam search is not implemented"),
+    ("return_generation_logits", np.array([[True]]), "logits are not returned"),
+    ("lora_config", np.zeros((1, 2, 3), dtype=np.int32), "LoRA adapters"),
+    ("prompt_embedding_table", np.zeros((1, 2, 4), dtype=np.float16), "prompt tuning"),
+    ("guided_decoding_guide", np.array([[b"{}"]], dtype=object), "guided decoding"),
+    ("decoder_text_input", np.array([[b"x"]], dtype=object), "decoder-only"),
+])
+def test_tensorrt_llm_inputs_this_server_does_not_do_are_refused_by_name(field, value, reason):
+    with pytest.raises(ValueError, match=f"^{field}: .*{reason}"):
+        parse_request(_tensors(**{field: value}), LIMITS)
+    for accepted in ("num_return_sequences", "beam_width"):  # their one supported value
+        assert parse_request(_tensors(**{accepted: np.array([[1]], dtype=np.int32)}), LIMITS)[accepted] == 1
 
 
 @pytest.mark.parametrize("field,value", [
     ("max_tokens", np.array([[0]])), ("max_tokens", np.array([[101]])), ("temperature", np.array([[-1.0]])),
     ("temperature", np.array([[np.nan]])), ("top_p", np.array([[0.0]])), ("top_k", np.array([[-1]])),
+    ("repetition_penalty", np.array([[0.0]], dtype=np.float32)), ("presence_penalty", np.array([[np.inf]])),
+    ("min_tokens", np.array([[-1]], dtype=np.int32)),
     ("spec_mode", np.array([[b"medusa"]], dtype=object)), ("text_input", np.array([[b"\xc3"]], dtype=object)),
     ("text_input", np.array([[b""]], dtype=object)), ("max_draft", np.array([[-2]])),
     ("max_draft", np.array([[protocol.UNSET]])), ("top_k", np.array([[1, 2]])),
@@ -63,11 +92,18 @@ def test_bad_values_name_their_field(field, value):
 def test_stop_words_and_end_id():
     tok = byte_tokenizer()
     inputs = parse_request(_tensors(stop_words=np.array([[b"\n", b"."]], dtype=object)), AR)
-    ids, stops = encode(tok, inputs, 64, tok.get_vocab_size(), [256])
-    assert stops == [256, tok.encode("\n").ids[0], tok.encode(".").ids[0]] and ids == tok.encode("hello").ids
-    with pytest.raises(ValueError, match="^stop_words:"):
-        encode(tok, parse_request(_tensors(stop_words=np.array([[b"\xc3\xa9"]], dtype=object)), AR),
-               64, tok.get_vocab_size(), [256])
+    got = encode(tok, inputs, 64, tok.get_vocab_size(), [256])
+    assert got.stop_ids == [256, tok.encode("\n").ids[0], tok.encode(".").ids[0]]
+    assert got.prompt_ids == tok.encode("hello").ids and got.stop_texts == []
+    # a word of several tokens is a text stop; bad words become their token ids
+    words = parse_request(_tensors(stop_words=np.array([[b"\xc3\xa9", b"."]], dtype=object),
+                                   bad_words=np.array([[b"ab", b"c"]], dtype=object)), AR)
+    got = encode(tok, words, 64, tok.get_vocab_size(), [256])
+    assert got.stop_texts == ["é"] and got.stop_ids == [256, tok.encode(".").ids[0]]
+    assert got.bad_words == [tok.encode("ab").ids, tok.encode("c").ids] and len(got.bad_words[0]) == 2
+    with pytest.raises(ValueError, match="^pad_id:"):
+        encode(tok, parse_request(_tensors(pad_id=np.array([[100000]], dtype=np.int32)), AR), 64, tok.get_vocab_size(),
+               [256])
     with pytest.raises(ValueError, match="^text_input:"):
         encode(tok, parse_request(_tensors(text_input=np.array([[b"x" * 65]], dtype=object)), AR),
                64, tok.get_vocab_size(), [256])
@@ -83,11 +119,11 @@ def test_a_chat_request_is_its_conversation_in_the_target_template_with_the_answ
     values = parse_request(_tensors(apply_chat_template=np.array([[True]]),
                                     messages=_bytes('[{"role": "system", "content": "Be brief."}]'),
                                     chat_template_kwargs=_bytes('{"enable_thinking": false}')), AR)
-    ids, _ = encode(tok, values, 200, tok.get_vocab_size(), [256], chat)
+    ids = encode(tok, values, 200, tok.get_vocab_size(), [256], chat).prompt_ids
     expected = ("<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nhello<|im_end|>\n"
                 "<|im_start|>assistant\n<think>\n\n</think>\n\n")
     assert tok.decode(ids) == expected and ids == tok.encode(expected).ids
-    plain, _ = encode(tok, parse_request(_tensors(), AR), 200, tok.get_vocab_size(), [256], chat)
+    plain = encode(tok, parse_request(_tensors(), AR), 200, tok.get_vocab_size(), [256], chat).prompt_ids
     assert plain == tok.encode("hello").ids  # the template applies only when asked for
     with pytest.raises(ValueError, match="^text_input: prompt of"):  # the limit counts the rendered prompt
         encode(tok, values, len(ids) - 1, tok.get_vocab_size(), [256], chat)
@@ -181,7 +217,7 @@ def test_a_parsed_request_reaches_the_orchestrator_as_the_engine_request():
     values = parse_request(_tensors(temperature=np.array([[0.5]], dtype=np.float32), top_k=np.array([[3]]),
                                     random_seed=np.array([[9]], dtype=np.uint64),
                                     stream=np.array([[True]]), max_draft=np.array([[2]])), LIMITS)
-    got = protocol.decode_generation(_forwarded(protocol.encode_generation([5, 6], [0, 7], values)))
+    got = protocol.decode_generation(_forwarded(protocol.encode_generation(protocol.Encoded([5, 6], [0, 7]), values)))
     assert (got.request.prompt_ids, got.request.max_tokens, got.request.mode, got.request.max_draft) == ([5, 6], 8,
                                                                                                         "adaflash", 2)
     assert got.request.sampling == SamplingParams(temperature=0.5, top_k=3, top_p=1.0, seed=9)
@@ -190,13 +226,13 @@ def test_a_parsed_request_reaches_the_orchestrator_as_the_engine_request():
 
 def test_an_unset_max_draft_is_none_on_both_sides_of_the_wire():
     values = parse_request(_tensors(), LIMITS)
-    tensors = protocol.encode_generation([5], [0], values)
+    tensors = protocol.encode_generation(protocol.Encoded([5], [0]), values)
     assert values["max_draft"] is None and int(tensors["out_max_draft"].reshape(-1)[0]) == protocol.UNSET
     assert protocol.decode_generation(_forwarded(tensors)).request.max_draft is None
 
 
 def test_a_generation_request_missing_a_tensor_names_it():
-    tensors = _forwarded(protocol.encode_generation([5], [0], parse_request(_tensors(), LIMITS)))
+    tensors = _forwarded(protocol.encode_generation(protocol.Encoded([5], [0]), parse_request(_tensors(), LIMITS)))
     del tensors["spec_mode"]
     with pytest.raises(ValueError, match="^spec_mode: required"):
         protocol.decode_generation(tensors)
@@ -230,7 +266,7 @@ def test_bad_target_calls_name_their_field():
     with pytest.raises(ValueError, match="top_p"):
         protocol.decode_target_call(tensors)
     tensors = protocol.encode_target_call(protocol.TargetCall(protocol.Op.STEP, [1], [[1]], [SamplingParams()]))
-    tensors["random_seed"] = np.array([1, 2], dtype=np.uint64)
+    tensors["seed"] = np.array([1, 2], dtype=np.uint64)
     with pytest.raises(ValueError, match="^temperature: sampling settings"):
         protocol.decode_target_call(tensors)
     tensors = protocol.encode_target_call(protocol.TargetCall(protocol.Op.STEP, [1, 2], [[1], [2, 3]]))
@@ -266,10 +302,33 @@ def test_step_responses_reach_the_client_as_text_and_statistics():
     step = protocol.decode_step_response(tensors)
     assert (step.output_ids, step.sent_len, step.final, step.sequence_id) == ([2, 3], 1, True, 42)
     out = protocol.encode_text_response("hé", tensors)
-    assert protocol.names(protocol.MODEL_TENSORS["postprocessing"][1]) == list(out)
+    assert protocol.names(protocol.MODEL_TENSORS["postprocessing"][1])[:1 + len(protocol.STATS)] == list(out)
     assert out["text_output"].reshape(-1)[0].decode() == "hé"
     assert out["out_finish_reason"].reshape(-1)[0] == b"length" and out["out_accepted_per_step"].tolist() == [[1]]
     assert protocol.decode_cancel(protocol.encode_cancel(42)) == 42 and protocol.decode_cancel(tensors) is None
+
+
+def test_what_a_client_asks_for_by_name_is_in_its_responses_only():
+    """return_log_probs, return_num_input_tokens, return_perf_metrics and exclude_input_in_output false, in
+    TensorRT-LLM's names and shapes; output_log_probs carries the response's new tokens."""
+    values = parse_request(_tensors(return_log_probs=np.array([[True]]), return_num_input_tokens=np.array([[True]]),
+                                    return_perf_metrics=np.array([[True]]),
+                                    exclude_input_in_output=np.array([[False]])), LIMITS)
+    generation = protocol.decode_generation(_forwarded(protocol.encode_generation(protocol.Encoded([1, 5], [0]),
+                                                                                  values)))
+    assert generation.echo and generation.request.sampling.log_probs
+    seq = Sequence(id=7, request=generation.request, tokens=[1, 5, 2, 3], generator=None, stop_ids=frozenset(),
+                   output=[2, 3], log_probs=[-0.5, -0.25], steps=[StepRecord(4, 1, 2), StepRecord(2, 0, 1)],
+                   finish_reason="length")
+    step = protocol.encode_step_response(seq, sent_len=1, steps_from=0, final=True, generation=generation)
+    assert step["echo_ids"].tolist() == [[1, 5]] and protocol.decode_step_response(step).echo_ids == [1, 5]
+    out = protocol.encode_text_response("x", step)
+    assert out["out_cum_log_probs"].tolist() == [[-0.75]] and out["out_output_log_probs"].tolist() == [[[-0.25]]]
+    assert out["out_num_input_tokens"].tolist() == [[2]] and out["out_total_draft_tokens"].tolist() == [[6]]
+    assert out["out_total_accepted_draft_tokens"].tolist() == [[1]]
+    assert out["out_acceptance_rate"].tolist() == [[np.float32(1 / 6)]]
+    asked_nothing = protocol.encode_step_response(seq, 1, 0, True, protocol.Generation(seq.request, frozenset(), True))
+    assert set(asked_nothing) == set(protocol.names(protocol.STEP_REQUIRED)) | {"cum_log_probs", "output_log_probs"}
 
 
 def test_every_encoded_payload_matches_its_declaration():
@@ -278,7 +337,7 @@ def test_every_encoded_payload_matches_its_declaration():
     seq = Sequence(id=1, request=Request([1], 4), tokens=[1, 2], generator=None, stop_ids=frozenset(), output=[2])
     step = protocol.encode_step_response(seq, 0, 0, False)
     payloads = {
-        ("preprocessing", 1): protocol.encode_generation([1], [0], values),
+        ("preprocessing", 1): protocol.encode_generation(protocol.Encoded([1], [0]), values),
         ("orchestrator", 1): step,
         ("postprocessing", 1): protocol.encode_text_response("x", step),
         ("target", 0): protocol.encode_target_call(protocol.TargetCall(protocol.Op.STEP, [1], [[1]],

@@ -14,6 +14,8 @@ from adaflash.decoding.sampling import SamplingParams
 from adaflash.decoding.sequence import Request
 from adaflash.models.drafter import DFlashDrafter
 from adaflash.models.target import Transformer
+from adaflash.models.tokenizer import byte_tokenizer
+from adaflash.serving.api import REPLACEMENT, TextStops
 from adaflash.training.dflash import target_features
 
 N_PROMPTS = 50
@@ -252,6 +254,98 @@ def test_default_stop_ids_are_the_targets_eos(trained_tiny):
             assert b.output == a.output[: hit[0]] and b.finish_reason == "stop"
         else:
             assert b.output == a.output and b.finish_reason == "length"
+
+
+# ---- logits processors and stop strings: what plain decoding applies, verification applies ------------
+
+def naive_processed(logits: torch.Tensor, sp: SamplingParams, tokens: list[int], prompt_len: int) -> torch.Tensor:
+    """The processors' definitions applied one token at a time (independent of `process_logits`)."""
+    logits = logits.float().clone()
+    out = tokens[prompt_len:]
+    for t in set(tokens):
+        logits[t] = logits[t] / sp.repetition_penalty if logits[t] > 0 else logits[t] * sp.repetition_penalty
+    for t in set(out):
+        logits[t] -= sp.presence_penalty + sp.frequency_penalty * out.count(t)
+    if len(out) < sp.min_tokens:
+        logits[list(sp.end_ids)] = float("-inf")
+    for word in sp.bad_words:
+        if len(tokens) >= len(word) - 1 and tokens[len(tokens) - len(word) + 1:] == list(word[:-1]):
+            logits[word[-1]] = float("-inf")
+    return logits
+
+
+def processed_reference(target: Transformer, prompt: list[int], max_tokens: int, sp: SamplingParams,
+                        stop_ids=()) -> list[int]:
+    """Plain greedy decoding, one token per forward, choosing from the naively processed logits."""
+    cache = target.new_cache(1, len(prompt) + max_tokens + 1)
+    logits = target.forward(cache, [0], [prompt]).logits[-1]
+    tokens = list(prompt)
+    while True:
+        tok = int(naive_processed(logits, sp, tokens, len(prompt)).argmax())
+        if tok in stop_ids:
+            return tokens[len(prompt):]
+        tokens.append(tok)
+        if len(tokens) - len(prompt) == max_tokens:
+            return tokens[len(prompt):]
+        logits = target.forward(cache, [0], [[tok]]).logits[0]
+
+
+def bigrams(output: list[int]) -> list[tuple[int, int]]:
+    return list(zip(output, output[1:]))
+
+
+@pytest.mark.parametrize("mode", MODE_NAMES)
+def test_logits_processors_are_lossless(trained_tiny, prompts, reference, mode):
+    """Penalties, min_tokens and bad words (of one token and of two) give plain decoding's output in every mode,
+    and change it: each bad word is a pair or token the unprocessed output produced."""
+    bundle = trained_tiny
+    twin = clone_target(bundle.target)
+    n = 16
+    settings = [SamplingParams(repetition_penalty=1.3, presence_penalty=0.4, frequency_penalty=0.2,
+                               bad_words=(bigrams(reference[i])[3], (reference[i][8],)), min_tokens=6)
+                for i in range(n)]
+    stops = [(reference[i][2],) for i in range(n)]  # masked until min_tokens: a stop only afterwards
+    expected = [processed_reference(twin, prompts[i], MAX_TOKENS,
+                                    dataclasses.replace(sp, end_ids=stops[i]), stops[i])
+                for i, sp in enumerate(settings)]
+    engine = Engine(bundle.target, bundle.drafter, num_slots=16, max_len=MAX_LEN, cost_model=fixed_costs())
+    seqs = engine.generate([Request(prompts[i], MAX_TOKENS, mode=mode, sampling=sp, stop_ids=stops[i])
+                            for i, sp in enumerate(settings)], concurrency=16)
+    for i, seq in enumerate(seqs):
+        assert seq.output == expected[i], f"{mode}: prompt {i} differs from plain decoding with the processors"
+        assert len(seq.output) >= 6
+        check_records(seq)
+    assert sum(seq.output != reference[i][:len(seq.output)] for i, seq in enumerate(seqs)) > n // 2
+    if mode != "ar":
+        assert any(st.accepted > 0 for seq in seqs for st in seq.steps)
+    assert len(engine.free_slots) == engine.num_slots
+
+
+@pytest.mark.parametrize("mode", MODE_NAMES)
+def test_stop_strings_cut_the_output_after_the_token_that_completes_them(trained_tiny, prompts, reference, mode):
+    """A stop string ends the output at the shortest prefix whose text holds it (never before min_tokens),
+    however many tokens the verify step accepted past it."""
+    tok = byte_tokenizer()
+    bundle = trained_tiny
+    cases = []
+    for i, ref in enumerate(reference[:24]):
+        texts = [tok.decode(ref[j:j + 2]) for j in range(10, 30)]
+        word = next((t for t in texts if len(t) == 2 and REPLACEMENT not in t), None)
+        if word is not None:
+            cases.append((i, word))
+    assert len(cases) >= 8
+    engine = Engine(bundle.target, bundle.drafter, num_slots=16, max_len=MAX_LEN, cost_model=fixed_costs())
+    min_tokens = 4
+    seqs = engine.generate([Request(prompts[i], MAX_TOKENS, mode=mode, stop_ids=(),
+                                    sampling=SamplingParams(min_tokens=min_tokens),
+                                    stop_text=TextStops(tok, (word, "\x00never"))) for i, word in cases],
+                           concurrency=16)
+    for (i, word), seq in zip(cases, seqs):
+        sought_from = max(0, len(tok.decode(reference[i][:min_tokens - 1])) - len(word) + 1)
+        keep = next(k for k in range(min_tokens, MAX_TOKENS + 1)
+                    if tok.decode(reference[i][:k]).find(word, sought_from) >= 0)
+        assert seq.output == reference[i][:keep] and seq.finish_reason == "stop", (mode, i, word)
+    assert len(engine.free_slots) == engine.num_slots
 
 
 # ---- bad requests, cancellation ------------------------------------------------------------

@@ -11,7 +11,14 @@ from scipy.stats import chisquare
 from adaflash.decoding.costs import CostModel
 from adaflash.decoding.engine import Engine
 from adaflash.decoding.modes import MODE_NAMES
-from adaflash.decoding.sampling import SamplingParams, target_probs, verify_greedy, verify_sampled
+from adaflash.decoding.sampling import (
+    History,
+    SamplingParams,
+    process_logits,
+    target_probs,
+    verify_greedy,
+    verify_sampled,
+)
 from adaflash.decoding.sequence import Request
 from adaflash.models.bundle import tiny_random_bundle
 from adaflash.models.target import Transformer
@@ -38,7 +45,8 @@ def small():
 
 
 def exact_joint(target: Transformer, prompt: list[int], params: SamplingParams, depth: int = DEPTH) -> np.ndarray:
-    """P(first `depth` tokens) over all V**depth continuations, from the target's own logits (full recompute)."""
+    """P(first `depth` tokens) over all V**depth continuations, from the target's own logits (full recompute),
+    each continuation's logits processed for its own prefix."""
     twin = clone_target(target)
     dist = np.ones(1)
     prefixes: list[tuple[int, ...]] = [()]
@@ -48,6 +56,9 @@ def exact_joint(target: Transformer, prompt: list[int], params: SamplingParams, 
         seq_len = len(prompt) + d
         rows = torch.arange(1, n + 1) * seq_len - 1
         logits = twin.forward(cache, list(range(n)), [prompt + list(p) for p in prefixes], logit_rows=rows).logits
+        if params.processes:
+            logits = torch.cat([process_logits(logits[i : i + 1], params, History(prompt + list(p), len(prompt)), [])
+                                for i, p in enumerate(prefixes)])
         probs = target_probs(logits, params).double().numpy()
         dist = (dist[:, None] * probs).reshape(-1)
         prefixes = [p + (t,) for p in prefixes for t in range(V)]
@@ -117,6 +128,48 @@ def test_first_tokens_follow_the_filtered_distribution(small, mode):
     assert chi_square_p(counts, exact) > ALPHA
     # Unfiltered sampling is a different distribution and is rejected.
     assert chi_square_p(counts, exact_joint(small.target, PROMPT, SamplingParams(temperature=1.0))) < ALPHA
+
+
+PROCESSED = {"temperature": 1.0, "repetition_penalty": 1.6, "presence_penalty": 0.5, "frequency_penalty": 0.4,
+             "min_tokens": 2, "end_ids": (3,), "bad_words": ((1, 2), (5,))}
+
+
+@pytest.mark.parametrize("mode", ["dflash", "ngram", "adaflash"])
+def test_first_tokens_follow_the_processed_distribution(small, mode):
+    """Penalties, min_tokens and bad words under speculative sampling: the samples follow plain sampling from the
+    processed logits, and the unprocessed distribution is rejected."""
+    seqs = sample_run(small, mode, PROCESSED)
+    assert draft_tokens_tried(seqs) > 100  # (the penalties keep outputs off the prompt's n-grams: fewer copies)
+    counts = np.bincount([cell_of(s.output) for s in seqs], minlength=V**DEPTH)
+    exact = exact_joint(small.target, PROMPT, SamplingParams(**PROCESSED))
+    assert counts[exact == 0].sum() == 0, "a banned token was generated"
+    assert chi_square_p(counts, exact) > ALPHA
+    assert chi_square_p(counts, exact_joint(small.target, PROMPT, SamplingParams(temperature=1.0))) < ALPHA
+
+
+def test_process_logits_matches_the_definitions_row_by_row():
+    """Each verified row sees its own prefix: the counts, the min_tokens mask and the bad words move with it."""
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(4, V, generator=g)
+    sp = SamplingParams(repetition_penalty=1.5, presence_penalty=0.3, frequency_penalty=0.7, min_tokens=3,
+                        end_ids=(6,), bad_words=((4, 2), (0,)))
+    history, draft = History([1, 4, 4, 5], 2), [2, 4, 6]
+    got = process_logits(logits, sp, history, draft)
+    for j in range(4):
+        tokens, want = history.tokens + draft[:j], logits[j].clone()
+        for t in set(tokens):
+            want[t] = want[t] / 1.5 if want[t] > 0 else want[t] * 1.5
+        out = tokens[2:]
+        for t in set(out):
+            want[t] -= 0.3 + 0.7 * out.count(t)
+        if len(out) < 3:
+            want[6] = float("-inf")
+        want[0] = float("-inf")
+        if tokens[-1] == 4:
+            want[2] = float("-inf")
+        torch.testing.assert_close(got[j], want, msg=f"row {j}")
+    assert got[0, 6] == float("-inf") and got[1, 6] > float("-inf")  # 2 tokens produced, then 3
+    assert got[1, 2] > float("-inf") and got[2, 2] == float("-inf")  # the draft's 4 precedes row 2 only
 
 
 def _check_acceptance(seqs, min_tried: int) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import queue
 import re
 import shutil
 import time
@@ -23,9 +24,10 @@ from adaflash.decoding.sequence import Request
 from adaflash.evaluation.prompts import load_prompts
 from adaflash.models.bundle import load_bundle, save_bundle, tiny_random_bundle
 from adaflash.models.chat_template import CONFIG_FILE, load_chat_template
+from adaflash.serving.api import TextStops
 from adaflash_build.repository import RepositoryConfig, build_repository
 from adaflash_client import AdaFlashClient, GenerationParams
-from adaflash_client.reliability import send_grpc
+from adaflash_client.reliability import send_grpc, send_http
 from adaflash_server.launcher import ServerConfig, TritonServer
 
 MAX_TOKENS = 24
@@ -237,6 +239,121 @@ def test_seeded_sampling_equals_the_engine(served, prompts, mode):
     assert other_seed != got[0]
 
 
+# ---- the TensorRT-LLM request contract, as a client written for a TensorRT-LLM ensemble sends it ----------
+
+TRTLLM_OUTPUTS = ("text_output", "cum_log_probs", "output_log_probs", "num_input_tokens", "num_output_tokens",
+                  "acceptance_rate", "total_accepted_draft_tokens", "total_draft_tokens", "finish_reason")
+
+
+def _words(*words: str) -> tuple[str, np.ndarray]:
+    return "BYTES", np.array([[w.encode() for w in words]], dtype=object)
+
+
+def _trtllm_stream(server, tensors: dict) -> list[dict]:
+    """Every response of one raw tritonclient stream, as {output: array or None}."""
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    results: queue.Queue = queue.Queue()
+    client.start_stream(callback=lambda result, error: results.put((result, error)))
+    try:
+        inputs = []
+        for name, (dtype, value) in tensors.items():
+            inputs.append(grpcclient.InferInput(name, list(value.shape), dtype))
+            inputs[-1].set_data_from_numpy(value)
+        client.async_stream_infer("adaflash", inputs, enable_empty_final_response=True)
+        responses = []
+        while True:
+            result, error = results.get(timeout=120)
+            assert error is None, error
+            if result.get_response().outputs:
+                responses.append({n: result.as_numpy(n) for n in TRTLLM_OUTPUTS})
+            if result.get_response().parameters["triton_final_response"].bool_param:
+                return responses
+    finally:
+        client.stop_stream()
+        client.close()
+
+
+def _joined_text(responses: list[dict]) -> str:
+    return "".join(r["text_output"].reshape(-1)[0].decode() for r in responses)
+
+
+@pytest.mark.parametrize("mode", ["ar", "dflash", "adaflash"])
+def test_a_tensorrt_llm_request_with_penalties_bad_words_and_log_probs_equals_the_engine(served, prompts, reference,
+                                                                                        mode):
+    """seed, the three penalties, min_tokens, bad_words, pad_id, the return_* outputs, in TensorRT-LLM's names and
+    shapes; the text equals in-process plain decoding with the same processors, and they changed it."""
+    _, model_dir = served
+    bundle = load_bundle(model_dir, drafter=None)
+    banned = [reference[0][4:6], reference[0][9]]
+    ids = bundle.tokenizer.encode(prompts[0]).ids
+    sampling = SamplingParams(repetition_penalty=1.3, presence_penalty=0.4, frequency_penalty=0.2, min_tokens=6,
+                              bad_words=tuple(tuple(bundle.tokenizer.encode(w).ids) for w in banned), log_probs=True)
+    engine = Engine(bundle.target, None, num_slots=1, max_len=1024)
+    expected = engine.generate([Request(ids, MAX_TOKENS, sampling=sampling)])[0]
+    tensors = dict(text_input=_text(prompts[0].encode()), max_tokens=_i32(MAX_TOKENS), stream=_bool(True),
+                   seed=("UINT64", np.array([[5]], dtype=np.uint64)), repetition_penalty=_f32(1.3),
+                   presence_penalty=_f32(0.4), frequency_penalty=_f32(0.2), min_tokens=_i32(6),
+                   bad_words=_words(*banned), pad_id=_i32(0), num_return_sequences=_i32(1), beam_width=_i32(1),
+                   return_log_probs=_bool(True), return_num_input_tokens=_bool(True),
+                   return_num_output_tokens=_bool(True), return_perf_metrics=_bool(True), spec_mode=_text(mode.encode()))
+    responses = _trtllm_stream(served[0], tensors)
+    final = responses[-1]
+    assert _joined_text(responses) == bundle.tokenizer.decode(expected.output) != reference[0]
+    assert int(final["num_input_tokens"].reshape(-1)[0]) == len(ids)
+    assert int(final["num_output_tokens"].reshape(-1)[0]) == len(expected.output)
+    log_probs = np.concatenate([r["output_log_probs"].reshape(-1) for r in responses])
+    np.testing.assert_allclose(log_probs, expected.log_probs, rtol=1e-4, atol=1e-5)
+    assert final["cum_log_probs"].shape == (1, 1) and final["output_log_probs"].ndim == 3
+    np.testing.assert_allclose(final["cum_log_probs"].reshape(-1)[0], sum(expected.log_probs), rtol=1e-4)
+    drafted, accepted = (int(final[n].reshape(-1)[0]) for n in ("total_draft_tokens", "total_accepted_draft_tokens"))
+    assert 0 <= accepted <= drafted and (drafted == 0 if mode == "ar" else mode != "dflash" or drafted > 0)
+    assert float(final["acceptance_rate"].reshape(-1)[0]) == pytest.approx(accepted / drafted if drafted else 0.0)
+
+
+@pytest.mark.parametrize("stream", [True, False])
+def test_a_stop_word_of_several_tokens_ends_the_text_where_it_completes(served, prompts, reference, stream):
+    _, model_dir = served
+    bundle = load_bundle(model_dir, drafter=None)
+    word = reference[1][8:12]
+    assert len(bundle.tokenizer.encode(word).ids) > 1
+    ids = bundle.tokenizer.encode(prompts[1]).ids
+    engine = Engine(bundle.target, None, num_slots=1, max_len=1024)
+    expected = engine.generate([Request(ids, MAX_TOKENS, stop_text=TextStops(bundle.tokenizer, (word,)))])[0]
+    assert expected.finish_reason == "stop"
+    tensors = dict(text_input=_text(prompts[1].encode()), max_tokens=_i32(MAX_TOKENS), stream=_bool(stream),
+                   stop_words=_words(word, "a stop that never comes"), spec_mode=_text(b"dflash"))
+    responses = _trtllm_stream(served[0], tensors)
+    text = _joined_text(responses)
+    assert text == bundle.tokenizer.decode(expected.output) and word in text and len(text) < len(reference[1])
+    assert responses[-1]["finish_reason"].reshape(-1)[0] == b"stop"
+
+
+def test_http_generate_takes_the_contract_too_and_echoes_the_prompt_when_asked(served, prompts, reference):
+    """exclude_input_in_output false: the text starts with the prompt (not streaming, as TensorRT-LLM)."""
+    body = {"text_input": prompts[2], "max_tokens": MAX_TOKENS, "exclude_input_in_output": False,
+            "return_num_input_tokens": True, "spec_mode": "dflash"}
+    status, text = send_http(served[0], body)
+    assert status == 200, text
+    answer = json.loads(text)
+    assert answer["text_output"] == prompts[2] + reference[2] and answer["num_input_tokens"] > 0
+    status, text = send_http(served[0], {**body, "repetition_penalty": 1.5, "exclude_input_in_output": True})
+    assert status == 200 and json.loads(text)["text_output"] not in ("", reference[2])
+
+
+REFUSED = {"beam_width": _i32(4), "num_return_sequences": _i32(2), "lora_task_id": ("UINT64", np.array([[3]], np.uint64)),
+           "guided_decoding_guide_type": _text(b"json"), "return_generation_logits": _bool(True)}
+
+
+@pytest.mark.parametrize("field", list(REFUSED))
+def test_tensorrt_llm_inputs_this_server_does_not_do_are_refused_by_name(served, field):
+    refused, message = send_grpc(served[0], dict(text_input=_text(b"hi"), max_tokens=_i32(4), **{field: REFUSED[field]}))
+    assert refused and f"INVALID_ARGUMENT: {field}:" in message, message
+    value = REFUSED[field][1].reshape(-1)[0]
+    status, text = send_http(served[0], {"text_input": "hi", "max_tokens": 4,
+                                         field: value.decode() if isinstance(value, bytes) else value.item()})
+    assert status == 400 and f"INVALID_ARGUMENT: {field}:" in text, text
+
+
 def test_metrics_count_requests_tokens_and_steps(served):
     server = served[0]
     with _client(served) as client:
@@ -273,7 +390,7 @@ def _queued(server) -> float:
     return float(re.findall(r"^adaflash_queued_requests\S* (\S+)$", text, re.M)[0])
 
 
-@pytest.mark.parametrize("field", ["seed", "min_tokens", "repetition_penalty", "exclude_input_in_output"])
+@pytest.mark.parametrize("field", ["ignore_eos", "n", "logprobs", "best_of"])
 def test_http_fields_the_server_does_not_implement_are_refused_by_name(served, field):
     """Triton's HTTP generate endpoint passes unknown JSON fields on as parameters; they are refused, not ignored."""
     body = json.dumps({"text_input": "hello", "max_tokens": 4, field: 1}).encode()

@@ -30,6 +30,7 @@ from adaflash.serving.protocol import (
     GENERATION,
     MODEL_TENSORS,
     REQUEST_FIELDS,
+    REQUESTED,
     STATS,
     STEP_RESPONSE,
     TEXT_OUTPUT,
@@ -166,7 +167,7 @@ def _ensemble_wiring() -> dict[str, str]:
         "orchestrator_maps": _maps({n: f"_{n}" for n in generation}, {s.name: f"_{s.name}" for s in STEP_RESPONSE}),
         "postprocessing_maps": _maps({s.name: f"_{s.name}" for s in STEP_RESPONSE},
                                      {TEXT_OUTPUT.name: TEXT_OUTPUT.name,
-                                      **{forwarded_name(s.name): s.name for s in STATS}}),
+                                      **{forwarded_name(s.name): s.name for s in (*STATS, *REQUESTED)}}),
     }
 
 

@@ -25,8 +25,10 @@ from adaflash.decoding.scheduler import BackendError, Scheduler
 from adaflash.decoding.sequence import Sequence, validate_request
 from adaflash.models.drafter import DEFAULT_BLOCK_SIZE, DrafterConfig
 from adaflash.models.target import TargetConfig
+from adaflash.models.tokenizer import load_tokenizer
 from adaflash.serving import protocol
 from adaflash.serving.admission import Admission, AdmissionCancelled, AdmissionRefused
+from adaflash.serving.api import TextStops
 from adaflash.serving.pacing import response_gap, response_rate
 from adaflash.serving.protocol import Op
 from adaflash.serving.remote import RemoteBackend
@@ -57,7 +59,7 @@ class Client:
     """One request's stream: where its responses go and what they carried so far."""
 
     sender: object
-    stream: bool
+    generation: protocol.Generation
     done: asyncio.Future
     sent_tokens: int = 0
     sent_steps: int = 0
@@ -119,6 +121,7 @@ class TritonPythonModel:
         with open(f"{params['target_dir']}/config.json") as f:
             self.target_config = TargetConfig.from_hf(json.load(f))
         self.has_drafter = bool(params["drafter_dir"])
+        self.tokenizer = load_tokenizer(params["tokenizer_dir"])  # stop strings are matched in the text
         block_size = DEFAULT_BLOCK_SIZE
         if self.has_drafter:
             with open(f"{params['drafter_dir']}/config.json") as f:
@@ -207,9 +210,11 @@ class TritonPythonModel:
         if not await self._admit(sender):
             return
         req = generation.request
+        if generation.stop_texts:
+            req.stop_text = TextStops(self.tokenizer, generation.stop_texts)
         seq = Sequence(id=next(self.ids), request=req, tokens=list(req.prompt_ids), generator=None,
                        stop_ids=generation.stop_ids, submitted_at=time.perf_counter())
-        client = Client(sender, generation.stream, asyncio.get_running_loop().create_future())
+        client = Client(sender, generation, asyncio.get_running_loop().create_future())
         self.clients[seq.id] = client
         self._later(self.metrics.started, req.mode)
         self.scheduler.add(seq)
@@ -265,7 +270,7 @@ class TritonPythonModel:
         return gone
 
     def _respond(self, touched):
-        streams = sum(1 for c in self.clients.values() if c.stream)
+        streams = sum(1 for c in self.clients.values() if c.generation.stream)
         now, gap = time.monotonic(), response_gap(streams, self.stream_interval_s, self.response_rate)
         for seq in touched:
             client = self.clients.get(seq.id)
@@ -273,8 +278,9 @@ class TritonPythonModel:
                 continue
             if seq.finished:
                 self._finish(seq, client)
-            elif client.stream and now - client.sent_at >= gap:
-                tensors = protocol.encode_step_response(seq, client.sent_tokens, client.sent_steps, final=False)
+            elif client.generation.stream and now - client.sent_at >= gap:
+                tensors = protocol.encode_step_response(seq, client.sent_tokens, client.sent_steps, final=False,
+                                                        generation=client.generation)
                 self._later(self._send, client.sender, tensors, 0)
                 client.sent_tokens, client.sent_steps, client.sent_at = len(seq.output), len(seq.steps), now
 
@@ -285,7 +291,8 @@ class TritonPythonModel:
         elif seq.finish_reason == "error":
             payload = f"generation failed: {seq.error}"
         else:
-            payload = protocol.encode_step_response(seq, client.sent_tokens, client.sent_steps, final=True)
+            payload = protocol.encode_step_response(seq, client.sent_tokens, client.sent_steps, final=True,
+                                                    generation=client.generation)
         self._later(self._send, client.sender, payload, FINAL)
         self._later(self.metrics.finished, seq)
         del self.clients[seq.id]

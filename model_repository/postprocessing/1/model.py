@@ -36,14 +36,15 @@ class TritonPythonModel:
     def execute(self, requests):
         responses = []
         for request in requests:
-            tensors = {s.name: pb_utils.get_input_tensor_by_name(request, s.name).as_numpy() for s in INPUTS}
+            found = ((s.name, pb_utils.get_input_tensor_by_name(request, s.name)) for s in INPUTS)
+            tensors = {name: t.as_numpy() for name, t in found if t is not None}
             step = protocol.decode_step_response(tensors)
             if self._departed(request, step):
                 self._cancel(step.sequence_id)
                 responses.append(pb_utils.InferenceResponse(
                     error=pb_utils.TritonError("request cancelled", pb_utils.TritonError.CANCELLED)))
                 continue
-            text = self.detokenizer.delta(step.output_ids, step.sent_len, step.final)
+            text = self.detokenizer.delta(step.echo_ids + step.output_ids, step.sent_len, step.final)
             out = protocol.encode_text_response(text, tensors)
             responses.append(pb_utils.InferenceResponse(output_tensors=_tensors(out)))
         return responses

@@ -35,11 +35,11 @@ class TritonPythonModel:
         try:
             protocol.refuse_parameters(json.loads(request.parameters()))
             values = protocol.parse_request({n: t.as_numpy() for n, t in found if t is not None}, self.limits)
-            ids, stops = encode(self.tokenizer, values, self.max_prompt_tokens, self.target_config.vocab_size,
-                                self.target_config.eos_token_ids, self.chat)
+            encoded = encode(self.tokenizer, values, self.max_prompt_tokens, self.target_config.vocab_size,
+                             self.target_config.eos_token_ids, self.chat)
         except ValueError as exc:
             # A gRPC stream carries per-request errors as text only, so the code leads the message.
             error = pb_utils.TritonError(f"INVALID_ARGUMENT: {exc}", pb_utils.TritonError.INVALID_ARG)
             return pb_utils.InferenceResponse(error=error)
-        tensors = protocol.encode_generation(ids, stops, values)
+        tensors = protocol.encode_generation(encoded, values)
         return pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor(n, v) for n, v in tensors.items()])

@@ -44,8 +44,9 @@ class LocalBackend:
             seq.slot = self.free_slots.pop()
         seqs = [*prefill, *verify]
         results, ms = step_batch(self.target, self.cache, len(prefill), [s.slot for s in seqs],
-                                 [s.tokens for s in prefill] + feeds, [s.request.sampling for s in seqs],
-                                 [s.generator for s in seqs], self.capture, [s.can_draft for s in seqs])
+                                 [s.tokens for s in prefill] + feeds, [s.sampling for s in seqs],
+                                 [s.generator for s in seqs], self.capture, [s.can_draft for s in seqs],
+                                 [s.history for s in seqs])
         return Timed((results[:len(prefill)], results[len(prefill):]), ms)
 
     async def draft(self, seqs: list[Sequence], block_length: int) -> Timed[Draft]:

@@ -8,6 +8,7 @@ p with x removed, yields exactly the target distribution p at every position.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -16,14 +17,31 @@ from torch import Tensor
 
 @dataclass(frozen=True)
 class SamplingParams:
+    """What the target applies to its logits before choosing a token. Penalties, `min_tokens` and `bad_words`
+    change the target's own distribution, so verification applies them at every drafted position exactly as
+    plain decoding would at that position (`process_logits`): speculation stays lossless under them."""
+
     temperature: float = 0.0
     top_k: int = 0
     top_p: float = 1.0
     seed: int = 0
+    repetition_penalty: float = 1.0  # CTRL's, over prompt and output (Hugging Face, TensorRT-LLM)
+    presence_penalty: float = 0.0  # OpenAI's, over the output (vLLM)
+    frequency_penalty: float = 0.0  # OpenAI's, over the output (vLLM)
+    min_tokens: int = 0  # before this many output tokens, `end_ids` cannot be chosen
+    end_ids: tuple[int, ...] = ()  # the request's stop tokens, masked while min_tokens is not reached
+    bad_words: tuple[tuple[int, ...], ...] = ()  # token sequences never completed
+    log_probs: bool = False  # report each output token's log-probability (`StepResult.log_probs`)
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0 or self.top_k == 1
+
+    @property
+    def processes(self) -> bool:
+        """Whether the logits depend on the sequence's tokens so far (a history must be kept)."""
+        return (self.repetition_penalty != 1.0 or self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
+                or (self.min_tokens > 0 and bool(self.end_ids)) or bool(self.bad_words))
 
     def validate(self) -> None:
         if not self.temperature >= 0.0:
@@ -32,6 +50,71 @@ class SamplingParams:
             raise ValueError(f"top_k must be >= 0, got {self.top_k}")
         if not 0.0 < self.top_p <= 1.0:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if not (math.isfinite(self.repetition_penalty) and self.repetition_penalty > 0.0):
+            raise ValueError(f"repetition_penalty must be > 0, got {self.repetition_penalty}")
+        for name in ("presence_penalty", "frequency_penalty"):
+            if not math.isfinite(getattr(self, name)):
+                raise ValueError(f"{name} must be finite, got {getattr(self, name)}")
+        if self.min_tokens < 0:
+            raise ValueError(f"min_tokens must be >= 0, got {self.min_tokens}")
+        if any(not w for w in self.bad_words):
+            raise ValueError("bad_words: an empty word")
+
+
+@dataclass
+class History:
+    """A sequence's committed tokens (prompt, then output) that its logits processors read."""
+
+    tokens: list[int]
+    prompt_len: int
+
+
+def process_logits(logits: Tensor, params: SamplingParams, history: History, draft: list[int]) -> Tensor:
+    """logits: [n, V], row j the target's next-token logits after history + draft[:j]. Returns fp32 logits with
+    the penalties and masks of each row's own prefix applied: what plain decoding sees at that position."""
+    logits = logits.float().clone()
+    n, vocab = logits.shape
+    tokens = torch.tensor(history.tokens + draft[: n - 1], dtype=torch.long, device=logits.device)
+    base = len(history.tokens)
+    if params.repetition_penalty != 1.0 or params.presence_penalty or params.frequency_penalty:
+        seen = _prefix_counts(tokens, base, n, vocab, 0)
+        out = _prefix_counts(tokens, base, n, vocab, history.prompt_len)
+        r = params.repetition_penalty
+        logits = torch.where(seen > 0, torch.where(logits > 0, logits / r, logits * r), logits)
+        logits = logits - params.presence_penalty * (out > 0) - params.frequency_penalty * out
+    produced = base - history.prompt_len
+    if params.min_tokens > produced and params.end_ids:
+        rows = min(n, params.min_tokens - produced)
+        logits[:rows, list(params.end_ids)] = float("-inf")
+    if params.bad_words:
+        prefix = history.tokens[-max(map(len, params.bad_words)):] if history.tokens else []
+        for j in range(n):
+            context = prefix + draft[:j]
+            for word in params.bad_words:
+                if len(word) == 1 or context[len(context) - len(word) + 1:] == list(word[:-1]):
+                    logits[j, word[-1]] = float("-inf")
+    return logits
+
+
+def _prefix_counts(tokens: Tensor, base: int, rows: int, vocab: int, start: int) -> Tensor:
+    """[rows, V]: how often each token occurs in tokens[start : base + j] for row j."""
+    counts = torch.zeros(rows, vocab, device=tokens.device)
+    counts += torch.bincount(tokens[start:base], minlength=vocab).to(counts.dtype)
+    if rows > 1:
+        steps = torch.zeros(rows, vocab, device=tokens.device)
+        steps[torch.arange(1, rows, device=tokens.device), tokens[base:base + rows - 1]] = 1.0
+        counts += steps.cumsum(0)
+    return counts
+
+
+def log_probs_of(logits: Tensor, params: SamplingParams, chosen: list[int]) -> list[float]:
+    """log p of chosen[j] under row j: the processed logits at the request's temperature (1 when greedy), before
+    top-k and top-p, as TensorRT-LLM and vLLM report them."""
+    rows = logits[: len(chosen)].float()
+    if not params.greedy:
+        rows = rows / params.temperature
+    logp = torch.log_softmax(rows, dim=-1)
+    return logp[torch.arange(len(chosen)), torch.tensor(chosen)].tolist()
 
 
 def target_probs(logits: Tensor, params: SamplingParams) -> Tensor:

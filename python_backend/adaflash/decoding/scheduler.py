@@ -198,13 +198,14 @@ class Scheduler:
         prefilled, verified = timed.value
         for seq, res in zip(admitted, prefilled):
             self._queue_context(seq, res)
-            seq.commit(res.committed)
+            seq.commit(res.committed, res.log_probs)
         if active and self.cost is not None:
             self.cost.observe_verify(len(active), sum(map(len, feeds)), timed.ms)
         for seq, feed, res in zip(active, feeds, verified):
             self._queue_context(seq, res)
             self.planner.controller.observe(seq.policy, len(feed) - 1, res.accepted, matched=copied.get(seq.id, 0))
-            seq.steps.append(StepRecord(len(feed) - 1, res.accepted, seq.commit(res.committed), res.expected_accepted,
+            seq.steps.append(StepRecord(len(feed) - 1, res.accepted, seq.commit(res.committed, res.log_probs),
+                                        res.expected_accepted,
                                         copied=seq.id in copied))
 
     @staticmethod

@@ -3,13 +3,18 @@ served loop: the same caps, the same commit rules, so both produce the same outp
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
 
 import torch
 
 from adaflash.decoding.modes import get_mode
 from adaflash.decoding.policy import PolicyState
-from adaflash.decoding.sampling import SamplingParams
+from adaflash.decoding.sampling import History, SamplingParams
+
+# Stop strings (`serving/api.py` TextStops): given the output and the index of its first token not yet searched,
+# the output length to keep when a stop string ends in the new tokens, else None.
+StopText = Callable[[list[int], int], "int | None"]
 
 
 @dataclass
@@ -20,6 +25,7 @@ class Request:
     sampling: SamplingParams = field(default_factory=SamplingParams)
     max_draft: int | None = None  # the client's cap on k (draft tokens verified per step); None: no cap
     stop_ids: tuple[int, ...] | None = None  # None: the target's end-of-sequence ids
+    stop_text: StopText | None = None  # stop strings of several tokens, matched in the text
     tag: str = ""  # free label carried to the result (a prompt id, a domain)
 
 
@@ -50,6 +56,17 @@ class Sequence:
     submitted_at: float = 0.0  # time.perf_counter() stamps
     admitted_at: float | None = None  # when it left the queue for a slot
     finished_at: float | None = None
+    log_probs: list[float] = field(default_factory=list)  # per output token, when the request asked
+    sampling: SamplingParams = field(init=False)  # the request's, its min_tokens masking the stop ids
+
+    def __post_init__(self) -> None:
+        sp = self.request.sampling
+        self.sampling = replace(sp, end_ids=tuple(sorted(self.stop_ids))) if sp.min_tokens and not sp.end_ids else sp
+
+    @property
+    def history(self) -> History | None:
+        """What the target's logits processors read (None: the request has none)."""
+        return History(self.tokens, len(self.request.prompt_ids)) if self.sampling.processes else None
 
     @property
     def finished(self) -> bool:
@@ -59,20 +76,35 @@ class Sequence:
     def target_forwards(self) -> int:
         return 1 + len(self.steps) if self.output or self.finished else 0
 
-    def commit(self, tokens: list[int]) -> int:
-        """Append committed tokens up to a stop token or max_tokens; returns how many were produced."""
-        produced = 0
-        for t in tokens:
+    def commit(self, tokens: list[int], log_probs: list[float] | None = None) -> int:
+        """Append committed tokens up to a stop token, a stop string or max_tokens; returns how many were
+        produced (the tokens a verify step accepted past a stop count: the target computed them)."""
+        produced, before = 0, len(self.output)
+        for i, t in enumerate(tokens):
             produced += 1
             if t in self.stop_ids:
                 self.finish_reason = "stop"
                 break
             self.output.append(t)
             self.tokens.append(t)
+            if log_probs is not None:
+                self.log_probs.append(log_probs[i])
             if len(self.output) >= self.request.max_tokens:
                 self.finish_reason = "length"
                 break
+        self._stop_at_text(max(before, self.sampling.min_tokens - 1))
         return produced
+
+    def _stop_at_text(self, first_new: int) -> None:
+        """Cut the output after the token that completes a stop string (none is sought before min_tokens)."""
+        if self.request.stop_text is None or len(self.output) <= first_new:
+            return
+        keep = self.request.stop_text(self.output, first_new)
+        if keep is None:
+            return
+        del self.tokens[len(self.tokens) - len(self.output) + keep:]
+        del self.output[keep:], self.log_probs[keep:]
+        self.finish_reason = "stop"
 
 
 def tau(steps: list[StepRecord], digits: int | None = None) -> float | None:

@@ -12,7 +12,16 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from adaflash.decoding.sampling import SamplingParams, sample, target_probs, verify_greedy, verify_sampled
+from adaflash.decoding.sampling import (
+    History,
+    SamplingParams,
+    log_probs_of,
+    process_logits,
+    sample,
+    target_probs,
+    verify_greedy,
+    verify_sampled,
+)
 from adaflash.models.cache import KVCache
 from adaflash.models.target import Transformer
 
@@ -23,6 +32,7 @@ class StepResult:
     accepted: int
     expected_accepted: float  # sampling: sum of p(x) over the draft tokens tried
     features: torch.Tensor | None  # target features of the positions now committed, for the drafter
+    log_probs: list[float] | None = None  # per committed token, when its request asked (`SamplingParams.log_probs`)
 
 
 def ms_since(t0: float) -> float:
@@ -41,6 +51,16 @@ def _layers(capture: list[int] | None, wants: list[bool]) -> list[int] | None:
     return capture if capture and any(wants) else None
 
 
+def _processed(logits: torch.Tensor, sp: SamplingParams, history: History | None,
+               draft: list[int]) -> torch.Tensor | None:
+    """The rows a sequence chooses from with its logits processors applied; None when it has none."""
+    return None if history is None or not sp.processes else process_logits(logits, sp, history, draft)
+
+
+def _log_probs(logits: torch.Tensor, sp: SamplingParams, committed: list[int]) -> list[float] | None:
+    return log_probs_of(logits, sp, committed) if sp.log_probs else None
+
+
 def prefill_batch(target: Transformer, cache: KVCache, slots: list[int], prompts: list[list[int]],
                   sampling: list[SamplingParams], generators: list[torch.Generator], capture: list[int] | None,
                   wants: list[bool]) -> list[StepResult]:
@@ -51,35 +71,39 @@ def prefill_batch(target: Transformer, cache: KVCache, slots: list[int], prompts
     out = target.forward(cache, slots, prompts, logit_rows=torch.tensor(ends - 1, device=cache.k.device),
                          capture_layers=_layers(capture, wants))
     results = []
-    for i, (sp, g) in enumerate(zip(sampling, generators)):
-        logits = out.logits[i]
-        token = int(logits.argmax()) if sp.greedy else sample(target_probs(on_cpu(logits[None]), sp)[0], g)
+    for i, (prompt, sp, g) in enumerate(zip(prompts, sampling, generators)):
+        logits = _processed(out.logits[i : i + 1], sp, History(prompt, len(prompt)), [])
+        logits = out.logits[i : i + 1] if logits is None else logits
+        token = int(logits[0].argmax()) if sp.greedy else sample(target_probs(on_cpu(logits), sp)[0], g)
         feats = out.hidden[ends[i] - counts[i] : ends[i]].clone() if out.hidden is not None and wants[i] else None
-        results.append(StepResult([token], 0, 0.0, feats))
+        results.append(StepResult([token], 0, 0.0, feats, _log_probs(logits, sp, [token])))
     return results
 
 
 def step_batch(target: Transformer, cache: KVCache, new: int, slots: list[int], feeds: list[list[int]],
                sampling: list[SamplingParams], generators: list[torch.Generator], capture: list[int] | None,
-               wants: list[bool] | None = None) -> tuple[list[StepResult], float]:
+               wants: list[bool] | None = None,
+               histories: list[History | None] | None = None) -> tuple[list[StepResult], float]:
     """One scheduler step on the target: the first `new` sequences are prefilled (feeds: their prompts), the
     others verified (feeds: [anchor] + draft); features go to the sequences that `wants` them (None: all).
-    Returns the results in order and the verify forward's milliseconds (what the cost model learns from; 0
-    without one)."""
+    `histories`: per verified sequence, its committed tokens through the anchor (None: it has no logits
+    processors). Returns the results in order and the verify forward's milliseconds (what the cost model learns
+    from; 0 without one)."""
     wants = [True] * len(slots) if wants is None else wants
+    histories = [None] * len(slots) if histories is None else histories
     prefilled = prefill_batch(target, cache, slots[:new], feeds[:new], sampling[:new], generators[:new],
                               capture, wants[:new]) if new else []
     if len(slots) == new:
         return prefilled, 0.0
     t0 = time.perf_counter()
     verified = verify_batch(target, cache, slots[new:], feeds[new:], sampling[new:], generators[new:], capture,
-                            wants[new:])
+                            wants[new:], histories[new:])
     return prefilled + verified, ms_since(t0)
 
 
 def verify_batch(target: Transformer, cache: KVCache, slots: list[int], feeds: list[list[int]],
                  sampling: list[SamplingParams], generators: list[torch.Generator], capture: list[int] | None,
-                 wants: list[bool]) -> list[StepResult]:
+                 wants: list[bool], histories: list[History | None]) -> list[StepResult]:
     """feeds[b] = [anchor] + draft. Verify every draft, then roll each slot back to its accepted length."""
     starts = [cache.lengths[s] for s in slots]
     out = target.forward(cache, slots, feeds, capture_layers=_layers(capture, wants))
@@ -88,13 +112,16 @@ def verify_batch(target: Transformer, cache: KVCache, slots: list[int], feeds: l
     for i, (slot, start, feed, sp, g) in enumerate(zip(slots, starts, feeds, sampling, generators)):
         n = len(feed)
         expected = 0.0
+        processed = _processed(out.logits[row : row + n], sp, histories[i], feed[1:])
+        logits = out.logits[row : row + n] if processed is None else processed
         if sp.greedy:
-            committed = verify_greedy(feed[1:], greedy_ids[row : row + n])
+            ids = greedy_ids[row : row + n] if processed is None else processed.argmax(-1).tolist()
+            committed = verify_greedy(feed[1:], ids)
         else:
-            committed, expected = verify_sampled(feed[1:], target_probs(on_cpu(out.logits[row : row + n]), sp), g)
+            committed, expected = verify_sampled(feed[1:], target_probs(on_cpu(logits), sp), g)
         accepted = len(committed) - 1
         cache.truncate(slot, start + accepted + 1)
         feats = out.hidden[row : row + accepted + 1].clone() if out.hidden is not None and wants[i] else None
-        results.append(StepResult(committed, accepted, expected, feats))
+        results.append(StepResult(committed, accepted, expected, feats, _log_probs(logits, sp, committed)))
         row += n
     return results

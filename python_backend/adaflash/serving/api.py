@@ -13,28 +13,35 @@ from typing import Any
 from tokenizers import Tokenizer, decoders
 
 from adaflash.models.chat_template import ChatTemplate
+from adaflash.serving.protocol import Encoded
 
 REPLACEMENT = "\ufffd"
 DETOKENIZE_CONTEXT = 8  # tokens decoded before the sent ones (`Detokenizer._window`)
 
 
 def encode(tokenizer: Tokenizer, values: dict[str, Any], max_prompt_tokens: int, vocab_size: int,
-           eos_ids: list[int], chat: ChatTemplate | None = None) -> tuple[list[int], list[int]]:
-    """Prompt ids and stop ids (end_id or the model's end of sequence, plus single-token stop words)
-    of a request parsed by `protocol.parse_request`; `chat` is the target's chat template, if it has one."""
+           eos_ids: list[int], chat: ChatTemplate | None = None) -> Encoded:
+    """The token ids of a request parsed by `protocol.parse_request`; `chat` is the target's chat template, if it
+    has one. A stop word of one token stops like end_id (the token is not output); a longer one is matched in the
+    text (`TextStops`), since a text has many tokenisations and the model need not choose the tokenizer's."""
     ids = prompt_ids(tokenizer, values, chat)
     if len(ids) > max_prompt_tokens:
         raise ValueError(f"text_input: prompt of {len(ids)} tokens exceeds the limit of {max_prompt_tokens}")
-    end_id = values["end_id"]
-    if end_id is not None and not 0 <= end_id < vocab_size:
-        raise ValueError(f"end_id: must be a token id in [0, {vocab_size}), got {end_id}")
-    stops = [end_id] if end_id is not None else list(eos_ids)
+    for name in ("end_id", "pad_id"):
+        if values[name] is not None and not 0 <= values[name] < vocab_size:
+            raise ValueError(f"{name}: must be a token id in [0, {vocab_size}), got {values[name]}")
+    stops = [values["end_id"]] if values["end_id"] is not None else list(eos_ids)
+    texts = []
     for word in values["stop_words"]:
         word_ids = tokenizer.encode(word).ids
-        if len(word_ids) != 1:
-            raise ValueError(f"stop_words: {word!r} is {len(word_ids)} tokens; only single-token stop words are supported")
-        stops.append(word_ids[0])
-    return ids, stops
+        if len(word_ids) == 1:
+            stops.append(word_ids[0])
+        else:
+            texts.append(word)
+    bad = [tokenizer.encode(word).ids for word in values["bad_words"]]
+    if any(not w for w in bad):
+        raise ValueError("bad_words: a word with no tokens")
+    return Encoded(ids, stops, bad, texts)
 
 
 def prompt_ids(tokenizer: Tokenizer, values: dict[str, Any], chat: ChatTemplate | None) -> list[int]:
@@ -97,3 +104,31 @@ class Detokenizer:
 def _stable(text: str, final: bool) -> str:
     """Drop a trailing replacement character (an incomplete UTF-8 sequence) unless nothing more will come."""
     return text if final else text.rstrip(REPLACEMENT)
+
+
+class TextStops:
+    """Stop strings found in the decoded output (`Request.stop_text`): the output keeps the token that completes
+    one, as TensorRT-LLM keeps a stop word's tokens; the text after it in that token stays too."""
+
+    def __init__(self, tokenizer: Tokenizer, words: tuple[str, ...]) -> None:
+        self.tokenizer, self.words = tokenizer, words
+        self.span = max(len(w.encode()) for w in words)  # a token holds at least a byte: the most tokens a word spans
+
+    def __call__(self, output: list[int], first_new: int) -> int | None:
+        """The output length to keep when a stop string ends in output[first_new:]: the shortest prefix whose text
+        holds it; None when none does."""
+        start = max(0, first_new - self.span)
+        before = self._text(output[start:first_new])
+        text = self._text(output[start:])
+        ends = [i + len(w) for w in self.words
+                if (i := text.find(w, max(0, len(before) - len(w) + 1))) >= 0]
+        if not ends:
+            return None
+        end = min(ends)
+        for keep in range(first_new + 1, len(output) + 1):
+            if len(self._text(output[start:keep])) >= end:
+                return keep
+        return len(output)
+
+    def _text(self, ids: list[int]) -> str:
+        return _stable(self.tokenizer.decode(ids), final=False)

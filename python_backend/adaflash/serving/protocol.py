@@ -52,10 +52,10 @@ class Op(IntEnum):
 # ---------------------------------------------------------------------------------------------
 # Tensor declarations
 
-BOOL, UINT8, INT32, UINT64, FP32, BYTES = (np.dtype(t) for t in (np.bool_, np.uint8, np.int32, np.uint64, np.float32,
-                                                                  np.object_))
-TRITON_TYPES = {BOOL: "TYPE_BOOL", UINT8: "TYPE_UINT8", INT32: "TYPE_INT32", UINT64: "TYPE_UINT64", FP32: "TYPE_FP32",
-                BYTES: "TYPE_STRING"}
+BOOL, UINT8, INT32, UINT64, FP16, FP32, BYTES = (np.dtype(t) for t in (np.bool_, np.uint8, np.int32, np.uint64,
+                                                                        np.float16, np.float32, np.object_))
+TRITON_TYPES = {BOOL: "TYPE_BOOL", UINT8: "TYPE_UINT8", INT32: "TYPE_INT32", UINT64: "TYPE_UINT64", FP16: "TYPE_FP16",
+                FP32: "TYPE_FP32", BYTES: "TYPE_STRING"}
 
 
 @dataclass(frozen=True)
@@ -88,6 +88,8 @@ class Into(Enum):
     REQUEST = "request"  # an attribute of the engine's Request
     SAMPLING = "sampling"  # an attribute of SamplingParams; also sent with the target's prefill
     ORCHESTRATOR = "orchestrator"  # read by the orchestrator itself
+    CHECKED = "checked"  # a TensorRT-LLM input checked and dropped: what it asks is what this server does anyway
+    ALIAS = "alias"  # another name of the field `attr` names
 
 
 CONSUMERS = {Into.REQUEST: Request, Into.SAMPLING: SamplingParams}
@@ -168,6 +170,34 @@ def _integer(value: Any, _: RequestLimits) -> int:
     return int(value)
 
 
+def _positive(value: Any, _: RequestLimits) -> float:
+    if not (math.isfinite(float(value)) and float(value) > 0.0):
+        raise ValueError(f"must be a finite number > 0, got {float(value)}")
+    return float(value)
+
+
+def _finite(value: Any, _: RequestLimits) -> float:
+    if not math.isfinite(float(value)):
+        raise ValueError(f"must be a finite number, got {float(value)}")
+    return float(value)
+
+
+def _only(allowed: Any, why: str) -> Callable[[Any, RequestLimits], Any]:
+    """A TensorRT-LLM input this server takes only at one value (its default): any other is refused, by name."""
+    def parse(value: Any, _: RequestLimits) -> Any:
+        if type(allowed)(value) != allowed:
+            raise ValueError(f"only {allowed!r} is supported ({why}), got {value!r}")
+        return allowed
+    return parse
+
+
+def _refused(why: str) -> Callable[[Any, RequestLimits], Any]:
+    """A TensorRT-LLM input that does not apply to this server: refused whenever it is sent, never ignored."""
+    def parse(value: Any, _: RequestLimits) -> Any:
+        raise ValueError(f"not supported: {why}")
+    return parse
+
+
 def _flag(value: Any, _: RequestLimits) -> bool:
     return bool(value)
 
@@ -214,9 +244,21 @@ REQUEST_FIELDS: tuple[RequestField, ...] = (
     RequestField(TensorSpec("temperature", FP32, optional=True), _temperature, Into.SAMPLING),
     RequestField(TensorSpec("top_k", INT32, optional=True), _count, Into.SAMPLING),
     RequestField(TensorSpec("top_p", FP32, optional=True), _top_p, Into.SAMPLING),
-    RequestField(TensorSpec("random_seed", UINT64, optional=True), _integer, Into.SAMPLING, attr="seed"),
+    RequestField(TensorSpec("seed", UINT64, optional=True), _integer, Into.SAMPLING),
+    RequestField(TensorSpec("random_seed", UINT64, optional=True), _integer, Into.ALIAS, attr="seed", default=None),
+    RequestField(TensorSpec("repetition_penalty", FP32, optional=True), _positive, Into.SAMPLING),
+    RequestField(TensorSpec("presence_penalty", FP32, optional=True), _finite, Into.SAMPLING),
+    RequestField(TensorSpec("frequency_penalty", FP32, optional=True), _finite, Into.SAMPLING),
+    RequestField(TensorSpec("min_tokens", INT32, optional=True), _count, Into.SAMPLING),
+    RequestField(TensorSpec("return_log_probs", BOOL, optional=True), _flag, Into.SAMPLING, attr="log_probs"),
     RequestField(TensorSpec("end_id", INT32, optional=True), _integer, Into.PROMPT, default=None),
+    RequestField(TensorSpec("pad_id", INT32, optional=True), _integer, Into.PROMPT, default=None),
     RequestField(TensorSpec("stop_words", BYTES, (-1,), optional=True), _words, Into.PROMPT, default=()),
+    RequestField(TensorSpec("bad_words", BYTES, (-1,), optional=True), _words, Into.PROMPT, default=()),
+    RequestField(TensorSpec("exclude_input_in_output", BOOL, optional=True), _flag, Into.ORCHESTRATOR, default=True),
+    RequestField(TensorSpec("return_num_input_tokens", BOOL, optional=True), _flag, Into.ORCHESTRATOR, default=False),
+    RequestField(TensorSpec("return_num_output_tokens", BOOL, optional=True), _flag, Into.ORCHESTRATOR, default=False),
+    RequestField(TensorSpec("return_perf_metrics", BOOL, optional=True), _flag, Into.ORCHESTRATOR, default=False),
     RequestField(TensorSpec("spec_mode", BYTES, optional=True), _mode, Into.REQUEST, attr="mode",
                  default=lambda limits: limits.default_mode),
     RequestField(TensorSpec("max_draft", INT32, optional=True), _count, Into.REQUEST),
@@ -225,8 +267,36 @@ REQUEST_FIELDS: tuple[RequestField, ...] = (
     RequestField(TensorSpec("messages", BYTES, optional=True), _messages, Into.PROMPT, default=()),
     RequestField(TensorSpec("chat_template_kwargs", BYTES, optional=True), _template_kwargs, Into.PROMPT,
                  default=MappingProxyType({})),
+    # TensorRT-LLM's ensemble inputs that ask for something this server does not do (docs/architecture.md,
+    # "The TensorRT-LLM request contract"): checked, so that a client learns it instead of being ignored.
+    RequestField(TensorSpec("num_return_sequences", INT32, optional=True),
+                 _only(1, "one sequence per request: send n requests"), Into.CHECKED, default=1),
+    RequestField(TensorSpec("beam_width", INT32, optional=True),
+                 _only(1, "speculative decoding verifies one sequence; beam search is not implemented"), Into.CHECKED,
+                 default=1),
+    RequestField(TensorSpec("length_penalty", FP32, optional=True), _finite, Into.CHECKED, default=1.0),
+    RequestField(TensorSpec("return_context_logits", BOOL, optional=True),
+                 _only(False, "logits are not returned; return_log_probs gives per-token log-probabilities"),
+                 Into.CHECKED, default=False),
+    RequestField(TensorSpec("return_generation_logits", BOOL, optional=True),
+                 _only(False, "logits are not returned; return_log_probs gives per-token log-probabilities"),
+                 Into.CHECKED, default=False),
+    RequestField(TensorSpec("decoder_text_input", BYTES, optional=True),
+                 _refused("the target is decoder-only (no encoder-decoder models)"), Into.CHECKED, default=None),
+    *(RequestField(TensorSpec(name, dtype, dims, optional=True), _refused(why), Into.CHECKED, default=None)
+      for name, dtype, dims, why in (
+          ("prompt_embedding_table", FP16, (-1, -1), "prompt tuning tables are not implemented"),
+          ("prompt_table_extra_id", UINT64, (1,), "prompt tuning tables are not implemented"),
+          ("prompt_vocab_size", INT32, (1,), "prompt tuning tables are not implemented"),
+          ("embedding_bias_words", BYTES, (-1,), "embedding bias is not implemented; bad_words bans words"),
+          ("embedding_bias_weights", FP32, (-1,), "embedding bias is not implemented; bad_words bans words"),
+          ("lora_task_id", UINT64, (1,), "LoRA adapters are not implemented"),
+          ("lora_weights", FP16, (-1, -1), "LoRA adapters are not implemented"),
+          ("lora_config", INT32, (-1, 3), "LoRA adapters are not implemented"),
+          ("guided_decoding_guide_type", BYTES, (1,), "guided decoding is not implemented"),
+          ("guided_decoding_guide", BYTES, (1,), "guided decoding is not implemented"))),
 )
-FORWARDED = tuple(f for f in REQUEST_FIELDS if f.into is not Into.PROMPT)
+FORWARDED = tuple(f for f in REQUEST_FIELDS if f.into not in (Into.PROMPT, Into.CHECKED, Into.ALIAS))
 # Request parameters Triton itself sets or reads (its parameters extension): never a client's field.
 TRITON_PARAMETERS = ("sequence_id", "priority", "timeout", "sequence_start", "sequence_end", "headers")
 
@@ -248,7 +318,10 @@ def forwarded_name(name: str) -> str:
     return f"out_{name}"
 
 
-PROMPT_IDS = (TensorSpec("input_ids", INT32, (-1,)), TensorSpec("stop_ids", INT32, (-1,)))
+# word_lists: JSON {"bad_words": [[ids]], "stop_texts": [str]}: bad words as token ids, stop words longer than a token
+# as text (matched in the decoded output by the orchestrator).
+PROMPT_IDS = (TensorSpec("input_ids", INT32, (-1,)), TensorSpec("stop_ids", INT32, (-1,)),
+              TensorSpec("word_lists", BYTES))
 GENERATION = (*PROMPT_IDS, *(f.spec for f in FORWARDED))  # preprocessing -> orchestrator
 CANCEL = TensorSpec("cancel_sequence", UINT64, optional=True)  # postprocessing -> orchestrator: the client left
 STATS = (  # per-response statistics the client receives beside text_output
@@ -258,14 +331,27 @@ STATS = (  # per-response statistics the client receives beside text_output
     TensorSpec("draft_len_per_step", INT32, (-1,)),
     TensorSpec("finish_reason", BYTES),
 )
+# What a client asks for by name (return_log_probs, return_num_input_tokens, return_perf_metrics), in TensorRT-LLM's
+# names and shapes (a beam dimension of 1); absent from responses that did not ask.
+REQUESTED = (
+    TensorSpec("cum_log_probs", FP32, (-1,)),
+    TensorSpec("output_log_probs", FP32, (-1, -1)),  # of this response's new tokens
+    TensorSpec("num_input_tokens", INT32),
+    TensorSpec("acceptance_rate", FP32),
+    TensorSpec("total_accepted_draft_tokens", INT32),
+    TensorSpec("total_draft_tokens", INT32),
+)
 TEXT_OUTPUT = TensorSpec("text_output", BYTES)
-STEP_RESPONSE = (
+STEP_REQUIRED = (
     TensorSpec("output_ids", INT32, (-1,)),
     TensorSpec("sent_len", INT32),
     TensorSpec("is_final", BOOL),
     *STATS,
     TensorSpec("sequence_id", UINT64),
 )
+# exclude_input_in_output false (a final response, not streaming): the prompt's ids, decoded before the output
+ECHO_IDS = TensorSpec("echo_ids", INT32, (-1,))
+STEP_RESPONSE = (*STEP_REQUIRED, ECHO_IDS, *REQUESTED)
 # The target and drafter models take one call per engine step carrying every sequence in it (no batch
 # dimension): `keys` names the sequences, ragged token lists travel flat with their `lengths`, features flat
 # with their `feature_rows`. Features travel in the target's own dtype, bit for bit: as the bytes of each row
@@ -288,10 +374,13 @@ TARGET_CALL = (
     # Per key, 1 when the sequence drafts: only those get features back (absent: every one does).
     TensorSpec("capture", BOOL, (-1,), optional=True),
     *(replace(f.spec, dims=(-1,), optional=True) for f in SAMPLING_FIELDS),
+    TensorSpec("token_lists", BYTES, (-1,), optional=True),  # per new sequence: JSON of its TOKEN_LISTS
 )
+TOKEN_LISTS = ("end_ids", "bad_words")  # the SamplingParams fields that are token lists
 TARGET_RESULT = (
     TensorSpec("committed_lengths", INT32, (-1,)),
     TensorSpec("committed", INT32, (-1,)),
+    TensorSpec("log_probs", FP32, (-1,)),  # per committed token; NaN for sequences that did not ask
     TensorSpec("accepted", INT32, (-1,)),
     TensorSpec("expected_accepted", FP32, (-1,)),
     *FEATURES,
@@ -315,12 +404,13 @@ DRAFTER_RESULT = (
 
 # Every model's inputs and outputs, by model name (published drafters use the `drafter` entry).
 MODEL_TENSORS: dict[str, tuple[tuple[TensorSpec, ...], tuple[TensorSpec, ...]]] = {
-    "adaflash": (tuple(f.spec for f in REQUEST_FIELDS), (TEXT_OUTPUT, *STATS)),
+    "adaflash": (tuple(f.spec for f in REQUEST_FIELDS), (TEXT_OUTPUT, *STATS, *REQUESTED)),
     "preprocessing": (tuple(f.spec for f in REQUEST_FIELDS),
                       tuple(replace(s, name=forwarded_name(s.name), optional=False) for s in GENERATION)),
     # Optional: a request may instead carry only `cancel_sequence`.
     ORCHESTRATOR: (tuple(replace(s, optional=True) for s in (*GENERATION, CANCEL)), STEP_RESPONSE),
-    "postprocessing": (STEP_RESPONSE, (TEXT_OUTPUT, *(replace(s, name=forwarded_name(s.name)) for s in STATS))),
+    "postprocessing": (tuple(s if s in STEP_REQUIRED else replace(s, optional=True) for s in STEP_RESPONSE),
+                       (TEXT_OUTPUT, *(replace(s, name=forwarded_name(s.name)) for s in (*STATS, *REQUESTED)))),
     TARGET: (TARGET_CALL, (*TARGET_RESULT, COST_TABLE)),
     DRAFTER: (DRAFTER_CALL, DRAFTER_RESULT),
 }
@@ -462,26 +552,49 @@ def parse_request(tensors: dict[str, np.ndarray | None], limits: RequestLimits) 
                 raise ValueError(f"{f.name}: required")
             values[f.name] = f.default_value(limits)
             continue
-        raw = _list(tensors, f.name) if f.spec.dims == (-1,) else _scalar(tensors, f.name)
         try:
+            raw = _scalar(tensors, f.name) if f.spec.dims == (1,) else _list(tensors, f.name)
             values[f.name] = f.parse(raw, limits)
         except ValueError as exc:
             raise ValueError(f"{f.name}: {exc}") from None
+    for f in REQUEST_FIELDS:
+        if f.into is Into.ALIAS and values[f.name] is not None:
+            if tensors.get(f.target) is not None and values[f.target] != values[f.name]:
+                raise ValueError(f"{f.name}: an alias of {f.target}, sent with a different value")
+            values[f.target] = values[f.name]
     return values
+
+
+@dataclass(frozen=True)
+class Encoded:
+    """A request's text turned into token ids by preprocessing (`api.encode`)."""
+
+    prompt_ids: list[int]
+    stop_ids: list[int]  # end_id (or the model's end of sequence) and the stop words of one token
+    bad_words: list[list[int]] = field(default_factory=list)
+    stop_texts: list[str] = field(default_factory=list)  # stop words of several tokens, matched as text
 
 
 @dataclass
 class Generation:
-    """What the orchestrator runs: the engine's request, the ids that stop it, whether it streams."""
+    """What the orchestrator runs: the engine's request, the ids that stop it, and how it answers."""
 
     request: Request
     stop_ids: frozenset[int]
     stream: bool
+    stop_texts: tuple[str, ...] = ()
+    echo: bool = False  # exclude_input_in_output false: the final text starts with the prompt
+    returns: frozenset[str] = frozenset()  # the return_* fields the client set
 
 
-def encode_generation(prompt_ids: list[int], stop_ids: list[int], values: dict[str, Any]) -> Tensors:
+RETURNS = ("return_num_input_tokens", "return_num_output_tokens", "return_perf_metrics")
+
+
+def encode_generation(encoded: Encoded, values: dict[str, Any]) -> Tensors:
     """Preprocessing's outputs: the tokenised prompt and the checked fields the orchestrator needs."""
-    out = {forwarded_name(s.name): _array(ids, s.dtype) for s, ids in zip(PROMPT_IDS, (prompt_ids, stop_ids))}
+    lists = json.dumps({"bad_words": encoded.bad_words, "stop_texts": encoded.stop_texts})
+    out = {forwarded_name(s.name): _array(v, s.dtype)
+           for s, v in zip(PROMPT_IDS, (encoded.prompt_ids, encoded.stop_ids, lists))}
     out.update({forwarded_name(f.name): _to_wire(f.spec, values[f.name]) for f in FORWARDED})
     return out
 
@@ -490,10 +603,13 @@ def decode_generation(tensors: Tensors) -> Generation:
     """The orchestrator's view of `encode_generation` (with the names the ensemble maps them to)."""
     _required(tensors, names(GENERATION))
     values = {f.name: _from_wire(f.spec, tensors[f.name], f.nullable) for f in FORWARDED}
-    sampling = SamplingParams(**{f.target: values[f.name] for f in SAMPLING_FIELDS})
+    lists = json.loads(_scalar(tensors, "word_lists"))
+    sampling = SamplingParams(**{f.target: values[f.name] for f in SAMPLING_FIELDS},
+                              bad_words=tuple(tuple(w) for w in lists["bad_words"]))
     request = Request(prompt_ids=_list(tensors, "input_ids"), sampling=sampling,
                       **{f.target: values[f.name] for f in FORWARDED if f.into is Into.REQUEST})
-    return Generation(request, frozenset(_list(tensors, "stop_ids")), values["stream"])
+    return Generation(request, frozenset(_list(tensors, "stop_ids")), values["stream"], tuple(lists["stop_texts"]),
+                      echo=not values["exclude_input_in_output"], returns=frozenset(r for r in RETURNS if values[r]))
 
 
 def encode_cancel(sequence_id: int) -> Tensors:
@@ -518,10 +634,13 @@ class StepResponse:
     sent_len: int
     final: bool
     sequence_id: int
+    echo_ids: list[int] = field(default_factory=list)
 
 
-def encode_step_response(seq: Sequence, sent_len: int, steps_from: int, final: bool) -> Tensors:
-    """One streamed response: all output ids (the text delta needs them), the steps since the last one."""
+def encode_step_response(seq: Sequence, sent_len: int, steps_from: int, final: bool,
+                         generation: Generation | None = None) -> Tensors:
+    """One streamed response: all output ids (the text delta needs them), the steps since the last one, and what
+    the client asked for by name (`generation`; None: nothing)."""
     steps = seq.steps[steps_from:]
     values = {
         "output_ids": seq.output, "sent_len": sent_len, "is_final": final, "num_output_tokens": len(seq.output),
@@ -529,17 +648,41 @@ def encode_step_response(seq: Sequence, sent_len: int, steps_from: int, final: b
         "draft_len_per_step": [s.draft_len for s in steps], "finish_reason": seq.finish_reason or "",
         "sequence_id": seq.id,
     }
-    return {s.name: _array(values[s.name], s.dtype) for s in STEP_RESPONSE}
+    out = {s.name: _array(values[s.name], s.dtype) for s in STEP_REQUIRED}
+    if generation is not None:
+        out.update(_requested(seq, sent_len, final, generation))
+    return out
+
+
+def _requested(seq: Sequence, sent_len: int, final: bool, generation: Generation) -> Tensors:
+    """The echoed prompt and the return_* outputs, in TensorRT-LLM's shapes ([1, beams] and [1, beams, tokens])."""
+    out = {}
+    if generation.echo and final and not generation.stream:
+        out[ECHO_IDS.name] = _array(seq.request.prompt_ids, INT32)
+    if seq.sampling.log_probs:
+        out["cum_log_probs"] = np.asarray([[sum(seq.log_probs)]], dtype=np.float32)
+        out["output_log_probs"] = np.asarray([[seq.log_probs[sent_len:]]], dtype=np.float32)
+    if "return_num_input_tokens" in generation.returns:
+        out["num_input_tokens"] = _array(len(seq.request.prompt_ids), INT32)
+    if "return_perf_metrics" in generation.returns:
+        drafted = sum(st.draft_len for st in seq.steps)
+        accepted = sum(st.accepted for st in seq.steps)
+        out.update(acceptance_rate=_array(accepted / drafted if drafted else 0.0, FP32),
+                   total_accepted_draft_tokens=_array(accepted, INT32), total_draft_tokens=_array(drafted, INT32))
+    return out
 
 
 def decode_step_response(tensors: Tensors) -> StepResponse:
+    echo = tensors.get(ECHO_IDS.name)
     return StepResponse(_list(tensors, "output_ids"), int(_scalar(tensors, "sent_len")),
-                        bool(_scalar(tensors, "is_final")), int(_scalar(tensors, "sequence_id")))
+                        bool(_scalar(tensors, "is_final")), int(_scalar(tensors, "sequence_id")),
+                        [] if echo is None else _list(tensors, ECHO_IDS.name))
 
 
 def encode_text_response(text: str, step: Tensors) -> Tensors:
-    """Postprocessing's outputs: the text delta, and the statistics of `step` passed on unchanged."""
-    return {TEXT_OUTPUT.name: _array(text, BYTES), **{forwarded_name(s.name): step[s.name] for s in STATS}}
+    """Postprocessing's outputs: the text delta, and the statistics of `step` (those present) passed on unchanged."""
+    return {TEXT_OUTPUT.name: _array(text, BYTES),
+            **{forwarded_name(s.name): step[s.name] for s in (*STATS, *REQUESTED) if step.get(s.name) is not None}}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -573,6 +716,8 @@ def encode_target_call(call: TargetCall) -> Tensors:
     if call.sampling:
         out.update({f.name: _flat([getattr(sp, f.target) for sp in call.sampling], f.spec.dtype)
                     for f in SAMPLING_FIELDS})
+        out["token_lists"] = _flat([json.dumps({k: getattr(sp, k) for k in TOKEN_LISTS}) for sp in call.sampling],
+                                   BYTES)
     return out
 
 
@@ -600,10 +745,26 @@ def decode_target_call(tensors: Tensors) -> TargetCall:
         if len(new) != 1 or new.pop() > len(keys):
             raise ValueError(f"temperature: sampling settings for {sorted(len(v) for v in columns.values())} "
                              f"sequences, {len(keys)} keys")
-        call.sampling = [SamplingParams(**{k: v[i] for k, v in columns.items()}) for i in range(len(columns["seed"]))]
+        lists = _token_lists(tensors, len(columns["seed"]))
+        call.sampling = [SamplingParams(**{k: v[i] for k, v in columns.items()}, **lists[i])
+                         for i in range(len(columns["seed"]))]
         for sp in call.sampling:
             sp.validate()
     return call
+
+
+def _token_lists(tensors: Tensors, new: int) -> list[dict[str, Any]]:
+    """Each new sequence's TOKEN_LISTS (empty when the call carries none)."""
+    if tensors.get("token_lists") is None:
+        return [{}] * new
+    rows = [json.loads(v) for v in _list(tensors, "token_lists")]
+    if len(rows) != new:
+        raise ValueError(f"token_lists: {len(rows)} entries for {new} new sequences")
+    try:
+        return [{"end_ids": tuple(int(t) for t in r["end_ids"]),
+                 "bad_words": tuple(tuple(int(t) for t in w) for w in r["bad_words"])} for r in rows]
+    except (KeyError, TypeError) as exc:
+        raise ValueError(f"token_lists: not lists of token ids ({exc})") from None
 
 
 def _encode_features(features: list[torch.Tensor | None]) -> Tensors:
@@ -630,6 +791,7 @@ def _decode_features(tensors: Tensors) -> list[torch.Tensor | None]:
 def encode_target_result(results: list[StepResult], forward_ms: float) -> Tensors:
     return {"committed_lengths": _flat([len(r.committed) for r in results], INT32),
             "committed": _flat([t for r in results for t in r.committed], INT32),
+            "log_probs": _flat([p for r in results for p in (r.log_probs or [math.nan] * len(r.committed))], FP32),
             "accepted": _flat([r.accepted for r in results], INT32),
             "expected_accepted": _flat([r.expected_accepted for r in results], FP32),
             **_encode_features([r.features for r in results]), "forward_ms": _flat(forward_ms, FP32)}
@@ -637,9 +799,12 @@ def encode_target_result(results: list[StepResult], forward_ms: float) -> Tensor
 
 def decode_target_result(tensors: Tensors) -> tuple[list[StepResult], float]:
     """The results in call order, and the forward's milliseconds."""
-    committed = _split(_list(tensors, "committed"), _list(tensors, "committed_lengths"))
-    return ([StepResult(c, a, e, f) for c, a, e, f in zip(committed, _list(tensors, "accepted"),
-                                                          _list(tensors, "expected_accepted"), _decode_features(tensors))],
+    lengths = _list(tensors, "committed_lengths")
+    committed = _split(_list(tensors, "committed"), lengths)
+    log_probs = [None if any(map(math.isnan, p)) else p for p in _split(_list(tensors, "log_probs"), lengths)]
+    return ([StepResult(c, a, e, f, p) for c, a, e, f, p in zip(committed, _list(tensors, "accepted"),
+                                                                _list(tensors, "expected_accepted"),
+                                                                _decode_features(tensors), log_probs)],
             float(_scalar(tensors, "forward_ms")))
 
 

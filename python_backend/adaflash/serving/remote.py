@@ -39,7 +39,7 @@ class RemoteBackend:
             self.drafter_of.update((s.id, drafter) for s in prefill if s.can_draft)
         seqs = [*prefill, *verify]
         call = TargetCall(Op.STEP, [s.id for s in seqs], [s.tokens for s in prefill] + feeds,
-                          [s.request.sampling for s in prefill], self.releasing.pop(protocol.TARGET, []),
+                          [s.sampling for s in prefill], self.releasing.pop(protocol.TARGET, []),
                           [s.can_draft for s in seqs])
         results, ms = protocol.decode_target_result(await self.call(protocol.TARGET, protocol.encode_target_call(call)))
         return Timed((results[:len(prefill)], results[len(prefill):]), ms)

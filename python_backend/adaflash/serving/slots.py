@@ -15,7 +15,7 @@ from collections.abc import Callable, Hashable
 
 import torch
 
-from adaflash.decoding.sampling import SamplingParams
+from adaflash.decoding.sampling import History, SamplingParams
 from adaflash.decoding.scheduler import Timed
 from adaflash.decoding.steps import StepResult, ms_since, step_batch
 from adaflash.models.cache import KVCache, Paging
@@ -118,6 +118,7 @@ class TargetSlots(CacheSlots):
         super().__init__(target.new_cache(num_slots, max_len, paging), idle_timeout_s)
         self.target, self.capture, self.max_len = target, capture, max_len
         self.sampling: dict[Hashable, tuple[SamplingParams, torch.Generator]] = {}
+        self.histories: dict[Hashable, History] = {}  # the committed tokens of sequences with logits processors
 
     def run(self, call: TargetCall) -> Timed[list[StepResult]]:
         """Prefill the call's new sequences and verify the others (the time is the verify forward's), or release
@@ -136,7 +137,10 @@ class TargetSlots(CacheSlots):
         slots = [self.slots.get(k) for k in call.keys]
         results, ms = step_batch(self.target, self.cache, new, slots, call.feeds,
                                  [self.sampling[k][0] for k in call.keys], [self.sampling[k][1] for k in call.keys],
-                                 self.capture, call.capture)
+                                 self.capture, call.capture, [self.histories.get(k) for k in call.keys])
+        for key, result in zip(call.keys, results):
+            if key in self.histories:
+                self.histories[key].tokens.extend(result.committed)
         return Timed(results, ms)
 
     def _open(self, call: TargetCall) -> None:
@@ -149,6 +153,8 @@ class TargetSlots(CacheSlots):
                 self.slots.acquire(key)
                 opened.append(key)
                 self.sampling[key] = (sampling, torch.Generator().manual_seed(sampling.seed))
+                if sampling.processes:
+                    self.histories[key] = History(list(prompt), len(prompt))
         except (ValueError, RuntimeError):
             for key in opened:
                 self.release(key)
@@ -156,6 +162,7 @@ class TargetSlots(CacheSlots):
 
     def release(self, key: Hashable) -> None:
         self.sampling.pop(key, None)
+        self.histories.pop(key, None)
         super().release(key)
 
 

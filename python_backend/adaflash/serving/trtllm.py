@@ -118,7 +118,7 @@ REQUEST_TENSORS: dict[str, LlmApiTensor] = {
     "temperature": LlmApiTensor("sampling_param_temperature", "TYPE_FP32"),
     "top_k": LlmApiTensor("sampling_param_top_k", "TYPE_INT32"),
     "top_p": LlmApiTensor("sampling_param_top_p", "TYPE_FP32"),
-    "random_seed": LlmApiTensor("sampling_param_seed", "TYPE_UINT64"),
+    "seed": LlmApiTensor("sampling_param_seed", "TYPE_UINT64"),
     "stop_words": LlmApiTensor("sampling_param_stop", "TYPE_STRING", (-1,)),
 }
 # Asks the model for the finish reason, which our responses carry (`finish_reason`).
