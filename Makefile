@@ -49,8 +49,12 @@ models-smoke: venv
 	$(BIN)/adaflash-pretrain all --data tests/fixtures/corpus --work work/smoke --out work/smoke/target \
 		--vocab-size 400 --config tests/fixtures/pretrain-toy.json
 
-test: venv
+test: venv $(VENV)/.chart
 	$(BIN)/python -m pytest tests
+
+$(VENV)/.chart: pyproject.toml | venv
+	$(BIN)/pip install -q -e '.[chart]'
+	touch $@
 
 # On a host with an NVIDIA GPU (docs/gpu.md): the GPU tests (models, engine and a served repository on CUDA in
 # bf16; real checkpoints too when ADAFLASH_GPU_MODEL_DIR names a model folder), then the engine's benchmark on the
