@@ -7,7 +7,9 @@ from adaflash_client.client import (
     Completion,
     GenerationError,
     GenerationParams,
+    Tls,
     build_inputs,
+    connect,
     is_final,
     parse_chunk,
 )
@@ -19,7 +21,9 @@ __all__ = [
     "Completion",
     "GenerationError",
     "GenerationParams",
+    "Tls",
     "build_inputs",
+    "connect",
     "is_final",
     "parse_chunk",
 ]

@@ -15,8 +15,9 @@ import json
 import queue
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -38,6 +39,54 @@ _OPTIONAL_SCALARS = (
     ("apply_chat_template", "apply_chat_template", "BOOL"),
 )
 _OPTIONAL_JSON = ("messages", "chat_template_kwargs")  # sent as JSON text, each in the input of its name
+
+
+@dataclass(frozen=True)
+class Tls:
+    """TLS for the gRPC connection (PEM files).
+
+    `root_cert`: the CA certificate(s) to verify the server with (None: gRPC's bundled public roots); the
+    server's own certificate works too, as gRPC accepts a trusted leaf. `client_cert` and `client_key`: this
+    client's identity, for a server that asks for one (mutual TLS). `server_name`: the name the server's
+    certificate is checked against when the URL's host is not in it (an IP address, a port forward).
+    """
+
+    root_cert: str | Path | None = None
+    client_cert: str | Path | None = None
+    client_key: str | Path | None = None
+    server_name: str | None = None
+
+    def __post_init__(self) -> None:
+        if (self.client_cert is None) != (self.client_key is None):
+            raise ValueError("a client certificate needs its key and a key its certificate")
+
+
+def connect(url: str, tls: Tls | None = None) -> grpcclient.InferenceServerClient:
+    """A tritonclient connection to `url` (host:port), over TLS when `tls` is given: the one place a gRPC
+    connection is made, so every client of the server (this library, the OpenAI front, the launcher's own
+    probes) reaches a TLS server alike."""
+    if tls is None:
+        return grpcclient.InferenceServerClient(url)
+    return grpcclient.InferenceServerClient(
+        url, ssl=True, root_certificates=tls.root_cert, private_key=tls.client_key,
+        certificate_chain=tls.client_cert, channel_args=_channel_args(tls.server_name))
+
+
+def _channel_args(server_name: str | None) -> list[tuple[str, Any]] | None:
+    """tritonclient's own channel options plus the name to verify; None keeps its defaults untouched (any
+    channel_args given replace them all, so they are repeated here)."""
+    if server_name is None:
+        return None
+    keepalive = grpcclient.KeepAliveOptions()
+    return [
+        ("grpc.max_send_message_length", grpcclient.MAX_GRPC_MESSAGE_SIZE),
+        ("grpc.max_receive_message_length", grpcclient.MAX_GRPC_MESSAGE_SIZE),
+        ("grpc.keepalive_time_ms", keepalive.keepalive_time_ms),
+        ("grpc.keepalive_timeout_ms", keepalive.keepalive_timeout_ms),
+        ("grpc.keepalive_permit_without_calls", keepalive.keepalive_permit_without_calls),
+        ("grpc.http2.max_pings_without_data", keepalive.http2_max_pings_without_data),
+        ("grpc.ssl_target_name_override", server_name),
+    ]
 
 
 class GenerationError(Exception):
@@ -216,6 +265,7 @@ def _text(value: bytes | str) -> str:
 
 
 _CANCEL = object()  # queued by cancel(): wakes the iterating thread without touching tritonclient
+_STREAM_ERROR_WAIT_S = 1.0
 
 
 class _Call:
@@ -232,24 +282,39 @@ class _Call:
     def cancel(self) -> None:
         self.queue.put(_CANCEL)
 
+    def stream_error(self) -> InferenceServerException | None:
+        """The error of a stream that failed before the request went out (no connection, a TLS handshake, a header
+        the server requires), which tritonclient hands the callback, a moment later, while the send itself only
+        says that the stream "is no longer in valid state"."""
+        try:
+            item = self.queue.get(timeout=_STREAM_ERROR_WAIT_S)
+        except queue.Empty:
+            return None
+        return None if item is _CANCEL else item[1]
+
 
 class AdaFlashClient:
     """Client of the `adaflash` model on one Triton server; thread-safe, usable as a context manager.
 
     `timeout_s` bounds each request's gRPC stream (None: no limit); an expired one raises
-    GenerationError with status "StatusCode.DEADLINE_EXCEEDED".
+    GenerationError with status "StatusCode.DEADLINE_EXCEEDED". `tls` connects over TLS (see `Tls`);
+    `headers` go with every call as gRPC metadata (for a gateway in front of the server, or Triton's
+    `--grpc-restricted-protocol`); their names are lower-cased, as gRPC requires and HTTP/2 treats them alike.
     """
 
     def __init__(self, url: str = "127.0.0.1:8001", model_name: str = "adaflash",
-                 timeout_s: float | None = None) -> None:
+                 timeout_s: float | None = None, tls: Tls | None = None,
+                 headers: Mapping[str, str] | None = None) -> None:
         self.url = url
         self.model_name = model_name
         self.timeout_s = timeout_s
+        self.tls = tls
+        self.headers = {name.lower(): value for name, value in (headers or {}).items()} or None
         self._lock = threading.Lock()
         self._idle: list[grpcclient.InferenceServerClient] = []
         self._active: set[_Call] = set()
         self._closed = False
-        self._control = grpcclient.InferenceServerClient(url)
+        self._control = connect(url, tls)
 
     def __enter__(self) -> AdaFlashClient:
         return self
@@ -260,14 +325,14 @@ class AdaFlashClient:
     def server_ready(self) -> bool:
         """Whether the server answers and is ready; an unreachable server is simply not ready."""
         try:
-            return self._control.is_server_ready()
+            return self._control.is_server_ready(headers=self.headers)
         except InferenceServerException:
             return False
 
     def model_ready(self) -> bool:
         """Whether the model is loaded and ready; an unreachable server counts as not ready."""
         try:
-            return self._control.is_model_ready(self.model_name)
+            return self._control.is_model_ready(self.model_name, headers=self.headers)
         except InferenceServerException:
             return False
 
@@ -350,11 +415,11 @@ class AdaFlashClient:
     def _send(self, client: grpcclient.InferenceServerClient, call: _Call,
               inputs: list[grpcclient.InferInput], request_id: str | None) -> None:
         try:
-            client.start_stream(call.on_response, stream_timeout=self.timeout_s)
+            client.start_stream(call.on_response, stream_timeout=self.timeout_s, headers=self.headers)
             client.async_stream_infer(self.model_name, inputs, request_id=request_id or "",
                                       enable_empty_final_response=True)
         except InferenceServerException as error:
-            raise GenerationError.from_triton(error) from error
+            raise GenerationError.from_triton(call.stream_error() or error) from error
 
     def _acquire(self, call: _Call) -> grpcclient.InferenceServerClient:
         """An idle connection (or a new one), with `call` registered for cancel()."""
@@ -364,7 +429,7 @@ class AdaFlashClient:
             self._active.add(call)
             if self._idle:
                 return self._idle.pop()
-        return grpcclient.InferenceServerClient(self.url)
+        return connect(self.url, self.tls)
 
     def _release(self, client: grpcclient.InferenceServerClient, call: _Call, reuse: bool) -> None:
         """Back to the idle connections, unless the request failed: a connection whose server went away

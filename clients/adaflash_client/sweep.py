@@ -46,6 +46,7 @@ import numpy as np
 
 from adaflash.cli_args import DEFAULT_MODEL_DIR, csv_list, split_csv
 from adaflash.decoding.modes import MODE_NAMES
+from adaflash_client.cli import add_connection_arguments, connection_argv, headers_from_args, tls_from_args
 
 DEFAULT_MODES = ["ar", "ngram", "dflash", "adaflash"]
 DEFAULT_CONCURRENCY = [1, 2, 4, 8, 16, 32, 64]
@@ -78,6 +79,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     target.add_argument("--state-dir", type=Path, default=Path(".serve/sweep"), help="the started server's files")
     target.add_argument("--cost-table", type=Path, help="reuse a measured verify/draft cost table (JSON)")
     target.add_argument("--max-active", type=int, help="the started server's max_active (default: max(64, levels))")
+    add_connection_arguments(p.add_argument_group("connection to --url (TLS, headers)"))
 
     load = p.add_argument_group("load")
     load.add_argument("--modes", type=csv_list(str, MODE_NAMES), default=DEFAULT_MODES,
@@ -409,7 +411,7 @@ def locust_command(args: argparse.Namespace, url: str, mode: str, concurrency: i
            "--exit-code-on-error", "0", "--host", url,
            "--spec-mode", mode, "--max-tokens", str(args.max_tokens), "--temperature", str(args.temperature),
            "--top-k", str(args.top_k), "--top-p", str(args.top_p), "--request-timeout", f"{args.request_timeout:g}",
-           "--records", str(records), "--summary-json", str(summary)]
+           "--records", str(records), "--summary-json", str(summary), *connection_argv(args)]
     if args.requests:
         cmd += ["--max-requests", str(args.requests)]
     for flag, value in (("--seed", args.seed), ("--max-draft", args.max_draft),
@@ -516,7 +518,8 @@ def warm_up(args: argparse.Namespace, url: str) -> None:
     by_domain = prompt_sets.load_prompt_set(args.prompts, split_csv(args.domains),
                                             args.max_prompt_chars)
     longest = max((p.text for group in by_domain.values() for p in group), key=len)
-    with AdaFlashClient(url, timeout_s=args.request_timeout) as client:
+    with AdaFlashClient(url, timeout_s=args.request_timeout, tls=tls_from_args(args),
+                        headers=headers_from_args(args)) as client:
         deadline = time.monotonic() + 60
         while not (client.server_ready() and client.model_ready()):
             if time.monotonic() > deadline:
@@ -559,6 +562,9 @@ def run(args: argparse.Namespace) -> int:
         args.duration = 600.0 if args.requests else 30.0
     if min(args.concurrency) < 1 or args.duration <= 0 or args.requests < 0:
         print("error: --concurrency values, --duration and --requests must be positive", file=sys.stderr)
+        return 2
+    if connection_argv(args) and not args.url:
+        print("error: --ssl, --root-cert, --header and the like are for a running server's --url", file=sys.stderr)
         return 2
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "locust").mkdir(exist_ok=True)

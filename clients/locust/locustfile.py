@@ -51,6 +51,7 @@ import tritonclient.grpc as grpcclient  # noqa: E402
 from prompt_sets import PromptSampler, load_prompt_set, parse_weights  # noqa: E402 (this folder is on sys.path)
 
 from adaflash.cli_args import split_csv  # noqa: E402
+from adaflash_client.cli import add_connection_arguments, headers_from_args, tls_from_args  # noqa: E402
 from adaflash_client.client import SPEC_MODES, AdaFlashClient, GenerationError, GenerationParams  # noqa: E402
 
 
@@ -95,6 +96,7 @@ def _add_arguments(parser) -> None:
     g.add_argument("--request-timeout", type=float, default=300.0, help="seconds before a stream is given up")
     g.add_argument("--records", default="", help="write every request as a JSON line to this file")
     g.add_argument("--summary-json", default="", help="write client-side figures (in-flight peak, hub stalls) here")
+    add_connection_arguments(parser.add_argument_group("adaflash connection", "TLS and headers of the gRPC calls"))
 
 
 class _Load:
@@ -203,7 +205,8 @@ class AdaFlashUser(User):
         self.sampler = PromptSampler(by_domain, weights, seed=opts.prompt_seed + self.index)
         self.max_requests = opts.max_requests
         url = self.host.split("://", 1)[-1].rstrip("/")  # tritonclient wants host:port
-        self.client = AdaFlashClient(url, timeout_s=opts.request_timeout)
+        self.client = AdaFlashClient(url, timeout_s=opts.request_timeout, tls=tls_from_args(opts),
+                                     headers=headers_from_args(opts))
 
     def on_stop(self) -> None:
         self.client.close()

@@ -50,6 +50,14 @@ def json_object(text: str) -> dict:
     return value
 
 
+def existing_file(text: str) -> str:
+    """An argparse `type` for a file that must exist (a certificate, a key): a typo fails at parsing, not later
+    inside a library that opens it. The text as given, not a Path: Locust sends its options to workers as msgpack."""
+    if not Path(text).is_file():
+        raise argparse.ArgumentTypeError(f"no such file: {text}")
+    return text
+
+
 UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
          "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
 

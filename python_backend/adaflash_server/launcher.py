@@ -31,14 +31,23 @@ import urllib.request
 from collections import deque
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import IO
+from typing import IO, TYPE_CHECKING
 
 from adaflash.serving.threads import openmp_wait_env
+from adaflash_server.security import ServerTls
+
+if TYPE_CHECKING:
+    import tritonclient.grpc as grpcclient
+
+    from adaflash_client.client import Tls
 
 LOG_TAIL_LINES = 60
 _POLL_INTERVAL_S = 0.1
 _IDLE_SETTLE_S = 1.0  # the orchestrator's gauges are updated off its loop: idle counts once it has lasted this long
 _READY_PROBE_TIMEOUT_S = 2.0
+_WILDCARD_HOSTS = ("0.0.0.0", "::")
+# How gRPC says that a client refused the server's certificate (an untrusted issuer, a name not in it).
+_CERTIFICATE_REFUSED = re.compile(r"CERTIFICATE_VERIFY_FAILED|Hostname Verification Check failed")
 
 
 class TritonServerError(RuntimeError):
@@ -54,6 +63,8 @@ class ServerConfig:
     http_port: int | None = None
     metrics_port: int | None = None
     host: str = "127.0.0.1"
+    http_host: str | None = None  # Triton's HTTP endpoint (no TLS of its own); None: `host`
+    tls: ServerTls | None = None  # TLS on the gRPC endpoint
     model_control_mode: str = "explicit"  # lets `load_model` bring in published drafter versions at runtime
     load_models: list[str] = field(default_factory=lambda: ["*"])  # explicit mode only; ["*"] loads all
     log_file: Path | None = None  # default: <state_dir>/tritonserver.log
@@ -140,7 +151,8 @@ def server_command(server_root: Path, backends: Path, config: ServerConfig) -> l
         *(f"--load-model={name}" for name in config.load_models),
         f"--grpc-address={config.host}",
         f"--grpc-port={config.grpc_port}",
-        f"--http-address={config.host}",
+        *grpc_tls_flags(config.tls),
+        f"--http-address={config.http_host or config.host}",
         f"--http-port={config.http_port}",
         "--allow-metrics=true",
         f"--metrics-address={config.host}",
@@ -149,6 +161,38 @@ def server_command(server_root: Path, backends: Path, config: ServerConfig) -> l
         f"--exit-timeout-secs={config.exit_timeout_s}",
     ]
     return cmd + list(config.extra_args)
+
+
+def grpc_tls_flags(tls: ServerTls | None) -> list[str]:
+    """tritonserver's gRPC TLS flags (`--grpc-use-ssl-mutual` stands in for `--grpc-use-ssl` when client
+    certificates are required, and `--grpc-root-cert` names their CA)."""
+    if tls is None:
+        return []
+    flags = [f"--grpc-server-cert={tls.cert}", f"--grpc-server-key={tls.key}"]
+    if tls.mutual:
+        return ["--grpc-use-ssl-mutual=true", *flags, f"--grpc-root-cert={tls.client_ca}"]
+    return ["--grpc-use-ssl=true", *flags]
+
+
+def own_client_tls(config: ServerConfig) -> Tls | None:
+    """The TLS of the server's own gRPC clients (readiness probe, drain, healer, the OpenAI front).
+
+    They trust exactly the certificate the server presents (gRPC accepts a trusted leaf), so they need no CA named
+    and work with a self-signed certificate; under mutual TLS they present that certificate as their own, so it must
+    be issued by the client CA and allow client authentication. They check it against `tls.server_name`, else the
+    host they connect to, which a wildcard address is not.
+    """
+    tls = config.tls
+    if tls is None:
+        return None
+    if tls.server_name is None and config.host in _WILDCARD_HOSTS:
+        raise TritonServerError(f"TLS on {config.host!r}: name the certificate's host (ServerTls.server_name, "
+                                "`adaflash serve --tls-server-name`) for the server's own clients to check it against")
+    from adaflash_client.client import Tls  # late, as tritonclient: `import adaflash_server` needs no serve extra
+
+    if not tls.mutual:
+        return Tls(root_cert=tls.cert, server_name=tls.server_name)
+    return Tls(root_cert=tls.cert, client_cert=tls.cert, client_key=tls.key, server_name=tls.server_name)
 
 
 def server_env(server_root: Path) -> dict[str, str]:
@@ -168,19 +212,6 @@ def log_tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
         return ""
     with path.open(encoding="utf-8", errors="replace") as f:
         return "".join(deque(f, maxlen=lines))
-
-
-def _server_ready(grpc_url: str) -> bool:
-    import tritonclient.grpc as grpcclient  # late: `import adaflash_server` works without the serve extra
-    from tritonclient.utils import InferenceServerException
-
-    client = grpcclient.InferenceServerClient(grpc_url)
-    try:
-        return client.is_server_ready(client_timeout=_READY_PROBE_TIMEOUT_S)
-    except InferenceServerException:
-        return False  # not listening yet, or too busy loading to answer
-    finally:
-        client.close()
 
 
 def _answers_http(url: str) -> bool:
@@ -238,9 +269,7 @@ class Healer(threading.Thread):
         self.configs: dict[str, dict] = {}  # model -> its config, as Triton reports it
 
     def run(self) -> None:
-        import tritonclient.grpc as grpcclient  # late, as in _server_ready
-
-        client = grpcclient.InferenceServerClient(self.server.grpc_url)  # the ports survive restarts
+        client = self.server.connect()  # the ports survive restarts
         try:
             while self.gave_up is None and not self.stopped.wait(self.interval_s):
                 try:
@@ -363,6 +392,7 @@ class TritonServer:
         self._owns_state_dir = config.state_dir is None
         state_dir = config.state_dir or Path(tempfile.mkdtemp(prefix="adaflash-triton-"))
         self.config = _with_ports(replace(config, state_dir=Path(state_dir)))
+        self.client_tls = own_client_tls(self.config)  # how the server's own clients reach its gRPC endpoint
         self._process: subprocess.Popen | None = None  # set while started and not yet cleaned up
         self._healer: Healer | None = None
         self._log: IO[bytes] | None = None
@@ -377,11 +407,17 @@ class TritonServer:
 
     @property
     def http_url(self) -> str:
-        return f"http://{self.config.host}:{self.config.http_port}"
+        return f"http://{self.config.http_host or self.config.host}:{self.config.http_port}"
 
     @property
     def metrics_url(self) -> str:
         return f"http://{self.config.host}:{self.config.metrics_port}/metrics"
+
+    def connect(self) -> grpcclient.InferenceServerClient:
+        """A control connection to this server's gRPC endpoint, with its own clients' TLS."""
+        from adaflash_client.client import connect
+
+        return connect(self.grpc_url, self.client_tls)
 
     @property
     def pid(self) -> int | None:
@@ -434,8 +470,24 @@ class TritonServer:
 
     def _endpoints_ready(self) -> bool:
         """gRPC, HTTP and metrics all answer: a caller may use any of them as soon as start() returns."""
-        return (_server_ready(self.grpc_url) and _answers_http(f"{self.http_url}/v2/health/ready")
+        return (self._grpc_ready() and _answers_http(f"{self.http_url}/v2/health/ready")
                 and _answers_http(self.metrics_url))
+
+    def _grpc_ready(self) -> bool:
+        """Whether gRPC answers ready; a certificate the server's own clients refuse fails at once (it never will
+        be accepted, and waiting out the ready timeout would hide why)."""
+        from tritonclient.utils import InferenceServerException  # late: `import adaflash_server` needs no serve extra
+
+        client = self.connect()
+        try:
+            return client.is_server_ready(client_timeout=_READY_PROBE_TIMEOUT_S)
+        except InferenceServerException as exc:
+            if _CERTIFICATE_REFUSED.search(exc.message()):
+                raise TritonServerError(f"the server's own gRPC clients refuse its TLS certificate ({exc.message()});"
+                                        " is the host they check it against in it (--tls-server-name)?") from None
+            return False  # not listening yet, or too busy loading to answer
+        finally:
+            client.close()
 
     def _startup_error(self, what: str) -> TritonServerError:
         return TritonServerError(f"{what}; last {LOG_TAIL_LINES} lines of {self.log_path}:\n{log_tail(self.log_path)}")
@@ -457,9 +509,7 @@ class TritonServer:
         when the orchestrator reports nothing running and nothing queued (the server is then stopped with a
         kill: nothing is left to finish).
         """
-        import tritonclient.grpc as grpcclient  # late, as in _server_ready
-
-        client = grpcclient.InferenceServerClient(self.grpc_url)
+        client = self.connect()
         try:
             client.unload_model(self.config.entry_model)
             deadline = time.monotonic() + timeout_s

@@ -11,6 +11,10 @@ OpenAI client has no other way to learn that its `n`, `logprobs` or penalty had 
 Each HTTP request holds an `AdaFlashClient` of its own for its duration (taken from a pool, so connections are
 reused), which makes `AdaFlashClient.cancel()` a per-request cancel: a client that disconnects cancels its gRPC
 request at once, and the server frees the sequence.
+
+Security (`adaflash_server.security`): HTTPS with the server's certificate (client certificates required when it
+requires them on gRPC), the gRPC stream over TLS when the server's is, and an optional API key that every route
+requires, sent as OpenAI's SDKs send theirs (`Authorization: Bearer <key>`); a missing or wrong one is a 401.
 """
 
 from __future__ import annotations
@@ -18,8 +22,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import hmac
 import json
 import re
+import ssl
 import threading
 import time
 import uuid
@@ -30,17 +36,28 @@ from typing import Any
 
 import uvicorn
 from starlette.applications import Starlette
+from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
+from starlette.types import ASGIApp, Receive, Scope, Send
 from tokenizers import Tokenizer
 
 from adaflash.models.chat_template import ChatTemplate, load_chat_template
 from adaflash.models.tokenizer import load_tokenizer
 from adaflash.serving.api import prompt_ids
 from adaflash_client import AdaFlashClient, GenerationParams
-from adaflash_client.client import Chunk, GenerationError
+from adaflash_client.cli import add_connection_arguments, headers_from_args, tls_from_args
+from adaflash_client.client import Chunk, GenerationError, Tls, connect
+from adaflash_server.security import (
+    ServerTls,
+    add_api_key_argument,
+    add_tls_arguments,
+    api_key_from_args,
+    server_tls_from_args,
+)
 
 DEFAULT_PORT = 9000  # the port of Triton's own OpenAI frontend
 _PREPROCESSING = "preprocessing"  # the model whose config names the tokenizer and the output limit
@@ -97,14 +114,24 @@ class Target:
         return len(prompt_ids(self.tokenizer, values, self.chat))
 
 
-def describe_target(grpc_url: str, served_model_name: str | None = None) -> Target:
+@dataclass(frozen=True)
+class Upstream:
+    """How the front reaches the server's gRPC endpoint: its address, TLS, and headers every call carries."""
+
+    url: str
+    tls: Tls | None = None
+    headers: dict[str, str] | None = None
+
+    def client(self) -> AdaFlashClient:
+        return AdaFlashClient(self.url, tls=self.tls, headers=self.headers)
+
+
+def describe_target(upstream: Upstream, served_model_name: str | None = None) -> Target:
     """Read the target from the running server's preprocessing model config: its folder (the model folder's
     name is the served name unless one is given) and its output limit."""
-    import tritonclient.grpc as grpcclient
-
-    client = grpcclient.InferenceServerClient(grpc_url)
+    client = connect(upstream.url, upstream.tls)
     try:
-        config = client.get_model_config(_PREPROCESSING, as_json=True)["config"]
+        config = client.get_model_config(_PREPROCESSING, as_json=True, headers=upstream.headers)["config"]
     finally:
         client.close()
     params = {k: v["string_value"] for k, v in config.get("parameters", {}).items()}
@@ -333,8 +360,8 @@ def server_error(error: GenerationError, generation: Generation) -> OpenAIError:
 class ClientPool:
     """Idle `AdaFlashClient`s; each HTTP request holds one alone, so its cancel() cancels only that request."""
 
-    def __init__(self, grpc_url: str) -> None:
-        self.grpc_url = grpc_url
+    def __init__(self, upstream: Upstream) -> None:
+        self.upstream = upstream
         self._idle: list[AdaFlashClient] = []
         self._lock = threading.Lock()
 
@@ -342,7 +369,7 @@ class ClientPool:
         with self._lock:
             if self._idle:
                 return self._idle.pop()
-        return AdaFlashClient(self.grpc_url)
+        return self.upstream.client()
 
     def release(self, client: AdaFlashClient) -> None:
         with self._lock:
@@ -523,9 +550,9 @@ async def stream_events(answer: Answer, first: Chunk | None, rest: AsyncIterator
 class Front:
     """The routes over one server: the target's description and the client pool."""
 
-    def __init__(self, grpc_url: str, target: Target) -> None:
+    def __init__(self, upstream: Upstream, target: Target) -> None:
         self.target = target
-        self.pool = ClientPool(grpc_url)
+        self.pool = ClientPool(upstream)
 
     async def models(self, request: Request) -> Response:
         return JSONResponse({"object": "list", "data": [{"id": self.target.name, "object": "model", "created": 0,
@@ -611,8 +638,36 @@ async def _http_error(request: Request, exc: Exception) -> Response:
     return OpenAIError(status, message, code="not_found" if status == 404 else None).response()
 
 
-def create_app(grpc_url: str, target: Target) -> Starlette:
-    front = Front(grpc_url, target)
+class ApiKeyGuard:
+    """Every route requires `Authorization: Bearer <key>`; others get OpenAI's 401. A plain ASGI middleware, not
+    Starlette's BaseHTTPMiddleware, which would stand between a streaming response and the disconnect it watches."""
+
+    def __init__(self, app: ASGIApp, key: str) -> None:
+        self.app, self.key = app, key.encode()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        refusal = self.refusal(Headers(scope=scope).get("authorization")) if scope["type"] == "http" else None
+        if refusal is not None:
+            await refusal(scope, receive, send)
+            return
+        await self.app(scope, receive, send)
+
+    def refusal(self, authorization: str | None) -> Response | None:
+        """None for the right key; else the 401 OpenAI answers (compared in constant time: no key by timing)."""
+        scheme, _, token = (authorization or "").strip().partition(" ")
+        if not authorization:
+            error = OpenAIError(401, "You didn't provide an API key: send it as `Authorization: Bearer <key>`")
+        elif scheme.lower() == "bearer" and hmac.compare_digest(token.strip().encode(), self.key):
+            return None
+        else:
+            error = OpenAIError(401, "Incorrect API key provided", code="invalid_api_key")
+        response = error.response()
+        response.headers["WWW-Authenticate"] = "Bearer"
+        return response
+
+
+def create_app(upstream: Upstream, target: Target, api_key: str | None = None) -> Starlette:
+    front = Front(upstream, target)
     routes = [Route("/v1/models", front.models, methods=["GET"]),
               Route("/v1/completions", front.completions, methods=["POST"]),
               Route("/v1/chat/completions", front.chat_completions, methods=["POST"])]
@@ -622,18 +677,38 @@ def create_app(grpc_url: str, target: Target) -> Starlette:
         yield
         front.pool.close()
 
-    return Starlette(routes=routes, exception_handlers={HTTPException: _http_error}, lifespan=lifespan)
+    guard = [Middleware(ApiKeyGuard, key=api_key)] if api_key else []
+    return Starlette(routes=routes, middleware=guard, exception_handlers={HTTPException: _http_error},
+                     lifespan=lifespan)
+
+
+def https_options(tls: ServerTls | None) -> dict[str, Any]:
+    """uvicorn's TLS settings: the certificate, and client certificates required when a client CA is named."""
+    if tls is None:
+        return {}
+    options = {"ssl_certfile": str(tls.cert), "ssl_keyfile": str(tls.key)}
+    if tls.mutual:
+        options.update(ssl_ca_certs=str(tls.client_ca), ssl_cert_reqs=ssl.CERT_REQUIRED)
+    return options
+
+
+def front_url(host: str, port: int, tls: ServerTls | None) -> str:
+    return f"{'https' if tls else 'http'}://{host}:{port}/v1"
 
 
 class FrontServer:
     """The front on a port of `host`, served by uvicorn in a thread: `adaflash serve` starts it once Triton is
-    ready and stops it on shutdown."""
+    ready and stops it on shutdown. `grpc_tls` and `headers`: how it reaches the server (`Upstream`); `https`:
+    the TLS it serves; `api_key`: the key every request must carry."""
 
-    def __init__(self, grpc_url: str, host: str, port: int, served_model_name: str | None = None) -> None:
-        app = create_app(grpc_url, describe_target(grpc_url, served_model_name))
+    def __init__(self, grpc_url: str, host: str, port: int, served_model_name: str | None = None, *,
+                 grpc_tls: Tls | None = None, headers: dict[str, str] | None = None, https: ServerTls | None = None,
+                 api_key: str | None = None) -> None:
+        upstream = Upstream(grpc_url, grpc_tls, headers)
+        app = create_app(upstream, describe_target(upstream, served_model_name), api_key)
         self.server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning",
-                                                    timeout_graceful_shutdown=5))
-        self.url = f"http://{host}:{port}/v1"
+                                                    timeout_graceful_shutdown=5, **https_options(https)))
+        self.url = front_url(host, port, https)
         self._thread = threading.Thread(target=self.server.run, name="openai-front", daemon=True)
 
     def start(self, timeout_s: float = 30.0) -> FrontServer:
@@ -658,11 +733,17 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=DEFAULT_PORT)
     p.add_argument("--served-model-name", help="the model name clients send (default: the model folder's name)")
+    add_api_key_argument(p)
+    add_tls_arguments(p.add_argument_group("HTTPS (this endpoint)"), own_clients=False)
+    add_connection_arguments(p.add_argument_group("the server's gRPC endpoint (TLS, headers)"))
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    app = create_app(args.grpc_url, describe_target(args.grpc_url, args.served_model_name))
-    print(f"OpenAI-compatible endpoint on http://{args.host}:{args.port}/v1 (gRPC {args.grpc_url})", flush=True)
-    uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
+    https = server_tls_from_args(args)
+    upstream = Upstream(args.grpc_url, tls_from_args(args), headers_from_args(args) or None)
+    app = create_app(upstream, describe_target(upstream, args.served_model_name), api_key_from_args(args))
+    print(f"OpenAI-compatible endpoint on {front_url(args.host, args.port, https)} (gRPC {args.grpc_url})",
+          flush=True)
+    uvicorn.run(app, host=args.host, port=args.port, log_level="warning", **https_options(https))
     return 0

@@ -9,6 +9,7 @@ reach the `adaflash` CLI through the `adaflash.commands` entry points (`register
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import sys
 from dataclasses import asdict, fields
 from pathlib import Path
@@ -21,9 +22,18 @@ from adaflash_build.repository import (
     publish_drafter,
     tiny_model_dir,
 )
+from adaflash_client.cli import add_connection_arguments, headers_from_args, tls_from_args
+from adaflash_client.client import connect
 from adaflash_server.launcher import ServerConfig, TritonServer
 from adaflash_server.openai_front import DEFAULT_PORT as OPENAI_PORT
 from adaflash_server.openai_front import FrontServer
+from adaflash_server.security import (
+    ServerTls,
+    add_api_key_argument,
+    add_tls_arguments,
+    api_key_from_args,
+    server_tls_from_args,
+)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -49,11 +59,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--state-dir", type=Path, default=Path(".serve"), help="generated repository, logs, tiny models")
     p.add_argument("--host", default=ServerConfig.host,
                    help="IPv4 address the ports bind to; 0.0.0.0: every interface (a container's published ports)")
+    p.add_argument("--http-host", help="address of Triton's HTTP endpoint, which has no TLS (default: --host; with "
+                                        "--tls-cert and a non-loopback --host it must be named)")
     p.add_argument("--grpc-port", type=int, default=8001)
     p.add_argument("--http-port", type=int, default=8000)
     p.add_argument("--metrics-port", type=int, default=8002)
     p.add_argument("--openai-port", type=int, default=OPENAI_PORT,
                    help="the OpenAI-compatible HTTP endpoint (/v1/completions, /v1/chat/completions); 0: none")
+    add_tls_arguments(p.add_argument_group("TLS on gRPC and the OpenAI endpoint"), own_clients=True)
+    add_api_key_argument(p)
     p.add_argument("--cost-table", type=Path, help="reuse a measured verify/draft cost table (JSON)")
     p.add_argument("--drain-timeout-s", type=float, default=ServerConfig.drain_timeout_s,
                    help="on SIGTERM or Ctrl-C: stop admitting, let running requests finish for this long, then exit")
@@ -82,16 +96,21 @@ def run(args: argparse.Namespace) -> int:
     repo = build_repository(args.state_dir / "model_repository", model_dir, args.drafter or None, cfg, args.cost_table)
     server = TritonServer(server_config(args, repo))
     server.start()
-    front = _start_front(server, args.openai_port)
+    api_key = api_key_from_args(args)
+    front = _start_front(server, args.openai_port, api_key)
+    tls = server.config.tls
+    client = f"--url {server.grpc_url}{_client_flags(tls)}"
+    openai = f"{front.url}{' (API key required)' if api_key else ''}" if front else "off (--openai-port 0)"
     print(f"""
 Triton is serving the `adaflash` ensemble (log: {server.log_path})
-  gRPC     {server.grpc_url}
+  gRPC     {server.grpc_url}{_tls_note(tls)}
+  HTTP     {server.http_url} (Triton's own; no TLS)
   metrics  {server.metrics_url}
-  OpenAI   {front.url if front else 'off (--openai-port 0)'}
+  OpenAI   {openai}
 Try:
-  .venv/bin/adaflash-client "def fibonacci(n):" --url {server.grpc_url} --stream --max-tokens 64 --spec-mode {cfg.default_spec_mode}
+  .venv/bin/adaflash-client "def fibonacci(n):" {client} --stream --max-tokens 64 --spec-mode {cfg.default_spec_mode}
 Swap in another drafter without a restart (running requests finish on the old one):
-  .venv/bin/adaflash publish-drafter <drafter folder> --repository {repo} --url {server.grpc_url}
+  .venv/bin/adaflash publish-drafter <drafter folder> --repository {repo} {client}
 Ctrl-C stops the server.""", flush=True)
     try:
         return server.wait()
@@ -102,19 +121,61 @@ Ctrl-C stops the server.""", flush=True)
 
 def server_config(args: argparse.Namespace, repo: Path) -> ServerConfig:
     """Where `adaflash serve` listens: ports and address as given, so a container binding 0.0.0.0 is reachable
-    through its published ports while a plain `make serve` stays on loopback."""
-    return ServerConfig(model_repository=repo, host=args.host, grpc_port=args.grpc_port, http_port=args.http_port,
-                        metrics_port=args.metrics_port, drain_timeout_s=args.drain_timeout_s,
-                        state_dir=args.state_dir / "server")
+    through its published ports while a plain `make serve` stays on loopback; and with what TLS."""
+    return ServerConfig(model_repository=repo, host=args.host, http_host=http_host(args), grpc_port=args.grpc_port,
+                        http_port=args.http_port, metrics_port=args.metrics_port, tls=server_tls_from_args(args),
+                        drain_timeout_s=args.drain_timeout_s, state_dir=args.state_dir / "server")
 
 
-def _start_front(server: TritonServer, port: int) -> FrontServer | None:
-    """The OpenAI endpoint on the server's host, once Triton is ready (it reads the target's description from it);
-    a front that cannot start stops the server too, rather than leave it running in its own session."""
+def http_host(args: argparse.Namespace) -> str:
+    """Where Triton's HTTP endpoint binds. It has no TLS of its own, so with TLS asked for, a non-loopback --host
+    does not take it along: --http-host has to name its address, so that plaintext inference never sits beside the
+    TLS endpoints unasked (a demanding operator would rather be stopped than find out later)."""
+    if args.http_host:
+        return args.http_host
+    if args.tls_cert is not None and not _is_loopback(args.host):
+        raise SystemExit(f"error: Triton's HTTP endpoint has no TLS; with --tls-cert and --host {args.host}, name "
+                         "its address: --http-host 127.0.0.1 (this machine only: a container's own healthcheck) or "
+                         f"--http-host {args.host} (plaintext, e.g. behind a TLS-terminating proxy)")
+    return args.host
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _tls_note(tls: ServerTls | None) -> str:
+    if tls is None:
+        return ""
+    return " (TLS, client certificates required)" if tls.mutual else " (TLS)"
+
+
+def _client_flags(tls: ServerTls | None) -> str:
+    """The client options that reach this server: its own certificate verifies it (gRPC trusts a leaf)."""
+    if tls is None:
+        return ""
+    flags = f" --ssl --root-cert {tls.cert}"
+    if tls.server_name:
+        flags += f" --server-name {tls.server_name}"
+    if tls.mutual:
+        flags += " --client-cert <client.pem> --client-key <client.key>"
+    return flags
+
+
+def _start_front(server: TritonServer, port: int, api_key: str | None) -> FrontServer | None:
+    """The OpenAI endpoint on the server's host, once Triton is ready (it reads the target's description from it),
+    with the server's TLS on both of its sides; a front that cannot start stops the server too, rather than leave
+    it running in its own session."""
     if not port:
         return None
     try:
-        return FrontServer(server.grpc_url, server.config.host, port).start()
+        return FrontServer(server.grpc_url, server.config.host, port, grpc_tls=server.client_tls,
+                           https=server.config.tls, api_key=api_key).start()
     except BaseException:
         server.stop()
         raise
@@ -125,21 +186,21 @@ def add_publish_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--repository", type=Path, default=Path(".serve/model_repository"),
                    help="the running server's model repository (default: the one `adaflash serve` builds)")
     p.add_argument("--url", default="127.0.0.1:8001", help="the running server's gRPC address")
+    add_connection_arguments(p)
 
 
 def publish(args: argparse.Namespace) -> int:
     """Write the drafter as a new drafter model, have Triton load it and wait until it serves; then unload
     drafters older than the one it replaces (requests still on those finish as plain decoding)."""
-    import tritonclient.grpc as grpcclient
-
     name = publish_drafter(args.repository, args.drafter_dir)
-    client = grpcclient.InferenceServerClient(args.url)
-    client.load_model(name)
-    if not client.is_model_ready(name):
+    headers = headers_from_args(args)
+    client = connect(args.url, tls_from_args(args))
+    client.load_model(name, headers=headers)
+    if not client.is_model_ready(name, headers=headers):
         print(f"{name} was written but is not ready; see the server log", flush=True)
         return 1
     for old in drafter_models(args.repository)[:-2]:
-        client.unload_model(old)
+        client.unload_model(old, headers=headers)
     print(f"{name} ({args.drafter_dir}) serves new requests; running ones finish on the drafter they started with",
           flush=True)
     return 0
