@@ -131,6 +131,35 @@ def test_stop_cuts_the_text_as_the_server_stop_words_do(served, sdk):
         assert (got.choices[0].text, got.choices[0].finish_reason) == (expected.text, "stop")
 
 
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_stop_string_of_several_tokens_ends_the_text_before_it(served, sdk, stream):
+    """OpenAI's semantics: the text ends where the stop string begins, also when a stream had already sent a part of
+    it (the front holds back a tail that may begin one)."""
+    full = _grpc(served, PROMPT, GenerationParams(max_tokens=MAX_TOKENS)).text
+    tokenizer = load_bundle(served[2], drafter=None).tokenizer
+    start = next(i for i in range(3, len(full) - 3) if len(tokenizer.encode(full[i:i + 3]).ids) > 1)
+    stop = full[start:start + 3]
+    got = sdk.completions.create(model=MODEL, prompt=PROMPT, max_tokens=MAX_TOKENS, temperature=0,
+                                 stop=[stop, "never in this text"], stream=stream)
+    if stream:
+        events = list(got)
+        text, finish = "".join(e.choices[0].text for e in events), events[-1].choices[0].finish_reason
+    else:
+        text, finish = got.choices[0].text, got.choices[0].finish_reason
+    assert (text, finish) == (full[:full.index(stop)], "stop")
+
+
+@pytest.mark.parametrize("mode", ["ar", "dflash"])
+def test_penalties_and_min_tokens_equal_the_grpc_text(served, sdk, mode):
+    params = dict(presence_penalty=0.5, frequency_penalty=0.3, repetition_penalty=1.4, min_tokens=8)
+    expected = _grpc(served, PROMPT, GenerationParams(max_tokens=MAX_TOKENS, spec_mode=mode, **params)).text
+    assert expected != _grpc(served, PROMPT, GenerationParams(max_tokens=MAX_TOKENS, spec_mode=mode)).text
+    got = sdk.completions.create(model=MODEL, prompt=PROMPT, max_tokens=MAX_TOKENS, temperature=0,
+                                 presence_penalty=0.5, frequency_penalty=0.3,
+                                 extra_body={"spec_mode": mode, "repetition_penalty": 1.4, "min_tokens": 8})
+    assert got.choices[0].text == expected
+
+
 @pytest.mark.parametrize("mode", ["ar", "dflash"])
 def test_seed_repeats_sampling_and_equals_the_grpc_sample(served, sdk, mode):
     def sample(seed: int) -> str:
@@ -163,10 +192,12 @@ BAD = {
     "n above one": (dict(n=2), "n"),
     "logprobs": (dict(logprobs=2), "logprobs"),
     "echo": (dict(echo=True), "echo"),
-    "presence penalty": (dict(presence_penalty=0.5), "presence_penalty"),
+    "presence penalty not a number": (dict(extra_body={"presence_penalty": "high"}), "presence_penalty"),
+    "repetition penalty zero": (dict(extra_body={"repetition_penalty": 0}), "repetition_penalty"),
+    "min_tokens negative": (dict(extra_body={"min_tokens": -1}), "min_tokens"),
     "logit bias": (dict(logit_bias={"1": 5}), "logit_bias"),
     "a field the API lacks": (dict(extra_body={"min_p": 0.1}), "min_p"),
-    "multi-token stop": (dict(stop="hello world"), "stop"),
+    "five stops": (dict(stop=["a", "b", "c", "d", "e"]), "stop"),
     "max_tokens zero": (dict(max_tokens=0), "max_tokens"),
     "max_tokens not an integer": (dict(extra_body={"max_tokens": "many"}), "max_tokens"),
     "temperature negative": (dict(temperature=-1), "temperature"),

@@ -310,6 +310,21 @@ def test_a_tensorrt_llm_request_with_penalties_bad_words_and_log_probs_equals_th
     assert float(final["acceptance_rate"].reshape(-1)[0]) == pytest.approx(accepted / drafted if drafted else 0.0)
 
 
+def test_the_client_library_sends_the_contract_and_reads_its_outputs(served, prompts):
+    """GenerationParams' penalties, min_tokens, bad_words, return_log_probs, return_num_input_tokens: the same as a raw
+    TensorRT-LLM request (the test above), through AdaFlashClient."""
+    params = GenerationParams(max_tokens=MAX_TOKENS, spec_mode="dflash", repetition_penalty=1.3, presence_penalty=0.4,
+                              frequency_penalty=0.2, min_tokens=6, bad_words=["ff", "g"], return_log_probs=True,
+                              return_num_input_tokens=True)
+    with _client(served) as client:
+        streamed = client.generate_streaming(prompts[0], params)
+        whole = client.generate(prompts[0], params)
+    assert streamed.text == whole.text and "ff" not in whole.text and "g" not in whole.text
+    assert len(streamed.log_probs) == len(whole.log_probs) == whole.num_output_tokens
+    np.testing.assert_allclose(streamed.log_probs, whole.log_probs, rtol=1e-5)
+    assert all(p <= 0 for p in whole.log_probs) and whole.num_input_tokens == streamed.num_input_tokens > 0
+
+
 @pytest.mark.parametrize("stream", [True, False])
 def test_a_stop_word_of_several_tokens_ends_the_text_where_it_completes(served, prompts, reference, stream):
     _, model_dir = served

@@ -16,7 +16,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -33,11 +33,18 @@ _OPTIONAL_SCALARS = (
     ("temperature", "temperature", "FP32"),
     ("top_k", "top_k", "INT32"),
     ("top_p", "top_p", "FP32"),
-    ("seed", "random_seed", "UINT64"),
+    ("seed", "seed", "UINT64"),
+    ("repetition_penalty", "repetition_penalty", "FP32"),
+    ("presence_penalty", "presence_penalty", "FP32"),
+    ("frequency_penalty", "frequency_penalty", "FP32"),
+    ("min_tokens", "min_tokens", "INT32"),
     ("end_id", "end_id", "INT32"),
     ("max_draft", "max_draft", "INT32"),
     ("apply_chat_template", "apply_chat_template", "BOOL"),
+    ("return_log_probs", "return_log_probs", "BOOL"),
+    ("return_num_input_tokens", "return_num_input_tokens", "BOOL"),
 )
+_WORD_LISTS = ("stop_words", "bad_words")  # [1, n] text inputs, not sent when empty
 _OPTIONAL_JSON = ("messages", "chat_template_kwargs")  # sent as JSON text, each in the input of its name
 
 
@@ -124,13 +131,20 @@ class GenerationParams:
     top_k: int | None = 0
     top_p: float | None = 1.0
     seed: int | None = None
+    repetition_penalty: float | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    min_tokens: int | None = None
     end_id: int | None = None
     stop_words: list[str] | None = None
+    bad_words: list[str] | None = None
     spec_mode: str | None = None
     max_draft: int | None = None
     apply_chat_template: bool | None = None
     messages: list[dict[str, str]] | None = None
     chat_template_kwargs: dict[str, Any] | None = None
+    return_log_probs: bool | None = None  # each output token's log-probability (`Chunk.log_probs`)
+    return_num_input_tokens: bool | None = None  # the prompt's length in tokens (`Chunk.num_input_tokens`)
 
 
 @dataclass
@@ -147,6 +161,8 @@ class Chunk:
     accepted_per_step: list[int]
     draft_len_per_step: list[int]
     finish_reason: str | None
+    log_probs: list[float] | None = field(default=None, kw_only=True)  # of its new tokens, when the request asked
+    num_input_tokens: int | None = field(default=None, kw_only=True)  # when the request asked
 
 
 @dataclass
@@ -201,8 +217,9 @@ def build_inputs(prompt: str, params: GenerationParams, stream: bool | None = No
             inputs.append(_scalar_tensor(name, datatype, value))
     if params.spec_mode is not None:
         inputs.append(_bytes_tensor("spec_mode", [params.spec_mode]))
-    if params.stop_words:
-        inputs.append(_bytes_tensor("stop_words", params.stop_words))
+    for name in _WORD_LISTS:
+        if getattr(params, name):
+            inputs.append(_bytes_tensor(name, getattr(params, name)))
     for name in _OPTIONAL_JSON:
         value = getattr(params, name)
         if value is not None:
@@ -243,7 +260,15 @@ def parse_chunk(result: grpcclient.InferResult) -> Chunk | None:
         accepted_per_step=_output(result, "accepted_per_step").reshape(-1).tolist(),
         draft_len_per_step=_output(result, "draft_len_per_step").reshape(-1).tolist(),
         finish_reason=finish_reason or None,
+        log_probs=_optional(result, "output_log_probs"),
+        num_input_tokens=None if (n := _optional(result, "num_input_tokens")) is None else int(n[0]),
     )
+
+
+def _optional(result: grpcclient.InferResult, name: str) -> list | None:
+    """An output sent only to requests that asked for it."""
+    value = result.as_numpy(name)
+    return None if value is None else value.reshape(-1).tolist()
 
 
 def is_final(result: grpcclient.InferResult) -> bool:
@@ -461,6 +486,7 @@ def _collect(chunks: Iterator[Chunk], on_chunk: Callable[[Chunk], None] | None =
     texts: list[str] = []
     accepted: list[int] = []
     drafted: list[int] = []
+    log_probs: list[float] = []
     last: Chunk | None = None
     with contextlib.closing(chunks):
         for chunk in chunks:
@@ -470,6 +496,7 @@ def _collect(chunks: Iterator[Chunk], on_chunk: Callable[[Chunk], None] | None =
             texts.append(chunk.text)
             accepted += chunk.accepted_per_step
             drafted += chunk.draft_len_per_step
+            log_probs += chunk.log_probs or []
             last = chunk
             if on_chunk is not None:
                 on_chunk(chunk)
@@ -480,6 +507,8 @@ def _collect(chunks: Iterator[Chunk], on_chunk: Callable[[Chunk], None] | None =
         accepted_per_step=accepted,
         draft_len_per_step=drafted,
         finish_reason=last.finish_reason if last else None,
+        log_probs=log_probs if last is not None and last.log_probs is not None else None,
+        num_input_tokens=last.num_input_tokens if last else None,
         time_to_first_token_s=first_token_s,
         latency_s=last_chunk_s if last_chunk_s is not None else time.perf_counter() - start,
     )

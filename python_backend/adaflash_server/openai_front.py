@@ -65,7 +65,9 @@ _COMPLETION_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 _SERVER_ERROR = re.compile(r"\b(INVALID_ARGUMENT|UNAVAILABLE): (?:(\w+): )?")
 # The ensemble's inputs under the OpenAI field a client sent (text_input depends on the route).
 _PARAM_OF_INPUT = {"max_tokens": "max_tokens", "temperature": "temperature", "top_p": "top_p", "top_k": "top_k",
-                   "random_seed": "seed", "stop_words": "stop", "spec_mode": "spec_mode", "max_draft": "max_draft",
+                   "seed": "seed", "stop_words": "stop", "presence_penalty": "presence_penalty",
+                   "frequency_penalty": "frequency_penalty", "repetition_penalty": "repetition_penalty",
+                   "min_tokens": "min_tokens", "spec_mode": "spec_mode", "max_draft": "max_draft",
                    "apply_chat_template": "messages", "messages": "messages",
                    "chat_template_kwargs": "chat_template_kwargs"}
 
@@ -134,7 +136,7 @@ def describe_target(upstream: Upstream, served_model_name: str | None = None) ->
         config = client.get_model_config(_PREPROCESSING, as_json=True, headers=upstream.headers)["config"]
     finally:
         client.close()
-    params = {k: v["string_value"] for k, v in config.get("parameters", {}).items()}
+    params = {k: v.get("string_value", "") for k, v in config.get("parameters", {}).items()}
     target_dir = Path(params["tokenizer_dir"])
     name = served_model_name or target_dir.parent.name
     if not (target_dir / "tokenizer.json").is_file():
@@ -171,9 +173,6 @@ _NO_EFFECT: dict[str, Callable[[Any], bool]] = {  # parameters the server lacks:
     "top_logprobs": lambda v: v in (0, None),
     "echo": lambda v: v is False,
     "suffix": lambda v: v in ("", None),
-    "presence_penalty": lambda v: v == 0,
-    "frequency_penalty": lambda v: v == 0,
-    "repetition_penalty": lambda v: v == 1,
     "logit_bias": lambda v: not v,
     "tools": lambda v: not v,
     "tool_choice": lambda v: v in ("none", None),
@@ -182,8 +181,10 @@ _NO_EFFECT: dict[str, Callable[[Any], bool]] = {  # parameters the server lacks:
     "function_call": lambda v: v in ("none", None),
     "response_format": lambda v: v is None or v == {"type": "text"},
 }
+# presence_penalty and frequency_penalty are OpenAI's; repetition_penalty and min_tokens vLLM's extensions.
+_PENALTIES = ("presence_penalty", "frequency_penalty", "repetition_penalty")
 _COMMON = {"model", "stream", "stream_options", "max_tokens", "temperature", "top_p", "top_k", "seed", "stop",
-           "spec_mode", "max_draft", "user", *_NO_EFFECT}
+           *_PENALTIES, "min_tokens", "spec_mode", "max_draft", "user", *_NO_EFFECT}
 _COMPLETION_FIELDS = {*_COMMON, "prompt"}
 _CHAT_FIELDS = {*_COMMON, "messages", "max_completion_tokens", "chat_template_kwargs"}
 _CHAT_ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
@@ -279,6 +280,8 @@ def _generation(body: dict[str, Any], chat: bool, prompt: str, max_tokens: int, 
         top_k=_integer(body, "top_k", 0),
         top_p=_number(body, "top_p", 1.0),
         seed=_optional_integer(body, "seed"),
+        **{name: _optional_number(body, name) for name in _PENALTIES},
+        min_tokens=_optional_integer(body, "min_tokens"),
         stop_words=_stop(body.get("stop")),
         spec_mode=_optional_string(body, "spec_mode"),
         max_draft=_optional_integer(body, "max_draft"),
@@ -287,7 +290,8 @@ def _generation(body: dict[str, Any], chat: bool, prompt: str, max_tokens: int, 
 
 
 def _stop(value: Any) -> list[str] | None:
-    """A string or up to 4 strings (OpenAI's limit); the server checks that each is one token and says so."""
+    """A string or up to 4 strings (OpenAI's limit). The server ends the output with the token that completes a stop
+    string; `StopTrimmer` takes the stop string off, as OpenAI's API does."""
     if value is None:
         return None
     words = [value] if isinstance(value, str) else value
@@ -312,6 +316,10 @@ def _number(body: dict[str, Any], name: str, default: float) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise _invalid(name, f"must be a number, got {value!r}")
     return float(value)
+
+
+def _optional_number(body: dict[str, Any], name: str) -> float | None:
+    return None if body.get(name) is None else _number(body, name, 0.0)
 
 
 def _integer(body: dict[str, Any], name: str, default: int) -> int:
@@ -524,12 +532,14 @@ async def stream_events(answer: Answer, first: Chunk | None, rest: AsyncIterator
     try:
         if answer.chat:
             yield sse({**answer.delta({"role": "assistant", "content": ""}), **usage_field})
-        chunk = first
+        chunk, stops = first, StopTrimmer(generation.params.stop_words)
         while chunk is not None:
             totals.add(chunk)
-            if chunk.text:
-                yield sse({**answer.delta({"content": chunk.text} if answer.chat else chunk.text), **usage_field})
+            if text := stops.text(chunk.text, final=False):
+                yield sse({**answer.delta({"content": text} if answer.chat else text), **usage_field})
             chunk = await anext(rest, None)
+        if text := stops.text("", final=True):
+            yield sse({**answer.delta({"content": text} if answer.chat else text), **usage_field})
     except OpenAIError as error:
         yield sse(error.body())
         yield sse("[DONE]")
@@ -576,7 +586,8 @@ class Front:
             if generation.stream:
                 return StreamingResponse(stream_events(answer, first, chunks, generation, prompt_tokens),
                                          media_type="text/event-stream")
-            return JSONResponse(await _unless_disconnected(request, _whole(answer, first, chunks, prompt_tokens)))
+            return JSONResponse(await _unless_disconnected(request, _whole(answer, first, chunks, generation,
+                                                                           prompt_tokens)))
         except OpenAIError as error:
             return error.response()
 
@@ -598,7 +609,8 @@ async def _json_body(request: Request) -> dict[str, Any]:
     return body
 
 
-async def _whole(answer: Answer, first: Chunk | None, rest: AsyncIterator[Chunk], prompt_tokens: int) -> dict:
+async def _whole(answer: Answer, first: Chunk | None, rest: AsyncIterator[Chunk], generation: Generation,
+                 prompt_tokens: int) -> dict:
     totals, texts = Totals(), []
     async with contextlib.aclosing(rest):
         chunk = first
@@ -606,7 +618,39 @@ async def _whole(answer: Answer, first: Chunk | None, rest: AsyncIterator[Chunk]
             totals.add(chunk)
             texts.append(chunk.text)
             chunk = await anext(rest, None)
-    return answer.whole("".join(texts), totals, prompt_tokens)
+    return answer.whole(StopTrimmer(generation.params.stop_words).text("".join(texts), final=True), totals,
+                        prompt_tokens)
+
+
+class StopTrimmer:
+    """OpenAI's stop semantics over the server's: the server ends the output with the token that completes a stop
+    string, and OpenAI's text ends before the stop string. So the text is cut where a stop string begins, and a
+    stream holds back a tail that could still begin one until the next text shows it does not."""
+
+    def __init__(self, stops: list[str] | None) -> None:
+        self.stops = [w for w in stops or [] if w]
+        self.held = ""
+        self.stopped = False
+
+    def text(self, delta: str, final: bool) -> str:
+        """What may be sent of the text so far given `delta`, the text the server sent since."""
+        if self.stopped:
+            return ""
+        text, self.held = self.held + delta, ""
+        found = [i for w in self.stops if (i := text.find(w)) >= 0]
+        if found:
+            self.stopped = True
+            return text[:min(found)]
+        if final:
+            return text
+        keep = len(text) - self._open_tail(text)
+        self.held = text[keep:]
+        return text[:keep]
+
+    def _open_tail(self, text: str) -> int:
+        """The length of the longest tail of `text` that a stop string begins with."""
+        return max((n for w in self.stops for n in range(min(len(w) - 1, len(text)), 0, -1)
+                    if text.endswith(w[:n])), default=0)
 
 
 async def _unless_disconnected(request: Request, work: Any) -> Any:
