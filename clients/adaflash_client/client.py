@@ -211,8 +211,8 @@ def build_inputs(prompt: str, params: GenerationParams, stream: bool | None = No
     inputs = [_bytes_tensor("text_input", [prompt]), _scalar_tensor("max_tokens", "INT32", params.max_tokens)]
     if stream is not None:
         inputs.append(_scalar_tensor("stream", "BOOL", stream))
-    for field, name, datatype in _OPTIONAL_SCALARS:
-        value = getattr(params, field)
+    for attr, name, datatype in _OPTIONAL_SCALARS:
+        value = getattr(params, attr)
         if value is not None:
             inputs.append(_scalar_tensor(name, datatype, value))
     if params.spec_mode is not None:
