@@ -308,6 +308,15 @@ def test_a_tensorrt_llm_request_with_penalties_bad_words_and_log_probs_equals_th
     drafted, accepted = (int(final[n].reshape(-1)[0]) for n in ("total_draft_tokens", "total_accepted_draft_tokens"))
     assert 0 <= accepted <= drafted and (drafted == 0 if mode == "ar" else mode != "dflash" or drafted > 0)
     assert float(final["acceptance_rate"].reshape(-1)[0]) == pytest.approx(accepted / drafted if drafted else 0.0)
+    # The same request over HTTP's generate endpoint (JSON fields, one response).
+    body = {name: (value.reshape(-1).tolist() if name == "bad_words" else value.reshape(-1)[0].item())
+            for name, (_, value) in tensors.items() if name not in ("text_input", "stream", "bad_words", "spec_mode")}
+    status, text = send_http(served[0], {**body, "text_input": prompts[0], "bad_words": banned, "spec_mode": mode})
+    assert status == 200, text
+    answer = json.loads(text)
+    assert answer["text_output"] == bundle.tokenizer.decode(expected.output)
+    assert answer["num_input_tokens"] == len(ids)
+    np.testing.assert_allclose(answer["output_log_probs"], expected.log_probs, rtol=1e-4, atol=1e-5)
 
 
 def test_the_client_library_sends_the_contract_and_reads_its_outputs(served, prompts):
