@@ -49,11 +49,16 @@ models-smoke: venv
 	$(BIN)/adaflash-pretrain all --data tests/fixtures/corpus --work work/smoke --out work/smoke/target \
 		--vocab-size 400 --config tests/fixtures/pretrain-toy.json
 
-test: venv $(VENV)/.chart
+test: venv $(VENV)/.chart $(VENV)/.onnx
 	$(BIN)/python -m pytest tests
 
 $(VENV)/.chart: pyproject.toml | venv
 	$(BIN)/pip install -q -e '.[chart]'
+	touch $@
+
+# The ONNX drafter backend's parity tests (tests/test_onnx_drafter.py); `--drafter-backend onnx` needs the same extra.
+$(VENV)/.onnx: pyproject.toml | venv
+	$(BIN)/pip install -q -e '.[onnx]'
 	touch $@
 
 # On a host with an NVIDIA GPU (docs/gpu.md): the GPU tests (models, engine and a served repository on CUDA in

@@ -87,3 +87,19 @@ def test_a_kv_cache_budget_pages_the_caches(tmp_path):
     with pytest.raises(ValueError, match="^kv_cache_memory"):
         build_repository(tmp_path / "s", _configs_only(tmp_path / "c"), "drafter",
                          replace(budget, kv_cache_memory="lots"))
+
+
+def test_the_drafter_backend_reaches_the_drafter_model_and_a_misfit_stops_the_build(tmp_path):
+    """`--drafter-backend` is the drafter model's parameter; onnx (ONNX Runtime's CPU package) is refused by name
+    for a GPU or a half-precision repository, and so is a backend that does not exist."""
+    pytest.importorskip("onnxruntime", reason="the onnx extra is not installed")
+    model_dir = _configs_only(tmp_path)
+    repo = build_repository(tmp_path / "model_repository", model_dir, "drafter",
+                            replace(CFG, device="cpu", drafter_backend="onnx"))
+    assert _parameter((repo / "drafter" / "config.pbtxt").read_text(), "drafter_backend") == "onnx"
+    assert RepositoryConfig().drafter_backend == "torch"
+    for misfit in (replace(CFG, device="cuda:0", drafter_backend="onnx"),
+                   replace(CFG, device="cpu", dtype="bfloat16", drafter_backend="onnx"),
+                   replace(CFG, drafter_backend="tensorrt")):
+        with pytest.raises(ValueError, match="^drafter_backend: "):
+            build_repository(tmp_path / "r", model_dir, "drafter", misfit)

@@ -20,7 +20,7 @@ from pathlib import Path
 from adaflash.cli_args import byte_size
 from adaflash.decoding.modes import modes_served
 from adaflash.models.bundle import save_bundle, tiny_random_bundle
-from adaflash.models.drafter import DEFAULT_BLOCK_SIZE, DrafterConfig
+from adaflash.models.drafter import DEFAULT_BLOCK_SIZE, DrafterConfig, check_backend
 from adaflash.models.checkpoint import read_config
 from adaflash.models.memory import plan_memory, tokens_for_budget
 from adaflash.models.placement import Placement, placement
@@ -67,6 +67,8 @@ class RepositoryConfig:
     # when they hold fewer than max_active x max_len positions the caches are paged (kv_page positions a page) and
     # a request waits until the positions it may fill are free; empty: max_active x max_len, unpaged
     kv_page: int = 64
+    drafter_backend: str = "torch"  # what runs the drafter's block forward: torch, or onnx (ONNX Runtime; CPU float32,
+    # the onnx extra): adaflash.models.drafter.DRAFTER_BACKENDS
 
 
 def build_repository(out_dir: str | Path, model_dir: str | Path, drafter: str | None = "drafter",
@@ -76,6 +78,8 @@ def build_repository(out_dir: str | Path, model_dir: str | Path, drafter: str | 
     cfg = fit_to_context(config or RepositoryConfig(), _target_context(model_dir))
     drafter_dir = model_dir / drafter if drafter else None
     place = placement(cfg.device, cfg.dtype or None, present=False)
+    if drafter_dir:
+        check_backend(cfg.drafter_backend, place)
     kv_pages = pages_for_budget(cfg, model_dir, drafter_dir, place)
     if cfg.max_prompt_tokens + cfg.max_output_tokens + DEFAULT_BLOCK_SIZE > cfg.max_len:
         raise ValueError("max_len must hold max_prompt_tokens + max_output_tokens + a draft block")

@@ -30,7 +30,7 @@ from adaflash.evaluation.evaluate import Throughput, evaluate, markdown, parse_v
 from adaflash.evaluation.prompts import SPLITS, encode_prompts, eval_set_prompts, load_prompts
 from adaflash.models.bundle import Bundle, load_bundle, tiny_random_bundle
 from adaflash.models.chat_template import ChatTemplate, load_chat_template
-from adaflash.models.drafter import block_size_of
+from adaflash.models.drafter import DRAFTER_BACKENDS, block_size_of, on_backend
 from adaflash.models.placement import Placement, placement
 
 
@@ -44,6 +44,9 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--top-k", type=int, default=0)
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--max-tokens", type=int, default=128)
+    p.add_argument("--drafter-backend", choices=DRAFTER_BACKENDS, default="torch",
+                   help="what runs the drafter's block forward: torch, or onnx (ONNX Runtime on a graph exported at "
+                        "load; CPU float32, the onnx extra)")
     add_placement_args(p)
 
 
@@ -56,8 +59,15 @@ def _placement(args: argparse.Namespace) -> Placement:
 
 def _bundle(args: argparse.Namespace, needs_drafter: bool) -> Bundle:
     if args.tiny_random:
-        return tiny_random_bundle(seed=args.seed, place=_placement(args))
-    return load_bundle(args.model_dir, args.drafter if needs_drafter else None, _placement(args))
+        bundle = tiny_random_bundle(seed=args.seed, place=_placement(args))
+    else:
+        bundle = load_bundle(args.model_dir, args.drafter if needs_drafter else None, _placement(args))
+    if needs_drafter:
+        try:
+            bundle.drafter = on_backend(bundle.drafter, bundle.target, args.drafter_backend)
+        except ValueError as exc:
+            raise SystemExit(f"error: {exc}") from None
+    return bundle
 
 
 def _add_chat_args(p: argparse.ArgumentParser) -> None:
@@ -126,6 +136,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     report = {
         "model": "tiny-random" if args.tiny_random else str(args.model_dir),
         "drafter": None if args.tiny_random else args.drafter,
+        "drafter_backend": args.drafter_backend if needs_drafter else None,
         "num_prompts": len(prompts),
         "max_tokens": args.max_tokens,
         "adaflash_copies": not args.no_copies,

@@ -4,7 +4,8 @@ The core's DrafterSlots keeps each sequence's injected-context cache under its k
 drafter reads the target's embedding and LM head, loaded alone from the target's checkpoint
 (the server's one full copy of the target is in the `target` model). The weights are in
 `1/weights/`: a published drafter is a copy of this model under another name (drafter_2, ...)
-with its own weights, loaded beside the running one.
+with its own weights, loaded beside the running one. The `drafter_backend` parameter picks what runs the block
+forward: PyTorch, or ONNX Runtime on a graph exported as the model loads (`adaflash.models.onnx_drafter`).
 """
 
 import json
@@ -12,7 +13,7 @@ import os
 
 import triton_python_backend_utils as pb_utils
 
-from adaflash.models.drafter import DFlashDrafter
+from adaflash.models.drafter import DFlashDrafter, on_backend
 from adaflash.models.target import TokenHeads
 from adaflash.serving import protocol
 from adaflash.serving.protocol import Op
@@ -41,10 +42,10 @@ class TritonPythonModel:
         params = protocol.model_parameters(json.loads(args["model_config"]))
         weights = os.path.join(args["model_repository"], args["model_version"], "weights")
         place = protocol.model_placement(params, args["model_instance_kind"], args["model_instance_device_id"])
-        self.slots = DrafterSlots(DFlashDrafter.from_pretrained(weights, place),
-                                  TokenHeads.from_pretrained(params["target_dir"], place),
-                                  int(params["max_active"]), int(params["max_len"]), float(params["idle_timeout_s"]),
-                                  protocol.model_paging(params))
+        heads = TokenHeads.from_pretrained(params["target_dir"], place)
+        drafter = on_backend(DFlashDrafter.from_pretrained(weights, place), heads, params["drafter_backend"])
+        self.slots = DrafterSlots(drafter, heads, int(params["max_active"]), int(params["max_len"]),
+                                  float(params["idle_timeout_s"]), protocol.model_paging(params))
         self.occupancy = _occupancy_gauge(args["model_name"])
         self.reporter = OccupancyReporter(self.slots, self.occupancy[1].set)
         self.reporter.start()

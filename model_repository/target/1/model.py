@@ -54,7 +54,7 @@ class TritonPythonModel:
         self.cost = None
         if params["drafter_dir"]:
             self.cost = load_or_measure_costs(params["cost_table"], target, params["drafter_dir"],
-                                              int(params["max_active"]))
+                                              int(params["max_active"]), params["drafter_backend"])
         self.slots = TargetSlots(target, int(params["max_active"]), int(params["max_len"]), capture,
                                  float(params["idle_timeout_s"]), protocol.model_paging(params))
         self.occupancy = _occupancy_gauge(args["model_name"])

@@ -110,15 +110,16 @@ def _follow(scale: float, ratio: float, weight: float = 0.05) -> float:
 
 
 def load_or_measure_costs(given: str | Path | None, target: "Transformer", drafter_dir: str | Path,
-                          max_batch: int) -> CostModel:
+                          max_batch: int, drafter_backend: str = "torch") -> CostModel:
     """The table at `given`, else one measured now with the drafter loaded for the purpose (and dropped
-    after). Called by the target's server process, so a server holds one copy of the target and the figures
-    are those of the device that runs its forwards."""
+    after), on the backend the drafter model runs. Called by the target's server process, so a server holds one
+    copy of the target and the figures are those of the device that runs its forwards."""
     if given:
         return CostModel.from_json(json.loads(Path(given).read_text()))
-    from adaflash.models.drafter import DFlashDrafter
+    from adaflash.models.drafter import DFlashDrafter, on_backend
 
-    return measure_costs(target, DFlashDrafter.from_pretrained(drafter_dir, place_of(target)), max_batch)
+    drafter = on_backend(DFlashDrafter.from_pretrained(drafter_dir, place_of(target)), target, drafter_backend)
+    return measure_costs(target, drafter, max_batch)
 
 
 def measure_costs(

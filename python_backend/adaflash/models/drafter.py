@@ -11,6 +11,7 @@ per-layer K/V are cached per slot, so each step only projects the newly committe
 from __future__ import annotations
 
 import copy
+import importlib.util
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,6 +27,7 @@ from adaflash.models.target import Transformer
 
 DEFAULT_BLOCK_SIZE = 16  # the published DFlash drafters' block: an anchor and 15 masked positions
 OUR_HEADS = ("position_head.",)  # tensors no published format has: saved apart (`checkpoint.EXTENSION`)
+DRAFTER_BACKENDS = ("torch", "onnx")  # what runs the block forward (`on_backend`)
 
 
 def block_size_of(drafter: "DFlashDrafter | None") -> int:
@@ -267,7 +269,8 @@ class PositionHead(nn.Module):
 @dataclass
 class Draft:
     tokens: Tensor  # [n, block_length - 1] drafted ids (greedy: the draft is deterministic)
-    hidden: Tensor | None  # [n, block_size, D] final-norm hidden states of the block (None: a draft sent over the wire)
+    hidden: Tensor | None  # [n, block_size, D] final-norm hidden states of the block (None: a draft sent over the
+    # wire, or drafted by ONNX Runtime)
     accept_ratio: Tensor | None  # [n] length head prediction of (accepted + 1) / block_size
     accept_rates: Tensor | None = None  # [n, block_size - 1] position head: P(j accepted | 1..j-1 accepted)
 
@@ -362,20 +365,23 @@ class DFlashDrafter(nn.Module):
         lengths = [cache.lengths[s] for s in slots]
         lc = max(lengths)
         ctx_lens = torch.tensor(lengths, dtype=torch.long, device=cache.k.device)
-        ctx_mask = torch.arange(lc, device=cache.k.device)[None, :] < ctx_lens[:, None]
         ctx_kv = [(cache.gather(cache.k[i], slots, lc), cache.gather(cache.v[i], slots, lc)) for i in range(len(self.layers))]
-        ids = self.block_ids(anchors, block_length)
-        return self._finish(target, self.block_hidden(target, ids, ctx_lens, ctx_kv, ctx_mask))
+        return self.draft_block(target, self.block_ids(anchors, block_length), ctx_lens, ctx_kv)
 
     @torch.inference_mode()
     def draft_uncached(self, target: Transformer, features: Tensor, anchor: int) -> Draft:
         """The same draft recomputed from scratch for one sequence: context K/V projected from `features` [C, F]."""
-        ctx_kv = self.context_kv(features)
-        device = self.inv_freq.device
-        ctx_mask = torch.ones(1, features.shape[0], dtype=torch.bool, device=device)
-        hidden = self.block_hidden(target, self.block_ids([anchor]), torch.tensor([features.shape[0]], device=device),
-                                   ctx_kv, ctx_mask)
-        return self._finish(target, hidden)
+        ctx_lens = torch.tensor([features.shape[0]], device=self.inv_freq.device)
+        return self.draft_block(target, self.block_ids([anchor]), ctx_lens, self.context_kv(features))
+
+    def draft_block(self, target: Transformer, ids: Tensor, ctx_lens: Tensor,
+                    ctx_kv: list[tuple[Tensor, Tensor]]) -> Draft:
+        """Blocks `ids` [n, B] right after each sequence's ctx_lens[i] context positions, whose keys and values are
+        gathered for the batch in `ctx_kv` (per layer, [n, KV, Lc, hd]; positions past a sequence's own are masked).
+        The boundary another backend takes over (`onnx_drafter.py`): the cache before it stays PyTorch's."""
+        lc = ctx_kv[0][0].shape[2]
+        ctx_mask = torch.arange(lc, device=ids.device)[None, :] < ctx_lens[:, None]
+        return self._finish(target, self.block_hidden(target, ids, ctx_lens, ctx_kv, ctx_mask))
 
     def context_kv(self, features: Tensor) -> list[tuple[Tensor, Tensor]]:
         """Per-layer context keys/values [1, KV, C, hd] of positions 0..C-1 (training and reference path)."""
@@ -417,3 +423,26 @@ class DFlashDrafter(nn.Module):
         return Draft(tokens=logits.argmax(-1), hidden=hidden, accept_ratio=None if head is None else head(hidden),
                      accept_rates=self.position_head(hidden, PositionHead.confidence(logits))
                      if self.config.position_head else None)
+
+
+def check_backend(backend: str, place: Placement) -> None:
+    """Raise ValueError naming what keeps `backend` from running a drafter placed at `place`; the repository builder
+    asks too, so that a wrong choice stops the build instead of the server's drafter model when it loads."""
+    if backend not in DRAFTER_BACKENDS:
+        raise ValueError(f"drafter_backend: {backend!r} is not one of {', '.join(DRAFTER_BACKENDS)}")
+    if backend == "onnx" and (place.device.type != "cpu" or place.dtype != torch.float32):
+        raise ValueError(f"drafter_backend: onnx runs ONNX Runtime's CPU package on float32 weights, not on "
+                         f"{place.device.type} in {place.dtype_name} (use torch there)")
+    if backend == "onnx" and importlib.util.find_spec("onnxruntime") is None:
+        raise ValueError("drafter_backend: onnx needs onnxruntime, the onnx extra (pip install -e '.[onnx]')")
+
+
+def on_backend(drafter: DFlashDrafter, target: Transformer, backend: str) -> DFlashDrafter:
+    """`drafter` with its block forward run by `backend`, one of DRAFTER_BACKENDS: PyTorch as it is, or ONNX Runtime
+    (`onnx_drafter.py`, the optional `onnx` extra: imported only when asked for, so the core runs without it)."""
+    check_backend(backend, place_of(drafter))
+    if backend == "torch":
+        return drafter
+    from adaflash.models.onnx_drafter import OnnxDrafter
+
+    return OnnxDrafter.of(drafter, target)
