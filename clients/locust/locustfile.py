@@ -3,6 +3,12 @@
     .venv/bin/locust -f clients/locust/locustfile.py --headless -u 8 -r 8 -t 30s --host 127.0.0.1:8001 \
         --spec-mode adaflash --max-tokens 128 --prompts prompts/ --csv out/run
 
+Closed loop by default: each user sends a request, waits for its end, sends the next. With `--request-rate R`
+the load is open: requests arrive as a Poisson process of rate R in all (each of the N users draws its own of rate
+R/N, and independent Poisson processes add up to one), each in a greenlet of its own, whatever is still running
+(`arrivals.py` says why Locust's `constant_throughput` is not that). Requests still running when the test stops
+finish before the process exits.
+
 What each request reports through Locust's request events (request_type, name = "<spec_mode>/<domain>"):
 * `grpc`: the request; response_time = latency in ms (sending to the last response carrying output),
   response_length = output tokens. A server error (or a failed connection) is a failure here.
@@ -38,7 +44,8 @@ from pathlib import Path
 
 import gevent
 from gevent import GreenletExit, monkey
-from locust import User, constant, events, task
+from gevent.pool import Group
+from locust import User, events, task
 from locust.exception import StopUser
 from locust.stats import CSV_STATS_INTERVAL_SEC
 
@@ -48,7 +55,8 @@ if monkey.is_module_patched("threading"):  # not when LOCUST_SKIP_MONKEY_PATCH i
     grpc_gevent.init_gevent()  # after the monkey patching, before any gRPC channel exists
 
 import tritonclient.grpc as grpcclient  # noqa: E402
-from prompt_sets import PromptSampler, load_prompt_set, parse_weights  # noqa: E402 (this folder is on sys.path)
+from arrivals import PoissonArrivals  # noqa: E402 (this folder is on sys.path)
+from prompt_sets import PromptSampler, load_prompt_set, parse_weights  # noqa: E402
 
 from adaflash.cli_args import split_csv  # noqa: E402
 from adaflash_client.cli import add_connection_arguments, headers_from_args, tls_from_args  # noqa: E402
@@ -80,6 +88,8 @@ def _add_arguments(parser) -> None:
     g = parser.add_argument_group("adaflash", "request contents and records of the AdaFlash load")
     g.add_argument("--spec-mode", choices=SPEC_MODES, default=None, help="speculation mode (default: the server's)")
     g.add_argument("--max-tokens", type=int, default=128)
+    g.add_argument("--min-tokens", type=int, default=None,
+                   help="TensorRT-LLM's min_tokens: no end before this many tokens (= --max-tokens holds the length)")
     g.add_argument("--temperature", type=float, default=0.0, help="0 is greedy")
     g.add_argument("--top-k", type=int, default=0)
     g.add_argument("--top-p", type=float, default=1.0)
@@ -93,6 +103,8 @@ def _add_arguments(parser) -> None:
     g.add_argument("--max-prompt-chars", type=int, default=None, help="keep each prompt's last characters")
     g.add_argument("--prompt-seed", type=int, default=0, help="seed of the prompt choice (user i uses seed + i)")
     g.add_argument("--max-requests", type=int, default=0, help="stop after this many requests in all (0: no limit)")
+    g.add_argument("--request-rate", type=float, default=None,
+                   help="open loop: requests per second in all, Poisson arrivals (default: closed loop)")
     g.add_argument("--request-timeout", type=float, default=300.0, help="seconds before a stream is given up")
     g.add_argument("--records", default="", help="write every request as a JSON line to this file")
     g.add_argument("--summary-json", default="", help="write client-side figures (in-flight peak, hub stalls) here")
@@ -114,6 +126,8 @@ class _Load:
         self.thread_stop = False
         self.monitor: gevent.Greenlet | None = None
         self.quitting = False
+        self.open_requests = Group()  # open loop: the requests in flight, awaited before the process exits
+        self.idle_clients: list[AdaFlashClient] = []  # open loop: a stream per client, so one client per request
 
 
 LOAD = _Load()
@@ -164,6 +178,10 @@ def _on_quitting(environment, **_kw) -> None:
         # Locust rewrites its CSVs once a second and not at exit, so requests of the last second would be
         # missing; by now every user has stopped, so one more round of its writer holds them all.
         gevent.sleep(CSV_STATS_INTERVAL_SEC + 0.2)
+    if opts is not None:
+        LOAD.open_requests.join(timeout=opts.request_timeout)
+    for client in LOAD.idle_clients:
+        client.close()
     if LOAD.monitor is not None:
         LOAD.monitor.kill()
     LOAD.thread_stop = True
@@ -183,17 +201,23 @@ def _on_quitting(environment, **_kw) -> None:
 
 
 def params_from_options(opts) -> GenerationParams:
-    return GenerationParams(max_tokens=opts.max_tokens, temperature=opts.temperature, top_k=opts.top_k,
-                            top_p=opts.top_p, seed=opts.seed, stop_words=opts.stop_word,
+    return GenerationParams(max_tokens=opts.max_tokens, min_tokens=opts.min_tokens, temperature=opts.temperature,
+                            top_k=opts.top_k, top_p=opts.top_p, seed=opts.seed, stop_words=opts.stop_word,
                             spec_mode=opts.spec_mode, max_draft=opts.max_draft)
 
 
 class AdaFlashUser(User):
-    """One closed-loop client: sends a streaming request, waits for its end, sends the next one."""
+    """One client: closed loop (a streaming request, wait for its end, the next one), or with --request-rate an
+    arrival process that hands each request to a greenlet and waits only for the next arrival."""
 
-    wait_time = constant(0)
     host = "127.0.0.1:8001"
     _count = 0
+    arrivals: PoissonArrivals | None = None
+
+    def wait_time(self) -> float:
+        """Locust waits this long after each task; stopping during the wait ends the user at once, so no request
+        is sent after the test's time is up."""
+        return 0.0 if self.arrivals is None else self.arrivals.wait(time.monotonic())
 
     def on_start(self) -> None:
         opts = self.environment.parsed_options
@@ -204,12 +228,22 @@ class AdaFlashUser(User):
         by_domain, weights = LOAD.sampler_args
         self.sampler = PromptSampler(by_domain, weights, seed=opts.prompt_seed + self.index)
         self.max_requests = opts.max_requests
-        url = self.host.split("://", 1)[-1].rstrip("/")  # tritonclient wants host:port
-        self.client = AdaFlashClient(url, timeout_s=opts.request_timeout, tls=tls_from_args(opts),
-                                     headers=headers_from_args(opts))
+        self.url = self.host.split("://", 1)[-1].rstrip("/")  # tritonclient wants host:port
+        if opts.request_rate:
+            users = opts.num_users or 1
+            self.arrivals = PoissonArrivals(opts.request_rate / users, time.monotonic(),
+                                            seed=f"arrivals:{opts.prompt_seed}:{self.index}")
+        else:
+            self.client = self._new_client()
+
+    def _new_client(self) -> AdaFlashClient:
+        opts = self.environment.parsed_options
+        return AdaFlashClient(self.url, timeout_s=opts.request_timeout, tls=tls_from_args(opts),
+                              headers=headers_from_args(opts))
 
     def on_stop(self) -> None:
-        self.client.close()
+        if self.arrivals is None:
+            self.client.close()
 
     @task
     def generate(self) -> None:
@@ -217,6 +251,20 @@ class AdaFlashUser(User):
             raise StopUser()
         LOAD.started += 1
         prompt = self.sampler.sample()
+        if self.arrivals is None:
+            self._request(self.client, prompt)
+        else:
+            LOAD.open_requests.spawn(self._open_request, prompt)
+
+    def _open_request(self, prompt) -> None:
+        """A request of the open loop, on an idle pooled client (a new one when all are busy)."""
+        client = LOAD.idle_clients.pop() if LOAD.idle_clients else self._new_client()
+        try:
+            self._request(client, prompt)
+        finally:
+            LOAD.idle_clients.append(client)
+
+    def _request(self, client: AdaFlashClient, prompt) -> None:
         name = f"{self.mode}/{prompt.domain}"
         runner = self.environment.runner
         record = {"mode": self.mode, "domain": prompt.domain, "prompt_id": prompt.id, "user": self.index,
@@ -226,7 +274,7 @@ class AdaFlashUser(User):
         start = time.perf_counter()
         error: Exception | None = None
         try:
-            completion = self.client.generate_streaming(prompt.text, self.params)
+            completion = client.generate_streaming(prompt.text, self.params)
         except GreenletExit:
             raise  # stopped by Locust mid-request: cancelled on the server, not reported
         except Exception as e:  # GenerationError, or anything unexpected: a failed request either way

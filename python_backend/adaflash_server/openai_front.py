@@ -128,15 +128,21 @@ class Upstream:
         return AdaFlashClient(self.url, tls=self.tls, headers=self.headers)
 
 
-def describe_target(upstream: Upstream, served_model_name: str | None = None) -> Target:
-    """Read the target from the running server's preprocessing model config: its folder (the model folder's
-    name is the served name unless one is given) and its output limit."""
+def preprocessing_parameters(upstream: Upstream) -> dict[str, str]:
+    """The running server's preprocessing model config parameters: among them the target's folder
+    (`tokenizer_dir`) and the output limit (`max_output_tokens`)."""
     client = connect(upstream.url, upstream.tls)
     try:
         config = client.get_model_config(_PREPROCESSING, as_json=True, headers=upstream.headers)["config"]
     finally:
         client.close()
-    params = {k: v.get("string_value", "") for k, v in config.get("parameters", {}).items()}
+    return {k: v.get("string_value", "") for k, v in config.get("parameters", {}).items()}
+
+
+def describe_target(upstream: Upstream, served_model_name: str | None = None) -> Target:
+    """Read the target from the running server's preprocessing model config: its folder (the model folder's
+    name is the served name unless one is given) and its output limit."""
+    params = preprocessing_parameters(upstream)
     target_dir = Path(params["tokenizer_dir"])
     name = served_model_name or target_dir.parent.name
     if not (target_dir / "tokenizer.json").is_file():
