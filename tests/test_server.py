@@ -428,14 +428,13 @@ def test_http_fields_the_server_does_not_implement_are_refused_by_name(served, f
     assert json.loads(urllib.request.urlopen(request, timeout=60).read())["num_output_tokens"] == 4
 
 
-@pytest.mark.parametrize("pacing", [{"stream_interval_ms": 600_000}, {"max_responses_per_s": 1e-6}])
-def test_paced_responses_carry_several_steps_each(tmp_path, pacing):
-    """With a stream interval, or a stream's share of the response rate, longer than the whole request, a stream
-    gets its first step's tokens at once (the admitting step: prefill and one verify) and the rest in the final
-    response: the same text, in two responses."""
+def test_paced_responses_carry_several_steps_each(tmp_path):
+    """With a stream's share of the response rate longer than the whole request, a stream gets its first step's
+    tokens at once (the admitting step: prefill and one verify) and the rest in the final response: the same text,
+    in two responses. (The stream interval takes the same path, through `pacing.response_gap`: tests/test_pacing.py.)"""
     model_dir = save_bundle(tiny_random_bundle(seed=0), tmp_path / "models")
     cfg = RepositoryConfig(max_active=4, max_batch_size=4, max_len=512, max_prompt_tokens=64, max_output_tokens=200,
-                           **pacing)
+                           max_responses_per_s=1e-6)
     repo = build_repository(tmp_path / "model_repository", model_dir, "drafter", cfg, _fixed_cost_table(tmp_path))
     params = GenerationParams(max_tokens=40, spec_mode="ar")
     with TritonServer(ServerConfig(model_repository=repo, state_dir=tmp_path / "state")) as server:
