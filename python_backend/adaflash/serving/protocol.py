@@ -257,7 +257,8 @@ REQUEST_FIELDS: tuple[RequestField, ...] = (
     RequestField(TensorSpec("bad_words", BYTES, (-1,), optional=True), _words, Into.PROMPT, default=()),
     RequestField(TensorSpec("exclude_input_in_output", BOOL, optional=True), _flag, Into.ORCHESTRATOR, default=True),
     RequestField(TensorSpec("return_num_input_tokens", BOOL, optional=True), _flag, Into.ORCHESTRATOR, default=False),
-    RequestField(TensorSpec("return_num_output_tokens", BOOL, optional=True), _flag, Into.ORCHESTRATOR, default=False),
+    # num_output_tokens is in every response anyway: the flag is accepted and changes nothing.
+    RequestField(TensorSpec("return_num_output_tokens", BOOL, optional=True), _flag, Into.CHECKED, default=False),
     RequestField(TensorSpec("return_perf_metrics", BOOL, optional=True), _flag, Into.ORCHESTRATOR, default=False),
     RequestField(TensorSpec("spec_mode", BYTES, optional=True), _mode, Into.REQUEST, attr="mode",
                  default=lambda limits: limits.default_mode),
@@ -587,7 +588,7 @@ class Generation:
     returns: frozenset[str] = frozenset()  # the return_* fields the client set
 
 
-RETURNS = ("return_num_input_tokens", "return_num_output_tokens", "return_perf_metrics")
+RETURNS = ("return_num_input_tokens", "return_perf_metrics")
 
 
 def encode_generation(encoded: Encoded, values: dict[str, Any]) -> Tensors:
