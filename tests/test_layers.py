@@ -1,5 +1,5 @@
-"""Joined weights: the concatenated (and transposed) copies used for inference follow every change of the
-parameters they come from, and training through them reaches each part."""
+"""Joined weights: the concatenated (and split) copies used for inference follow every change of the
+parameters they come from, equal the plain product, and training through them reaches each part."""
 
 from __future__ import annotations
 
@@ -7,12 +7,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from adaflash.models.layers import MLP, Joined
+import pytest
+
+from adaflash.models.layers import MLP, Joined, split_linear, split_rows
 
 
 def _mlp() -> MLP:
     torch.manual_seed(0)
-    return MLP(16, 48)  # gate and up joined: 96 x 16, a weight tall enough for the transposed copy
+    return MLP(16, 48)  # gate and up joined: 96 x 16; every weight small enough for the split copy
 
 
 def _reference(m: MLP, x: torch.Tensor) -> torch.Tensor:
@@ -23,7 +25,7 @@ def test_joined_inference_follows_an_optimizer_step_and_a_load():
     m = _mlp()
     x1, x8 = torch.randn(1, 16), torch.randn(8, 16)
     with torch.inference_mode():
-        before = m(x1)  # one row: the transposed copy of the joined weight
+        before = m(x1)  # the split copies of the joined weights
         assert torch.allclose(before, _reference(m, x1), atol=1e-6)
         assert torch.allclose(m(x8), _reference(m, x8), atol=1e-6)
     opt = torch.optim.SGD(m.parameters(), lr=0.5)
@@ -48,3 +50,24 @@ def test_a_single_part_is_the_parameter_itself():
     holder = nn.Module()
     holder.head = lin
     assert Joined(["head.weight"]).of(holder) is lin.weight
+
+
+@pytest.mark.parametrize("shape", [(1,), (3,), (16,), (2, 5)])
+@pytest.mark.parametrize("parts", [1, 2, 3])
+def test_the_split_product_equals_the_plain_one(shape, parts):
+    torch.manual_seed(len(shape) * parts)
+    w, x = torch.randn(48, 20), torch.randn(*shape, 20)
+    assert torch.allclose(split_linear(x, split_rows(w, parts)), F.linear(x, w), atol=1e-5)
+
+
+def test_a_split_product_adds_the_bias_and_follows_a_cast():
+    lin = nn.Linear(8, 32)
+    holder = nn.Module()
+    holder.proj = lin
+    joined, x = Joined(["proj.weight"]), torch.randn(2, 8)
+    with torch.inference_mode():
+        assert torch.allclose(joined.linear(holder, x, lin.bias), lin(x), atol=1e-6)
+        assert joined._split is not None  # the split copy was used
+        holder.double()
+        y = joined.linear(holder, x.double(), lin.bias)  # fp64: the plain product, not the stale fp32 copy
+        assert y.dtype == torch.float64 and torch.allclose(y, lin(x.double()))

@@ -16,7 +16,10 @@ from torch.nn.attention.bias import CausalBias
 
 def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
     """Normalised in fp32 and cast back before the weight, as Hugging Face's Qwen3 and Llama do; one torch call
-    instead of six (bitwise equal to the spelled-out formula in fp32)."""
+    instead of six (bitwise equal to the spelled-out formula in fp32), and no casts in fp32, where a decode step
+    would pay two calls per norm for nothing."""
+    if x.dtype == torch.float32:
+        return weight * F.rms_norm(x, (x.shape[-1],), eps=eps)
     return weight * F.rms_norm(x.float(), (x.shape[-1],), eps=eps).to(x.dtype)
 
 
@@ -30,15 +33,34 @@ class RMSNorm(nn.Module):
         return rms_norm(x, self.weight, self.eps)
 
 
-# A single-row product x @ W.T on CPU reads W about twice as fast from a transposed copy when W has at least
-# twice as many rows as columns (MKL, measured: clients/bench_layout.py, docs/results.md); the copy is kept
-# only for weights this small, so a large model is never held twice.
-TRANSPOSED_MAX_BYTES = 64 << 20
+# On CPU, MKL runs a product of a few rows with a weight on one thread, however many it has: the product is
+# bound by reading the weight, and one core reads it at about half the machine's bandwidth. `Joined` keeps a
+# copy of small fp32 weights split by output rows into one part per thread, each part transposed, and multiplies
+# with one batched product, which runs the parts on all threads (clients/bench_layout.py, docs/results.md).
+# Copies are kept only for weights this small, so a large model is never held twice.
+SPLIT_MAX_BYTES = 64 << 20
+SPLIT_MAX_ROWS = 256  # measured no slower than one product up to here; prefills of more rows are compute-bound
 
 
-def _reads_faster_transposed(x: Tensor, w: Tensor) -> bool:
-    return (x.dim() == 2 and x.shape[0] <= 2 and w.device.type == "cpu" and w.shape[0] >= 2 * w.shape[1]
-            and w.numel() * w.element_size() <= TRANSPOSED_MAX_BYTES and not torch.is_grad_enabled())
+def _splits(x: Tensor, w: Tensor) -> int:
+    """Parts to split `w` into for the product with `x` (0: use one product)."""
+    threads = torch.get_num_threads()
+    if (x.numel() > SPLIT_MAX_ROWS * x.shape[-1] or w.device.type != "cpu" or w.dtype != torch.float32
+            or w.numel() * w.element_size() > SPLIT_MAX_BYTES or torch.is_grad_enabled() or w.shape[0] % threads):
+        return 0
+    return threads
+
+
+def split_rows(w: Tensor, parts: int) -> Tensor:
+    """w [out, in] -> [parts, in, out / parts]: part p holds output rows p*out/parts.. as columns."""
+    return torch.stack([p.t().contiguous() for p in w.chunk(parts, 0)])
+
+
+def split_linear(x: Tensor, split: Tensor) -> Tensor:
+    """x [..., in] @ W.T from `split_rows(W, parts)`: one batched product, one part per thread."""
+    parts, rows = split.shape[0], x.reshape(-1, x.shape[-1])
+    y = torch.bmm(rows.expand(parts, -1, -1), split).transpose(0, 1)
+    return y.reshape(x.shape[:-1] + (-1,))
 
 
 @dataclass
@@ -52,21 +74,23 @@ class Joined:
     parts: list[str | tuple[str, int]]
     _key: list[tuple[int, int]] | None = field(default=None, repr=False)
     _value: Tensor | None = field(default=None, repr=False)
-    _transposed: tuple[list[tuple[int, int]], Tensor] | None = field(default=None, repr=False)
+    _split: tuple[list[tuple[int, int]], int, Tensor] | None = field(default=None, repr=False)
 
     def of(self, module: nn.Module) -> Tensor:
         return self._joined([_part(module, p) for p in self.parts])
 
-    def linear(self, module: nn.Module, x: Tensor) -> Tensor:
-        """x @ W.T with the joined weight W, one or two rows from its transposed copy where that reads faster."""
+    def linear(self, module: nn.Module, x: Tensor, bias: Tensor | None = None) -> Tensor:
+        """x @ W.T (+ bias) with the joined weight W, from its copy split by threads where that reads faster."""
         tensors = [_part(module, p) for p in self.parts]
         w = self._joined(tensors)
-        if not _reads_faster_transposed(x, w):
-            return F.linear(x, w)
+        parts = _splits(x, w)
+        if not parts:
+            return F.linear(x, w, bias)
         key = _key(tensors)
-        if self._transposed is None or self._transposed[0] != key:
-            self._transposed = (key, w.t().contiguous())
-        return x @ self._transposed[1]
+        if self._split is None or self._split[:2] != (key, parts):
+            self._split = (key, parts, split_rows(w, parts))
+        y = split_linear(x, self._split[2])
+        return y if bias is None else y + bias
 
     def _joined(self, tensors: list[Tensor]) -> Tensor:
         if len(tensors) == 1 and isinstance(self.parts[0], str):
@@ -98,10 +122,11 @@ class MLP(nn.Module):
         self.up_proj = nn.Linear(hidden, intermediate, bias=False)
         self.down_proj = nn.Linear(intermediate, hidden, bias=False)
         self.gate_up = Joined(["gate_proj.weight", "up_proj.weight"])
+        self.down = Joined(["down_proj.weight"])
 
     def forward(self, x: Tensor) -> Tensor:
         gate, up = self.gate_up.linear(self, x).chunk(2, dim=-1)
-        return self.down_proj(F.silu(gate) * up)
+        return self.down.linear(self, F.silu(gate) * up)
 
 
 @dataclass

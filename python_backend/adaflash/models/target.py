@@ -180,13 +180,14 @@ class Attention(nn.Module):
         self.qk_norm, self.eps = cfg.qk_norm, cfg.rms_norm_eps
         self.qkv_weight = Joined(["q_proj.weight", "k_proj.weight", "v_proj.weight"])
         self.qkv_bias = Joined(["q_proj.bias", "k_proj.bias", "v_proj.bias"]) if cfg.attention_bias else None
+        self.o_weight = Joined(["o_proj.weight"])
 
     def qkv(self, x: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """x: [T, D] -> q [T, H, hd], k and v [T, KV, hd], normed and rotated; q and k as one tensor
         through norm and RoPE (per-head weights), the three projections as one matmul."""
         t, h, kv = x.shape[0], self.n_heads, self.n_kv
         bias = None if self.qkv_bias is None else self.qkv_bias.of(self)
-        qkv = F.linear(x, self.qkv_weight.of(self), bias).view(t, h + 2 * kv, self.head_dim)
+        qkv = self.qkv_weight.linear(self, x, bias).view(t, h + 2 * kv, self.head_dim)
         qk, v = qkv[:, : h + kv], qkv[:, h + kv :]
         if self.qk_norm:
             qk = rms_norm(qk, self.qk_norm_weight.of(self), self.eps)
@@ -212,7 +213,7 @@ class Attention(nn.Module):
             out = q.new_empty(q.shape)
             for g in fb.groups:
                 out[g.tokens] = self.attend_group(q[g.tokens], g, fb.cache, k_cache, v_cache)
-        return self.o_proj(out.reshape(t, -1))
+        return self.o_weight.linear(self, out.reshape(t, -1), self.o_proj.bias)
 
     def attend_group(self, q: Tensor, g: AttentionGroup, cache: KVCache, k_cache: Tensor, v_cache: Tensor) -> Tensor:
         """q [Tg, H, hd] of one attention group -> its attention output, packed alike."""
