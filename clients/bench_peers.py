@@ -339,10 +339,20 @@ def run_llama(bin_dir: Path, m: LlamaMethod, prompt_file: Path, prompt: str, wor
            "-t", str(threads), "-tb", str(threads), "--temp", "0", "--top-k", "1", "--seed", "0"]
     if m.binary == "llama-speculative-simple":
         cmd += ["-td", str(threads)]
-    done = run_tool(cmd)
-    if m.binary == "llama-completion":
-        return completion_run(done.stdout, done.stderr)
-    return speculative_run(done.stdout, done.stderr, prompt, work.stop_texts)
+    for attempt in range(PARSE_ATTEMPTS):
+        done = run_tool(cmd)
+        try:
+            if m.binary == "llama-completion":
+                return completion_run(done.stdout, done.stderr)
+            return speculative_run(done.stdout, done.stderr, prompt, work.stop_texts)
+        except PeerUnavailable:
+            if attempt == PARSE_ATTEMPTS - 1:
+                raise
+
+
+# llama.cpp logs from a thread, which now and then loses its last lines (the timings) when a tool exits: such a run
+# is repeated rather than the whole peer skipped.
+PARSE_ATTEMPTS = 3
 
 
 def run_tool(cmd: list[str]) -> subprocess.CompletedProcess:

@@ -9,7 +9,8 @@ from torch import nn
 
 import pytest
 
-from adaflash.models.layers import MLP, Joined, split_linear, split_rows
+from adaflash.models.layers import (MLP, Joined, Layout, layout_for, packed_linear, packed_weight, split_linear,
+                                    split_rows)
 
 
 def _mlp() -> MLP:
@@ -60,14 +61,22 @@ def test_the_split_product_equals_the_plain_one(shape, parts):
     assert torch.allclose(split_linear(x, split_rows(w, parts)), F.linear(x, w), atol=1e-5)
 
 
-def test_a_split_product_adds_the_bias_and_follows_a_cast():
+@pytest.mark.parametrize(("rows", "layout"), [(1, Layout.SPLIT), (2, Layout.SPLIT), (5, Layout.PACKED), (300, Layout.PLAIN)])
+def test_each_layout_adds_the_bias_and_follows_a_cast(rows, layout):
     lin = nn.Linear(8, 32)
     holder = nn.Module()
     holder.proj = lin
-    joined, x = Joined(["proj.weight"]), torch.randn(2, 8)
+    joined, x = Joined(["proj.weight"]), torch.randn(rows, 8)
     with torch.inference_mode():
-        assert torch.allclose(joined.linear(holder, x, lin.bias), lin(x), atol=1e-6)
-        assert joined._split is not None  # the split copy was used
+        assert layout_for(x, lin.weight) is layout
+        assert torch.allclose(joined.linear(holder, x, lin.bias), lin(x), atol=1e-5)
+        assert list(joined._copies) == ([] if layout is Layout.PLAIN else [layout])
         holder.double()
         y = joined.linear(holder, x.double(), lin.bias)  # fp64: the plain product, not the stale fp32 copy
         assert y.dtype == torch.float64 and torch.allclose(y, lin(x.double()))
+
+
+def test_the_packed_product_equals_the_plain_one():
+    torch.manual_seed(1)
+    w, x = torch.randn(48, 20), torch.randn(2, 7, 20)
+    assert torch.allclose(packed_linear(x, packed_weight(w), None), F.linear(x, w), atol=1e-5)

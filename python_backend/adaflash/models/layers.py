@@ -5,6 +5,7 @@ Both models follow the Qwen3/Llama layout, so the pieces that carry the math liv
 
 from __future__ import annotations
 
+import enum
 import math
 from dataclasses import dataclass, field
 
@@ -33,22 +34,34 @@ class RMSNorm(nn.Module):
         return rms_norm(x, self.weight, self.eps)
 
 
-# On CPU, MKL runs a product of a few rows with a weight on one thread, however many it has: the product is
-# bound by reading the weight, and one core reads it at about half the machine's bandwidth. `Joined` keeps a
-# copy of small fp32 weights split by output rows into one part per thread, each part transposed, and multiplies
-# with one batched product, which runs the parts on all threads (clients/bench_layout.py, docs/results.md).
-# Copies are kept only for weights this small, so a large model is never held twice.
-SPLIT_MAX_BYTES = 64 << 20
-SPLIT_MAX_ROWS = 256  # measured no slower than one product up to here; prefills of more rows are compute-bound
+# On CPU, MKL multiplies a few rows by a weight slowly: one or two rows on one thread, however many the machine
+# has (the product is bound by reading the weight, and one core reads at about half the machine's bandwidth), and
+# 3 to 256 rows well below the bandwidth too. `Joined` keeps, for small fp32 weights, a copy that multiplies
+# faster: one or two rows through the weight split by output rows into one transposed part per thread, multiplied
+# as one batched product, which runs the parts on all threads; more rows through a oneDNN-packed copy
+# (clients/bench_layout.py, docs/results.md). Copies are kept only for weights this small, so a large model is
+# never held three times.
+COPY_MAX_BYTES = 64 << 20
+SPLIT_MAX_ROWS = 2
+PACKED_MAX_ROWS = 256  # measured faster up to here; larger prefills are compute-bound
+PACKED_FOR_ROWS = 16  # the row count oneDNN lays the packed weight out for
 
 
-def _splits(x: Tensor, w: Tensor) -> int:
-    """Parts to split `w` into for the product with `x` (0: use one product)."""
-    threads = torch.get_num_threads()
-    if (x.numel() > SPLIT_MAX_ROWS * x.shape[-1] or w.device.type != "cpu" or w.dtype != torch.float32
-            or w.numel() * w.element_size() > SPLIT_MAX_BYTES or torch.is_grad_enabled() or w.shape[0] % threads):
-        return 0
-    return threads
+class Layout(enum.Enum):
+    PLAIN = "plain"
+    SPLIT = "split"
+    PACKED = "packed"
+
+
+def layout_for(x: Tensor, w: Tensor) -> Layout:
+    """Which copy of `w` multiplies `x` fastest."""
+    rows = x.numel() // x.shape[-1]
+    if (rows > PACKED_MAX_ROWS or w.device.type != "cpu" or w.dtype != torch.float32 or torch.is_grad_enabled()
+            or w.numel() * w.element_size() > COPY_MAX_BYTES):
+        return Layout.PLAIN
+    if rows <= SPLIT_MAX_ROWS:
+        return Layout.SPLIT if w.shape[0] % torch.get_num_threads() == 0 else Layout.PLAIN
+    return Layout.PACKED if torch.backends.mkldnn.is_available() else Layout.PLAIN
 
 
 def split_rows(w: Tensor, parts: int) -> Tensor:
@@ -63,6 +76,21 @@ def split_linear(x: Tensor, split: Tensor) -> Tensor:
     return y.reshape(x.shape[:-1] + (-1,))
 
 
+def packed_weight(w: Tensor) -> Tensor:
+    """w [out, in] in oneDNN's blocked layout for products of about PACKED_FOR_ROWS rows."""
+    return torch.ops.mkldnn._reorder_linear_weight(w, PACKED_FOR_ROWS)
+
+
+def packed_linear(x: Tensor, packed: Tensor, bias: Tensor | None) -> Tensor:
+    """x [..., in] @ W.T + bias from `packed_weight(W)`."""
+    y = torch.ops.mkldnn._linear_pointwise(x.reshape(-1, x.shape[-1]), packed, bias, "none", [], "")
+    return y.reshape(x.shape[:-1] + (-1,))
+
+
+def _copy_of(w: Tensor, layout: Layout) -> Tensor:
+    return split_rows(w, torch.get_num_threads()) if layout is Layout.SPLIT else packed_weight(w)
+
+
 @dataclass
 class Joined:
     """Parameters of one module concatenated along dim 0, so that layers reading the same input run as one
@@ -74,22 +102,25 @@ class Joined:
     parts: list[str | tuple[str, int]]
     _key: list[tuple[int, int]] | None = field(default=None, repr=False)
     _value: Tensor | None = field(default=None, repr=False)
-    _split: tuple[list[tuple[int, int]], int, Tensor] | None = field(default=None, repr=False)
+    _copies: dict[Layout, tuple[tuple, Tensor]] = field(default_factory=dict, repr=False)
 
     def of(self, module: nn.Module) -> Tensor:
         return self._joined([_part(module, p) for p in self.parts])
 
     def linear(self, module: nn.Module, x: Tensor, bias: Tensor | None = None) -> Tensor:
-        """x @ W.T (+ bias) with the joined weight W, from its copy split by threads where that reads faster."""
+        """x @ W.T (+ bias) with the joined weight W, from the copy of it that multiplies x fastest."""
         tensors = [_part(module, p) for p in self.parts]
         w = self._joined(tensors)
-        parts = _splits(x, w)
-        if not parts:
+        layout = layout_for(x, w)
+        if layout is Layout.PLAIN:
             return F.linear(x, w, bias)
-        key = _key(tensors)
-        if self._split is None or self._split[:2] != (key, parts):
-            self._split = (key, parts, split_rows(w, parts))
-        y = split_linear(x, self._split[2])
+        key = (tuple(_key(tensors)), torch.get_num_threads())
+        if layout not in self._copies or self._copies[layout][0] != key:
+            self._copies[layout] = (key, _copy_of(w, layout))
+        copy = self._copies[layout][1]
+        if layout is Layout.PACKED:
+            return packed_linear(x, copy, bias)
+        y = split_linear(x, copy)
         return y if bias is None else y + bias
 
     def _joined(self, tensors: list[Tensor]) -> Tensor:
