@@ -324,11 +324,13 @@ def test_what_a_client_asks_for_by_name_is_in_its_responses_only():
     assert step["echo_ids"].tolist() == [[1, 5]] and protocol.decode_step_response(step).echo_ids == [1, 5]
     out = protocol.encode_text_response("x", step)
     assert out["out_cum_log_probs"].tolist() == [[-0.75]] and out["out_output_log_probs"].tolist() == [[[-0.25]]]
+    assert out["out_output_token_ids"].tolist() == [[[3]]]
     assert out["out_num_input_tokens"].tolist() == [[2]] and out["out_total_draft_tokens"].tolist() == [[6]]
     assert out["out_total_accepted_draft_tokens"].tolist() == [[1]]
     assert out["out_acceptance_rate"].tolist() == [[np.float32(1 / 6)]]
     asked_nothing = protocol.encode_step_response(seq, 1, 0, True, protocol.Generation(seq.request, frozenset(), True))
-    assert set(asked_nothing) == set(protocol.names(protocol.STEP_REQUIRED)) | {"cum_log_probs", "output_log_probs"}
+    assert set(asked_nothing) == set(protocol.names(protocol.STEP_REQUIRED)) | {"cum_log_probs", "output_log_probs",
+                                                                               "output_token_ids"}
 
 
 def test_every_encoded_payload_matches_its_declaration():

@@ -1,5 +1,5 @@
 """The OpenAI-compatible endpoint over a real tritonserver, driven by the official `openai` SDK: the same text as
-the gRPC stream, streaming with usage, chat through the target's template, stop, seed, cancellation, and
+the gRPC stream, streaming with usage, chat through the target's template, stop, seed, logprobs, cancellation, and
 OpenAI-format errors naming the field."""
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+import numpy as np
 import openai
 import pytest
 from helpers import fixed_costs, wait_until
@@ -131,14 +132,19 @@ def test_stop_cuts_the_text_as_the_server_stop_words_do(served, sdk):
         assert (got.choices[0].text, got.choices[0].finish_reason) == (expected.text, "stop")
 
 
+def _stop_of_several_tokens(served, text: str) -> str:
+    """Three characters of `text` that the tokenizer spells with more than one token."""
+    tokenizer = load_bundle(served[2], drafter=None).tokenizer
+    start = next(i for i in range(3, len(text) - 3) if len(tokenizer.encode(text[i:i + 3]).ids) > 1)
+    return text[start:start + 3]
+
+
 @pytest.mark.parametrize("stream", [False, True])
 def test_a_stop_string_of_several_tokens_ends_the_text_before_it(served, sdk, stream):
     """OpenAI's semantics: the text ends where the stop string begins, also when a stream had already sent a part of
     it (the front holds back a tail that may begin one)."""
     full = _grpc(served, PROMPT, GenerationParams(max_tokens=MAX_TOKENS)).text
-    tokenizer = load_bundle(served[2], drafter=None).tokenizer
-    start = next(i for i in range(3, len(full) - 3) if len(tokenizer.encode(full[i:i + 3]).ids) > 1)
-    stop = full[start:start + 3]
+    stop = _stop_of_several_tokens(served, full)
     got = sdk.completions.create(model=MODEL, prompt=PROMPT, max_tokens=MAX_TOKENS, temperature=0,
                                  stop=[stop, "never in this text"], stream=stream)
     if stream:
@@ -171,6 +177,47 @@ def test_seed_repeats_sampling_and_equals_the_grpc_sample(served, sdk, mode):
     assert sample(7) == sample(7) == expected != sample(8)
 
 
+@pytest.mark.parametrize(("stream", "stop"), [(False, False), (True, False), (True, True)])
+def test_completion_logprobs_are_the_grpc_log_probs_of_tokens_joining_to_the_text(served, sdk, stream, stop):
+    """OpenAI's legacy format with logprobs 0: the chosen token in `top_logprobs`, offsets into the text; with a stop
+    string the tokens end where the text does."""
+    expected = _grpc(served, PROMPT, GenerationParams(max_tokens=MAX_TOKENS, spec_mode="dflash",
+                                                      return_log_probs=True))
+    words = [_stop_of_several_tokens(served, expected.text)] if stop else None
+    got = sdk.completions.create(model=MODEL, prompt=PROMPT, max_tokens=MAX_TOKENS, temperature=0, logprobs=0,
+                                 stop=words, stream=stream, extra_body={"spec_mode": "dflash"})
+    choices = [e.choices[0] for e in got if e.choices] if stream else got.choices
+    text = "".join(c.text for c in choices)
+    assert text == (expected.text[:expected.text.index(words[0])] if stop else expected.text)
+    pieces = [c.logprobs for c in choices if c.logprobs is not None]
+    assert len(pieces) > (2 if stream and not stop else 0)
+    tokens, offsets = sum((p.tokens for p in pieces), []), sum((p.text_offset for p in pieces), [])
+    logprobs = sum((p.token_logprobs for p in pieces), [])
+    assert "".join(tokens) == text and offsets == [len("".join(tokens[:i])) for i in range(len(tokens))]
+    assert tokens and (stop or len(tokens) == len(expected.log_probs))
+    np.testing.assert_allclose(logprobs, expected.log_probs[:len(tokens)], atol=1e-4)
+    assert sum((p.top_logprobs for p in pieces), []) == [{t: lp} for t, lp in zip(tokens, logprobs)]
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_chat_logprobs_are_the_grpc_log_probs_of_tokens_joining_to_the_content(served, sdk, stream):
+    params = GenerationParams(max_tokens=MAX_TOKENS, apply_chat_template=True, chat_template_kwargs=NO_THINKING,
+                              return_log_probs=True)
+    expected = _grpc(served, "Name a colour.", params)
+    got = sdk.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Name a colour."}],
+                                      temperature=0, max_completion_tokens=MAX_TOKENS, logprobs=True, top_logprobs=0,
+                                      stream=stream, extra_body={"chat_template_kwargs": NO_THINKING})
+    if stream:
+        choices = [e.choices[0] for e in got if e.choices]
+        text = "".join(c.delta.content or "" for c in choices)
+    else:
+        choices, text = got.choices, got.choices[0].message.content
+    content = [t for c in choices if c.logprobs is not None for t in c.logprobs.content]
+    assert text == expected.text == "".join(t.token for t in content)
+    np.testing.assert_allclose([t.logprob for t in content], expected.log_probs, atol=1e-4)
+    assert all(t.bytes == list(t.token.encode()) and t.top_logprobs == [] for t in content)
+
+
 def test_a_stream_closed_mid_way_cancels_its_request_and_frees_its_sequence(served, sdk):
     server = served[0]
     cancelled = _cancelled_requests(server)
@@ -190,7 +237,10 @@ def _cancelled_requests(server) -> float:
 
 BAD = {
     "n above one": (dict(n=2), "n"),
-    "logprobs": (dict(logprobs=2), "logprobs"),
+    "logprobs negative": (dict(logprobs=-1), "logprobs"),
+    "logprobs above OpenAI's 5": (dict(logprobs=6), "logprobs"),
+    "logprobs alternatives": (dict(logprobs=2), "logprobs"),
+    "logprobs not an integer": (dict(logprobs=True), "logprobs"),
     "echo": (dict(echo=True), "echo"),
     "presence penalty not a number": (dict(extra_body={"presence_penalty": "high"}), "presence_penalty"),
     "repetition penalty zero": (dict(extra_body={"repetition_penalty": 0}), "repetition_penalty"),
@@ -221,7 +271,10 @@ def test_bad_completion_input_is_an_openai_400_naming_the_field(sdk, case):
 
 @pytest.mark.parametrize(("kwargs", "param"), [
     (dict(n=2), "n"),
-    (dict(logprobs=True), "logprobs"),
+    (dict(logprobs="yes"), "logprobs"),
+    (dict(logprobs=True, top_logprobs=3), "top_logprobs"),
+    (dict(logprobs=True, top_logprobs=21), "top_logprobs"),
+    (dict(top_logprobs=-1), "top_logprobs"),
     (dict(tools=[{"type": "function", "function": {"name": "f", "parameters": {}}}]), "tools"),
     (dict(messages=[{"role": "assistant", "content": "hi"}]), "messages"),
     (dict(messages=[{"role": "user", "content": "hi", "name": "bob"}]), "messages"),

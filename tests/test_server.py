@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import csv
 import json
 import queue
 import re
@@ -25,26 +26,29 @@ from adaflash.evaluation.prompts import load_prompts
 from adaflash.models.bundle import load_bundle, save_bundle, tiny_random_bundle
 from adaflash.models.chat_template import CONFIG_FILE, load_chat_template
 from adaflash.serving.api import TextStops
+from adaflash.serving.protocol import OWN_INPUTS, OWN_OUTPUTS, STOCK_CONTRACT, names
 from adaflash_build.repository import RepositoryConfig, build_repository
 from adaflash_client import AdaFlashClient, GenerationParams
 from adaflash_client.reliability import send_grpc, send_http
+from adaflash_client.sweep import completion_record, summarize_level, write_tidy_csv
 from adaflash_server.launcher import ServerConfig, TritonServer
 
 MAX_TOKENS = 24
 MAX_PROMPT = 160
 QWEN3_CHAT = Path(__file__).parent / "fixtures" / "qwen3_chat"
+STOCK = "trtllm_contract"  # the second ensemble: TensorRT-LLM's tensors only, over the same models
 
 
 @pytest.fixture(scope="module")
 def served(trained_tiny, tmp_path_factory):
     """The trained tiny models written as a model folder (its target with Qwen3's chat template), a repository
-    built from it, a server on free ports."""
+    built from it (with the stock-contract ensemble STOCK beside `adaflash`), a server on free ports."""
     root = tmp_path_factory.mktemp("serve")
     model_dir = save_bundle(trained_tiny, root / "models")
     shutil.copy(QWEN3_CHAT / CONFIG_FILE, model_dir / "target" / CONFIG_FILE)
     cfg = RepositoryConfig(max_active=64, max_batch_size=64, max_len=1024, max_prompt_tokens=400,
                            max_output_tokens=600)
-    repo = build_repository(root / "model_repository", model_dir, "drafter", cfg)
+    repo = build_repository(root / "model_repository", model_dir, "drafter", cfg, stock_contract_ensemble=STOCK)
     with TritonServer(ServerConfig(model_repository=repo, state_dir=root / "state")) as server:
         yield server, model_dir
 
@@ -376,6 +380,71 @@ def test_tensorrt_llm_inputs_this_server_does_not_do_are_refused_by_name(served,
     status, text = send_http(served[0], {"text_input": "hi", "max_tokens": 4,
                                          field: value.decode() if isinstance(value, bytes) else value.item()})
     assert status == 400 and f"INVALID_ARGUMENT: {field}:" in text, text
+
+
+def test_the_stock_contract_ensemble_declares_tensorrt_llm_tensors_only(served):
+    """What the client tests below run against: the same models behind TensorRT-LLM's tensor names alone."""
+    with grpcclient.InferenceServerClient(served[0].grpc_url) as client:
+        metadata = client.get_model_metadata(STOCK)
+    inputs, outputs = ({t.name for t in tensors} for tensors in (metadata.inputs, metadata.outputs))
+    assert (inputs, outputs) == tuple(set(names(specs)) for specs in STOCK_CONTRACT)
+    assert not inputs & OWN_INPUTS and not outputs & OWN_OUTPUTS and "text_output" in outputs
+    refused, message = send_grpc(served[0], dict(text_input=_text(b"hi"), max_tokens=_i32(4),
+                                                 spec_mode=_text(b"ar")), model=STOCK)
+    assert refused and "spec_mode" in message, message
+
+
+@pytest.mark.parametrize("stream", [True, False])
+def test_the_client_gets_the_same_text_from_a_stock_contract_without_this_servers_statistics(served, prompts,
+                                                                                           reference, stream):
+    """A model without this server's inputs and statistics (a stock TensorRT-LLM ensemble): the client sends only
+    what it takes, reads what it sends, and leaves the rest None; acceptance from TensorRT-LLM's totals."""
+    params = GenerationParams(max_tokens=MAX_TOKENS)
+    tokenizer = load_bundle(served[1], drafter=None).tokenizer
+    with AdaFlashClient(served[0].grpc_url, model_name=STOCK, timeout_s=120) as client, \
+            AdaFlashClient(served[0].grpc_url, model_name=STOCK, timeout_s=120, tokenizer=tokenizer) as counting:
+        chunks = []
+        got = client.generate_streaming(prompts[0], params, chunks.append) if stream else client.generate(prompts[0],
+                                                                                                          params)
+        counted = counting.generate(prompts[0], params)
+    assert got.text == counted.text == reference[0]
+    assert (got.num_output_tokens, got.target_forwards, got.accepted_per_step, got.finish_reason) == (None,) * 4
+    assert (got.tau, got.mean_accepted_per_step, got.tokens_per_s) == (None,) * 3
+    assert got.time_to_first_token_s is not None and (not stream or len(chunks) > 2)
+    assert counted.num_output_tokens == len(tokenizer.encode(reference[0], add_special_tokens=False).ids)
+    drafted, accepted = got.draft_tokens, got.accepted_draft_tokens
+    assert drafted is not None and 0 <= accepted <= drafted
+    assert got.acceptance_rate == (accepted / drafted if drafted else None)
+
+
+def test_a_field_the_stock_contract_lacks_is_refused_by_name_before_sending(served):
+    with AdaFlashClient(served[0].grpc_url, model_name=STOCK, timeout_s=60) as client:
+        for params in (GenerationParams(max_tokens=4, spec_mode="ar"), GenerationParams(max_tokens=4, max_draft=2)):
+            field = "spec_mode" if params.spec_mode else "max_draft"
+            with pytest.raises(ValueError, match=f"^{field}: model '{STOCK}' has no such input"):
+                client.generate("hi", params)
+        assert client.generate("hi", GenerationParams(max_tokens=4)).text
+
+
+def test_the_locust_users_records_leave_the_figures_a_stock_contract_lacks_blank(served, prompts, tmp_path):
+    """The Locust user's records (`completion_record`), the sweep's row and CSV: None and empty cells where the model
+    reports nothing, never zeros; this server's own model fills them."""
+    records = {}
+    for model in (STOCK, "adaflash"):
+        with AdaFlashClient(served[0].grpc_url, model_name=model, timeout_s=120) as client:
+            records[model] = [{"ok": True, "t_start": 0.0, "t_end": 1.0,
+                               **completion_record(client.generate_streaming(p, GenerationParams(max_tokens=8)))}
+                              for p in prompts[:2]]
+    assert all(r[k] is None for r in records[STOCK] for k in ("tokens", "itl_s", "steps", "target_forwards", "tau"))
+    assert all(r["drafted"] is not None and r["ttft_s"] is not None for r in records[STOCK])
+    stock, own = (summarize_level(records[m], "default", 1) for m in (STOCK, "adaflash"))
+    assert stock["output_tokens"] is None and own["output_tokens"] == sum(r["tokens"] for r in records["adaflash"])
+    write_tidy_csv([stock, own], tmp_path / "sweep.csv")
+    with (tmp_path / "sweep.csv").open() as f:
+        cells = list(csv.DictReader(f))
+    blank = ("output_tokens", "output_tokens_per_s", "itl_p50_ms", "tau", "mean_accepted_per_step", "mean_draft_len")
+    assert all(cells[0][k] == "" for k in blank) and all(cells[1][k] != "" for k in blank)
+    assert cells[0]["requests"] == "2" and cells[0]["ttft_p50_ms"] != "" and cells[0]["latency_p50_ms"] != ""
 
 
 def test_metrics_count_requests_tokens_and_steps(served):

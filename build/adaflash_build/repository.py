@@ -33,7 +33,9 @@ from adaflash.serving.protocol import (
     REQUESTED,
     STATS,
     STEP_RESPONSE,
+    STOCK_CONTRACT,
     TEXT_OUTPUT,
+    RequestField,
     TensorSpec,
     drafter_models_in,
     forwarded_name,
@@ -72,8 +74,13 @@ class RepositoryConfig:
 
 
 def build_repository(out_dir: str | Path, model_dir: str | Path, drafter: str | None = "drafter",
-                     config: RepositoryConfig | None = None, cost_table: str | Path | None = None) -> Path:
-    """Write the repository to `out_dir` (replaced); returns it. Without a drafter only ar/ngram are served."""
+                     config: RepositoryConfig | None = None, cost_table: str | Path | None = None,
+                     stock_contract_ensemble: str | None = None) -> Path:
+    """Write the repository to `out_dir` (replaced); returns it. Without a drafter only ar/ngram are served.
+
+    `stock_contract_ensemble`: the name of a second ensemble over the same models with TensorRT-LLM's tensors only
+    (`protocol.STOCK_CONTRACT`), to try or compare a client against that contract without TensorRT-LLM. Not a
+    RepositoryConfig field, so `adaflash serve` has none: its drain stops the `adaflash` ensemble only."""
     out_dir, model_dir = Path(out_dir).resolve(), Path(model_dir).resolve()
     cfg = fit_to_context(config or RepositoryConfig(), _target_context(model_dir))
     drafter_dir = model_dir / drafter if drafter else None
@@ -97,7 +104,7 @@ def build_repository(out_dir: str | Path, model_dir: str | Path, drafter: str | 
               "kv_pages": str(kv_pages), "device": place.device.type, "dtype": place.dtype_name, "model_instances": _instances(place),
               "drafter_dir": str(drafter_dir or ""), "cost_table": str(cost_path if cost_path.exists() else ""),
               "idle_us": str(cfg.idle_timeout_s * 1_000_000), "default_spec_mode": default_mode,
-              **_ensemble_wiring()}
+              **_ensemble_wiring(REQUEST_FIELDS, (*STATS, *REQUESTED))}
     for name in MODELS:
         if name == "drafter" and not drafter_dir:
             continue
@@ -106,7 +113,20 @@ def build_repository(out_dir: str | Path, model_dir: str | Path, drafter: str | 
         config_path.write_text(string.Template(config_path.read_text()).substitute(fields, **_tensors(name)))
     if drafter_dir:
         shutil.copytree(drafter_dir, out_dir / "drafter" / "1" / "weights")
+    if stock_contract_ensemble:
+        _write_stock_ensemble(out_dir / stock_contract_ensemble, fields)
     return out_dir
+
+
+def _write_stock_ensemble(path: Path, fields: dict[str, str]) -> None:
+    """The `adaflash` ensemble's template under another name, declaring and wiring TensorRT-LLM's tensors only."""
+    inputs, outputs = STOCK_CONTRACT
+    shutil.copytree(TEMPLATES / "adaflash", path, ignore=shutil.ignore_patterns(".gitkeep"))
+    config = path / "config.pbtxt"
+    text = string.Template(config.read_text()).substitute(
+        fields, inputs=_tensor_list(inputs, True), outputs=_tensor_list(outputs, False),
+        **_ensemble_wiring(tuple(f for f in REQUEST_FIELDS if f.spec in inputs), outputs))
+    config.write_text(re.sub(r'^name: "[^"]*"', f'name: "{path.name}"', text, count=1, flags=re.M))
 
 
 def pages_for_budget(cfg: RepositoryConfig, model_dir: Path, drafter_dir: Path | None, place: Placement) -> int:
@@ -161,17 +181,19 @@ def _maps(inputs: dict[str, str], outputs: dict[str, str]) -> str:
     return "\n".join(lines)
 
 
-def _ensemble_wiring() -> dict[str, str]:
+def _ensemble_wiring(request_fields: tuple[RequestField, ...], outputs: tuple[TensorSpec, ...]) -> dict[str, str]:
     """The ensemble's steps: request fields -> preprocessing -> orchestrator -> postprocessing -> response.
-    Tensors passed between steps are named `_<name>` after the orchestrator's inputs and outputs."""
+    Tensors passed between steps are named `_<name>` after the orchestrator's inputs and outputs; the ensemble's
+    `request_fields` reach preprocessing (the others are absent: their defaults apply) and its `outputs` leave
+    postprocessing (the others are dropped)."""
     generation = [s.name for s in GENERATION]
     return {
-        "preprocessing_maps": _maps({f.name: f.name for f in REQUEST_FIELDS},
+        "preprocessing_maps": _maps({f.name: f.name for f in request_fields},
                                     {forwarded_name(n): f"_{n}" for n in generation}),
         "orchestrator_maps": _maps({n: f"_{n}" for n in generation}, {s.name: f"_{s.name}" for s in STEP_RESPONSE}),
         "postprocessing_maps": _maps({s.name: f"_{s.name}" for s in STEP_RESPONSE},
                                      {TEXT_OUTPUT.name: TEXT_OUTPUT.name,
-                                      **{forwarded_name(s.name): s.name for s in (*STATS, *REQUESTED)}}),
+                                      **{forwarded_name(s.name): s.name for s in outputs if s is not TEXT_OUTPUT}}),
     }
 
 
@@ -245,12 +267,16 @@ def main(argv: list[str] | None = None) -> None:
     src.add_argument("--tiny-random", action="store_true")
     p.add_argument("--drafter", default="drafter", help="drafter folder name in --model-dir ('' for none)")
     p.add_argument("--cost-table", type=Path, help="reuse a measured cost table (JSON)")
+    p.add_argument("--stock-contract-ensemble", metavar="NAME",
+                   help="also write an ensemble NAME with TensorRT-LLM's tensors only (e.g. `ensemble`, "
+                        "TensorRT-LLM's own name), to try or compare clients written for that contract")
     for name, value in asdict(RepositoryConfig()).items():
         p.add_argument(f"--{name.replace('_', '-')}", type=type(value), default=value)
     args = p.parse_args(argv)
     cfg = RepositoryConfig(**{k: getattr(args, k) for k in asdict(RepositoryConfig())})
     model_dir = tiny_model_dir(args.out_dir.parent) if args.tiny_random else args.model_dir
-    out = build_repository(args.out_dir, model_dir, args.drafter or None, cfg, args.cost_table)
+    out = build_repository(args.out_dir, model_dir, args.drafter or None, cfg, args.cost_table,
+                           args.stock_contract_ensemble)
     print(json.dumps({"model_repository": str(out), "model_dir": str(model_dir)}))
 
 

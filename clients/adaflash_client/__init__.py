@@ -7,9 +7,11 @@ from adaflash_client.client import (
     Completion,
     GenerationError,
     GenerationParams,
+    ModelContract,
     Tls,
     build_inputs,
     connect,
+    fit_inputs,
     is_final,
     parse_chunk,
 )
@@ -21,9 +23,11 @@ __all__ = [
     "Completion",
     "GenerationError",
     "GenerationParams",
+    "ModelContract",
     "Tls",
     "build_inputs",
     "connect",
+    "fit_inputs",
     "is_final",
     "parse_chunk",
 ]

@@ -32,6 +32,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("prompt")
     p.add_argument("--url", default="127.0.0.1:8001", help="Triton gRPC endpoint, host:port")
+    p.add_argument("--model-name", default="adaflash",
+                   help="adaflash, or a model with TensorRT-LLM's tensors (a TensorRT-LLM ensemble: `ensemble`)")
     add_connection_arguments(p)
     p.add_argument("--stream", action="store_true", help="print tokens as they are generated")
     p.add_argument("--max-tokens", type=int, default=128)
@@ -161,7 +163,8 @@ def report(completion: Completion, args: argparse.Namespace) -> None:
 def main(argv: list[str] | None = None) -> int:
     """Console entry point; returns the exit status."""
     args = parse_args(argv)
-    with AdaFlashClient(args.url, tls=tls_from_args(args), headers=headers_from_args(args)) as client:
+    with AdaFlashClient(args.url, model_name=args.model_name, tls=tls_from_args(args),
+                        headers=headers_from_args(args)) as client:
         try:
             completion = generate(client, args)
         except GenerationError as error:

@@ -6,6 +6,10 @@ that have to be aggregated, and a caller that stops reading must cancel the requ
 server rather than let it run to `max_tokens`. tritonclient allows one bidirectional stream per
 `InferenceServerClient`, so every request gets a client of its own, taken from a small pool so
 that consecutive requests reuse the gRPC connection.
+
+The same client works against a stock TensorRT-LLM ensemble: it asks the model's metadata once which inputs and
+outputs the model has (`ModelContract`), sends only inputs the model takes (refusing, by name, a field the caller set
+that it lacks, such as `spec_mode`) and reads what it sends; this server's statistics are then None.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +51,55 @@ _OPTIONAL_SCALARS = (
 )
 _WORD_LISTS = ("stop_words", "bad_words")  # [1, n] text inputs, not sent when empty
 _OPTIONAL_JSON = ("messages", "chat_template_kwargs")  # sent as JSON text, each in the input of its name
+# What the client asks of a model without this server's statistics (a TensorRT-LLM ensemble), where the model takes
+# the input: (the flag set true, the output it makes the model send; None: no output). TensorRT-LLM's default
+# exclude_input_in_output (false) would start a non-streaming text with the prompt.
+_STOCK_ASKS = (("exclude_input_in_output", None), ("return_num_output_tokens", "num_output_tokens"),
+               ("return_perf_metrics", "total_draft_tokens"))
+
+
+@dataclass(frozen=True)
+class ModelContract:
+    """The inputs and outputs a model declares (Triton's model metadata): what a request may send and read.
+
+    This server's `adaflash` ensemble has them all; a stock TensorRT-LLM ensemble has TensorRT-LLM's tensors only:
+    none of this server's inputs (`spec_mode`, `max_draft`, the chat fields) or statistics outputs.
+    """
+
+    name: str
+    inputs: frozenset[str]
+    outputs: frozenset[str]
+
+    @classmethod
+    def of(cls, metadata: Any) -> ModelContract:
+        """From tritonclient's ModelMetadataResponse."""
+        return cls(metadata.name, frozenset(t.name for t in metadata.inputs),
+                   frozenset(t.name for t in metadata.outputs))
+
+    @property
+    def reports_steps(self) -> bool:
+        """Whether every response carries this server's statistics (per-step lists, the tokens so far)."""
+        return "accepted_per_step" in self.outputs
+
+    @property
+    def counts_per_response(self) -> bool:
+        """Whether `num_output_tokens` counts each response's tokens (TensorRT-LLM's meaning), not the tokens so far
+        (this server's)."""
+        return not self.reports_steps and "num_output_tokens" in self.outputs
+
+
+def fit_inputs(inputs: list[grpcclient.InferInput], contract: ModelContract) -> list[grpcclient.InferInput]:
+    """The request for this model: ValueError naming the first input the caller set that the model lacks (never
+    dropped silently: the caller asked for its effect); from a model without this server's statistics, also
+    TensorRT-LLM's figures (`_STOCK_ASKS`)."""
+    missing = next((t.name() for t in inputs if t.name() not in contract.inputs), None)
+    if missing is not None:
+        raise ValueError(f"{missing}: model {contract.name!r} has no such input (a TensorRT-LLM ensemble has none "
+                         "of this server's own, such as spec_mode and max_draft); leave it unset")
+    if contract.reports_steps:
+        return inputs
+    return inputs + [_scalar_tensor(flag, "BOOL", True) for flag, output in _STOCK_ASKS
+                     if flag in contract.inputs and (output is None or output in contract.outputs)]
 
 
 @dataclass(frozen=True)
@@ -152,17 +206,23 @@ class Chunk:
     """One response: the new text and the counters the server reported with it.
 
     `finish_reason` is None while the request runs. A chunk with finish_reason "cancelled" and
-    no text is made locally when `AdaFlashClient.cancel()` interrupts a request.
+    no text is made locally when `AdaFlashClient.cancel()` interrupts a request. `num_output_tokens` counts the
+    tokens so far. A model without this server's statistics (a stock TensorRT-LLM ensemble, `ModelContract`) leaves
+    them None: the token count too unless it sends TensorRT-LLM's, and finish_reason until a cancellation.
     """
 
     text: str
-    num_output_tokens: int
-    target_forwards: int
-    accepted_per_step: list[int]
-    draft_len_per_step: list[int]
+    num_output_tokens: int | None
+    target_forwards: int | None
+    accepted_per_step: list[int] | None
+    draft_len_per_step: list[int] | None
     finish_reason: str | None
     log_probs: list[float] | None = field(default=None, kw_only=True)  # of its new tokens, when the request asked
+    token_ids: list[int] | None = field(default=None, kw_only=True)  # those tokens (this server's, with log_probs)
     num_input_tokens: int | None = field(default=None, kw_only=True)  # when the request asked
+    # TensorRT-LLM's acceptance figures so far, from a model without the per-step lists (return_perf_metrics)
+    total_accepted_draft_tokens: int | None = field(default=None, kw_only=True)
+    total_draft_tokens: int | None = field(default=None, kw_only=True)
 
 
 @dataclass
@@ -172,7 +232,9 @@ class Completion(Chunk):
     Times run from sending the request: `time_to_first_token_s` until the first response reporting
     a generated token (None when none came; for a non-streaming request it equals the latency),
     `latency_s` until the last response carrying outputs (the closing of the gRPC stream is not
-    counted).
+    counted). From a model that reports no token count, `num_output_tokens` is the text re-encoded by the
+    client's tokenizer (`AdaFlashClient(tokenizer=...)`; the model's own count when its tokens are the tokenizer's
+    encoding of the text), else None.
     """
 
     time_to_first_token_s: float | None
@@ -186,7 +248,7 @@ class Completion(Chunk):
         tau = (num_output_tokens - 1) / steps: 1.0 for plain decoding, 1 + mean accepted drafts
         for speculation (less when a stop word or max_tokens cuts the last step).
         """
-        if not self.accepted_per_step:
+        if not self.accepted_per_step or self.num_output_tokens is None:
             return None
         return (self.num_output_tokens - 1) / len(self.accepted_per_step)
 
@@ -198,9 +260,27 @@ class Completion(Chunk):
         return sum(self.accepted_per_step) / len(self.accepted_per_step)
 
     @property
+    def accepted_draft_tokens(self) -> int | None:
+        """Draft tokens accepted in all: this server's per-step counts, else TensorRT-LLM's total, else None."""
+        return sum(self.accepted_per_step) if self.accepted_per_step is not None else self.total_accepted_draft_tokens
+
+    @property
+    def draft_tokens(self) -> int | None:
+        """Draft tokens verified in all: this server's per-step lengths, else TensorRT-LLM's total, else None."""
+        return sum(self.draft_len_per_step) if self.draft_len_per_step is not None else self.total_draft_tokens
+
+    @property
+    def acceptance_rate(self) -> float | None:
+        """Accepted over verified draft tokens (None without any)."""
+        drafted = self.draft_tokens
+        return self.accepted_draft_tokens / drafted if drafted else None
+
+    @property
     def tokens_per_s(self) -> float | None:
         """Generated tokens over the whole request latency, prefill included."""
-        return self.num_output_tokens / self.latency_s if self.latency_s > 0 else None
+        if self.num_output_tokens is None or self.latency_s <= 0:
+            return None
+        return self.num_output_tokens / self.latency_s
 
 
 def build_inputs(prompt: str, params: GenerationParams, stream: bool | None = None) -> list[grpcclient.InferInput]:
@@ -248,26 +328,37 @@ def _tensor(name: str, datatype: str, value: np.ndarray) -> grpcclient.InferInpu
     return tensor
 
 
-def parse_chunk(result: grpcclient.InferResult) -> Chunk | None:
-    """The chunk a response carries, or None for an empty (flags-only) final response."""
+def parse_chunk(result: grpcclient.InferResult, contract: ModelContract | None = None) -> Chunk | None:
+    """The chunk a response carries, or None for an empty (flags-only) final response.
+
+    `contract`: the model's; None for this server's ensemble. Where the model declares this server's statistics,
+    a response without them is an error; a model without them (TensorRT-LLM's) leaves them None, and its
+    `num_output_tokens`, when sent, counts this response's tokens only (`AdaFlashClient` adds them up).
+    """
     if not result.get_response().outputs:
         return None
-    finish_reason = _text(_output(result, "finish_reason").flat[0])
+    statistic = partial(_output, result) if contract is None or contract.reports_steps else result.as_numpy
+    finish_reason = statistic("finish_reason")
     return Chunk(
         text=_text(_output(result, "text_output").flat[0]),
-        num_output_tokens=int(_output(result, "num_output_tokens").flat[0]),
-        target_forwards=int(_output(result, "target_forwards").flat[0]),
-        accepted_per_step=_output(result, "accepted_per_step").reshape(-1).tolist(),
-        draft_len_per_step=_output(result, "draft_len_per_step").reshape(-1).tolist(),
-        finish_reason=finish_reason or None,
-        log_probs=_optional(result, "output_log_probs"),
-        num_input_tokens=None if (n := _optional(result, "num_input_tokens")) is None else int(n[0]),
+        num_output_tokens=_first(statistic("num_output_tokens")),
+        target_forwards=_first(statistic("target_forwards")),
+        accepted_per_step=_listed(statistic("accepted_per_step")),
+        draft_len_per_step=_listed(statistic("draft_len_per_step")),
+        finish_reason=None if finish_reason is None else _text(finish_reason.flat[0]) or None,
+        log_probs=_listed(result.as_numpy("output_log_probs")),
+        token_ids=_listed(result.as_numpy("output_token_ids")),
+        num_input_tokens=_first(result.as_numpy("num_input_tokens")),
+        total_accepted_draft_tokens=_first(result.as_numpy("total_accepted_draft_tokens")),
+        total_draft_tokens=_first(result.as_numpy("total_draft_tokens")),
     )
 
 
-def _optional(result: grpcclient.InferResult, name: str) -> list | None:
-    """An output sent only to requests that asked for it."""
-    value = result.as_numpy(name)
+def _first(value: np.ndarray | None) -> int | None:
+    return None if value is None else int(value.flat[0])
+
+
+def _listed(value: np.ndarray | None) -> list | None:
     return None if value is None else value.reshape(-1).tolist()
 
 
@@ -325,16 +416,22 @@ class AdaFlashClient:
     GenerationError with status "StatusCode.DEADLINE_EXCEEDED". `tls` connects over TLS (see `Tls`);
     `headers` go with every call as gRPC metadata (for a gateway in front of the server, or Triton's
     `--grpc-restricted-protocol`); their names are lower-cased, as gRPC requires and HTTP/2 treats them alike.
+    `model_name`: this server's `adaflash`, or another model with TensorRT-LLM's tensors (a stock TensorRT-LLM
+    ensemble is `ensemble`): the model's inputs and outputs are asked of the server with the first request
+    (`ModelContract`). `tokenizer` (a `tokenizers.Tokenizer`, optional) counts the output tokens of a model
+    that reports none.
     """
 
     def __init__(self, url: str = "127.0.0.1:8001", model_name: str = "adaflash",
                  timeout_s: float | None = None, tls: Tls | None = None,
-                 headers: Mapping[str, str] | None = None) -> None:
+                 headers: Mapping[str, str] | None = None, tokenizer: Any = None) -> None:
         self.url = url
         self.model_name = model_name
         self.timeout_s = timeout_s
         self.tls = tls
         self.headers = {name.lower(): value for name, value in (headers or {}).items()} or None
+        self.tokenizer = tokenizer
+        self._contract: ModelContract | None = None
         self._lock = threading.Lock()
         self._idle: list[grpcclient.InferenceServerClient] = []
         self._active: set[_Call] = set()
@@ -366,7 +463,8 @@ class AdaFlashClient:
         """Chunks of a streaming request as they arrive; the iteration ends after the final response.
 
         Invalid parameters (an integer out of its tensor's range) raise ValueError here; the request
-        itself is sent on the first `next()`. Leaving early (break, exception, `.close()` on
+        itself is sent on the first `next()`, which raises ValueError for a field the model lacks
+        (`fit_inputs`). Leaving early (break, exception, `.close()` on
         the generator) cancels it on the server; a caller keeping its own reference to the
         generator should close it (e.g. `contextlib.closing`) instead of just dropping the loop.
         Raises GenerationError in the iterating thread when the server reports an error.
@@ -376,13 +474,15 @@ class AdaFlashClient:
     def generate(self, prompt: str, params: GenerationParams | None = None,
                  request_id: str | None = None) -> Completion:
         """One non-streaming request (`stream` False): the server sends the whole text at once."""
-        return _collect(self._run(prompt, params or GenerationParams(), request_id, stream=False))
+        return _collect(self._run(prompt, params or GenerationParams(), request_id, stream=False),
+                        tokenizer=self.tokenizer)
 
     def generate_streaming(self, prompt: str, params: GenerationParams | None = None,
                            on_chunk: Callable[[Chunk], None] | None = None,
                            request_id: str | None = None) -> Completion:
         """A streaming request aggregated into a Completion; `on_chunk` sees every chunk as it arrives."""
-        return _collect(self._run(prompt, params or GenerationParams(), request_id, stream=True), on_chunk)
+        return _collect(self._run(prompt, params or GenerationParams(), request_id, stream=True), on_chunk,
+                        self.tokenizer)
 
     def cancel(self) -> None:
         """Cancel every request of this client in progress, from any thread.
@@ -415,8 +515,10 @@ class AdaFlashClient:
         client = self._acquire(call)
         finished = cancelled = False
         try:
-            self._send(client, call, inputs, request_id)
+            contract = self._contract_on(client)
+            self._send(client, call, fit_inputs(inputs, contract), request_id)
             last: Chunk | None = None
+            produced = 0  # the tokens so far, from a model that counts each response's (TensorRT-LLM)
             while True:
                 item = call.queue.get()
                 if item is _CANCEL:
@@ -427,8 +529,11 @@ class AdaFlashClient:
                 if error is not None:
                     raise GenerationError.from_triton(error)
                 finished = is_final(result)
-                chunk = parse_chunk(result)
+                chunk = parse_chunk(result, contract)
                 if chunk is not None:
+                    if contract.counts_per_response and chunk.num_output_tokens is not None:
+                        produced += chunk.num_output_tokens
+                        chunk.num_output_tokens = produced
                     last = chunk
                     yield chunk
                 if finished:
@@ -436,6 +541,18 @@ class AdaFlashClient:
         finally:
             client.stop_stream(cancel_requests=not finished)
             self._release(client, call, reuse=finished or cancelled)
+
+    def _contract_on(self, client: grpcclient.InferenceServerClient) -> ModelContract:
+        """The model's inputs and outputs, asked once, on the request's own connection (a failed one is replaced
+        by a fresh one, which connects as soon as the server is back; `_release`)."""
+        if self._contract is None:
+            try:
+                metadata = client.get_model_metadata(self.model_name, headers=self.headers,
+                                                     client_timeout=self.timeout_s)
+            except InferenceServerException as error:
+                raise GenerationError.from_triton(error) from error
+            self._contract = ModelContract.of(metadata)
+        return self._contract
 
     def _send(self, client: grpcclient.InferenceServerClient, call: _Call,
               inputs: list[grpcclient.InferInput], request_id: str | None) -> None:
@@ -471,11 +588,16 @@ class AdaFlashClient:
 def _cancelled_chunk(last: Chunk | None) -> Chunk:
     """The local end of a cancelled request, carrying the counters reached so far."""
     return Chunk(text="", num_output_tokens=last.num_output_tokens if last else 0,
-                 target_forwards=last.target_forwards if last else 0, accepted_per_step=[],
-                 draft_len_per_step=[], finish_reason="cancelled")
+                 target_forwards=last.target_forwards if last else 0,
+                 accepted_per_step=None if last and last.accepted_per_step is None else [],
+                 draft_len_per_step=None if last and last.draft_len_per_step is None else [],
+                 finish_reason="cancelled",
+                 total_accepted_draft_tokens=last.total_accepted_draft_tokens if last else None,
+                 total_draft_tokens=last.total_draft_tokens if last else None)
 
 
-def _collect(chunks: Iterator[Chunk], on_chunk: Callable[[Chunk], None] | None = None) -> Completion:
+def _collect(chunks: Iterator[Chunk], on_chunk: Callable[[Chunk], None] | None = None,
+             tokenizer: Any = None) -> Completion:
     """Aggregate chunks: text and per-step lists concatenate, counters are cumulative so the last wins.
 
     `closing` makes an exception in `on_chunk` (or a KeyboardInterrupt) cancel the request at once.
@@ -483,32 +605,44 @@ def _collect(chunks: Iterator[Chunk], on_chunk: Callable[[Chunk], None] | None =
     start = time.perf_counter()
     first_token_s: float | None = None
     last_chunk_s: float | None = None  # latency ends here, not after the stream's teardown
-    texts: list[str] = []
-    accepted: list[int] = []
-    drafted: list[int] = []
-    log_probs: list[float] = []
-    last: Chunk | None = None
+    seen: list[Chunk] = []
     with contextlib.closing(chunks):
         for chunk in chunks:
             last_chunk_s = time.perf_counter() - start
-            if first_token_s is None and chunk.num_output_tokens > 0:
+            if first_token_s is None and (chunk.num_output_tokens is None or chunk.num_output_tokens > 0):
                 first_token_s = last_chunk_s
-            texts.append(chunk.text)
-            accepted += chunk.accepted_per_step
-            drafted += chunk.draft_len_per_step
-            log_probs += chunk.log_probs or []
-            last = chunk
+            seen.append(chunk)
             if on_chunk is not None:
                 on_chunk(chunk)
+    last = seen[-1] if seen else None
+    text = "".join(c.text for c in seen)
     return Completion(
-        text="".join(texts),
-        num_output_tokens=last.num_output_tokens if last else 0,
+        text=text,
+        num_output_tokens=_output_tokens(last, text, tokenizer),
         target_forwards=last.target_forwards if last else 0,
-        accepted_per_step=accepted,
-        draft_len_per_step=drafted,
         finish_reason=last.finish_reason if last else None,
-        log_probs=log_probs if last is not None and last.log_probs is not None else None,
         num_input_tokens=last.num_input_tokens if last else None,
+        total_accepted_draft_tokens=last.total_accepted_draft_tokens if last else None,
+        total_draft_tokens=last.total_draft_tokens if last else None,
         time_to_first_token_s=first_token_s,
         latency_s=last_chunk_s if last_chunk_s is not None else time.perf_counter() - start,
+        **{name: _joined(seen, name) for name in ("accepted_per_step", "draft_len_per_step", "log_probs",
+                                                  "token_ids")},
     )
+
+
+def _joined(chunks: list[Chunk], name: str) -> list | None:
+    """A list the chunks carry in pieces (per step, per token); None when the last one carries none: the model
+    sends none (per-step lists) or the request did not ask (per-token lists)."""
+    if not chunks or getattr(chunks[-1], name) is None:
+        return None
+    return [v for c in chunks for v in getattr(c, name) or []]
+
+
+def _output_tokens(last: Chunk | None, text: str, tokenizer: Any) -> int | None:
+    """The model's count, else the text re-encoded by `tokenizer`, else None (unknown, not zero)."""
+    if last is None:
+        return 0
+    if last.num_output_tokens is not None or tokenizer is None:
+        return last.num_output_tokens
+    return len(tokenizer.encode(text, add_special_tokens=False).ids)

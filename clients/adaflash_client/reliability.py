@@ -420,8 +420,8 @@ def malformed_corpus(limits: RepositoryConfig) -> list[Malformed]:
     ]
 
 
-def send_grpc(server: TritonServer, tensors: dict) -> tuple[bool, str]:
-    """(refused, message) for one raw request on a stream of its own."""
+def send_grpc(server: TritonServer, tensors: dict, model: str = "adaflash") -> tuple[bool, str]:
+    """(refused, message) for one raw request to `model` on a stream of its own."""
     client = grpcclient.InferenceServerClient(server.grpc_url)
     errors: list = []
     done = threading.Event()
@@ -438,7 +438,7 @@ def send_grpc(server: TritonServer, tensors: dict) -> tuple[bool, str]:
             t = grpcclient.InferInput(name, list(value.shape), dtype)
             t.set_data_from_numpy(value)
             inputs.append(t)
-        client.async_stream_infer("adaflash", inputs, enable_empty_final_response=True)
+        client.async_stream_infer(model, inputs, enable_empty_final_response=True)
         if not done.wait(HANG_S):
             return False, "no answer"
     except Exception as exc:  # noqa: BLE001 - tritonclient refusing to send is a refusal too

@@ -62,6 +62,7 @@ import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -70,7 +71,11 @@ from adaflash.decoding.modes import MODE_NAMES
 from adaflash_client import aiperf_runs
 from adaflash_client.cli import add_connection_arguments, connection_argv, headers_from_args, tls_from_args
 
+if TYPE_CHECKING:
+    from adaflash_client.client import Completion
+
 DEFAULT_MODES = ["ar", "ngram", "dflash", "adaflash"]
+SERVER_DEFAULT = "default"  # a mode of the sweep: no spec_mode sent (the only choice a TensorRT-LLM ensemble takes)
 DEFAULT_CONCURRENCY = [1, 2, 4, 8, 16, 32, 64]
 TOOLS = ("locust", "aiperf")
 LOCUSTFILE = Path(__file__).resolve().parents[1] / "locust" / "locustfile.py"
@@ -120,6 +125,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.description = __doc__.split("\n\n")[0]
     target = p.add_argument_group("server (default: start one on free ports, like `adaflash serve`)")
     target.add_argument("--url", help="HOST:PORT of a running server's gRPC endpoint")
+    target.add_argument("--model-name", default="adaflash",
+                        help="the model Locust loads: adaflash, or a TensorRT-LLM ensemble (`ensemble`) with "
+                        f"--modes {SERVER_DEFAULT}; its own statistics are then blank")
     target.add_argument("--metrics-url", help="its Prometheus metrics URL, to sample adaflash_active_sequences")
     target.add_argument("--model-dir", type=Path, help=f"models for the started server (default: {DEFAULT_MODEL_DIR}, "
                         "else the tiny random models)")
@@ -131,7 +139,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     target.add_argument("--openai-url", help="with --url and --tool aiperf: the server's OpenAI endpoint "
                         f"(default: http://<--url's host>:{OPENAI_PORT}; a started server gets one on a free port)")
     target.add_argument("--tokenizer", type=Path, help="the target's folder, for token counts and aiperf "
-                        "(default: the one the server's preprocessing reads, asked over gRPC)")
+                        "(default: the one the server's preprocessing reads, asked over gRPC); Locust also counts "
+                        "the output tokens of a model that reports none with it")
     add_connection_arguments(p.add_argument_group("connection to --url (TLS, headers)"))
 
     load = p.add_argument_group("load")
@@ -139,8 +148,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                       help="comma-separated load generators: locust (gRPC), aiperf (OpenAI endpoint); default locust")
     load.add_argument("--aiperf-venv", type=Path, default=aiperf_runs.DEFAULT_VENV,
                       help="aiperf's own virtual environment, made on first use (clients/aiperf/requirements.txt)")
-    load.add_argument("--modes", type=csv_list(str, MODE_NAMES), default=DEFAULT_MODES,
-                      help=f"comma-separated spec_modes (default: {','.join(DEFAULT_MODES)})")
+    load.add_argument("--modes", type=csv_list(str, (*MODE_NAMES, SERVER_DEFAULT)), default=DEFAULT_MODES,
+                      help=f"comma-separated spec_modes, {SERVER_DEFAULT} for the server's own (none sent; "
+                      f"default: {','.join(DEFAULT_MODES)})")
     load.add_argument("--concurrency", type=csv_list(int),
                       help="closed loop: comma-separated levels, users each with one request in flight "
                       f"(default: {','.join(map(str, DEFAULT_CONCURRENCY))} without --request-rate)")
@@ -196,15 +206,30 @@ def _ratio(num: float, den: float) -> float | None:
     return num / den if den > 0 else None
 
 
+def completion_record(completion: Completion) -> dict:
+    """A finished request's figures as the records carry them (the Locust user writes them): None where the server
+    reports nothing to derive one from (a TensorRT-LLM ensemble sends no per-step statistics, and no token count
+    unless asked for TensorRT-LLM's or counted with a tokenizer), never a zero that would read as a measurement."""
+    tokens, ttft, steps = completion.num_output_tokens, completion.time_to_first_token_s, completion.accepted_per_step
+    return {"latency_s": completion.latency_s, "ttft_s": ttft,
+            "itl_s": (completion.latency_s - ttft) / (tokens - 1) if ttft is not None and (tokens or 0) > 1 else None,
+            "tokens": tokens, "target_forwards": completion.target_forwards,
+            "steps": None if steps is None else len(steps), "accepted": completion.accepted_draft_tokens,
+            "drafted": completion.draft_tokens, "tau": completion.tau, "finish_reason": completion.finish_reason}
+
+
 def summarize_level(records: list[dict], mode: str, concurrency: int | None, extra: dict | None = None, *,
                     tool: str = "locust", request_rate: float | None = None) -> dict:
-    """One tidy row from a level's request records (see the module docstring for the definitions)."""
+    """One tidy row from a level's request records (see the module docstring for the definitions). The output
+    tokens (and so tokens/s) are None, a blank cell, when a successful request has no count (a sum over the others
+    would read as the level's); tau and the acceptance figures come from the requests that report them."""
     ok = [r for r in records if r.get("ok")]
     window = (max(r["t_end"] for r in records) - min(r["t_start"] for r in records)) if records else 0.0
-    tokens = sum(r["tokens"] for r in ok)
+    tokens = None if any(r.get("tokens") is None for r in ok) else sum(r["tokens"] for r in ok)
     stepped = [r for r in ok if r.get("steps")]
     steps = sum(r["steps"] for r in stepped)
-    drafted = sum(r.get("drafted", 0) for r in stepped)
+    drafted = sum(r["drafted"] for r in stepped)
+    counted = [r for r in ok if r.get("drafted") is not None]
     ttft = [r["ttft_s"] for r in ok if r.get("ttft_s") is not None]
     itl = [r["itl_s"] for r in ok if r.get("itl_s") is not None]
     latency = [r["latency_s"] for r in ok]
@@ -218,7 +243,7 @@ def summarize_level(records: list[dict], mode: str, concurrency: int | None, ext
         "duration_s": window,
         "requests_per_s": _ratio(len(ok), window),
         "output_tokens": tokens,
-        "output_tokens_per_s": _ratio(tokens, window),
+        "output_tokens_per_s": None if tokens is None else _ratio(tokens, window),
         "ttft_p50_ms": _ms(percentile(ttft, 50)),
         "ttft_p95_ms": _ms(percentile(ttft, 95)),
         "ttft_p99_ms": _ms(percentile(ttft, 99)),
@@ -229,7 +254,7 @@ def summarize_level(records: list[dict], mode: str, concurrency: int | None, ext
         "tau": _ratio(sum(r["tokens"] - 1 for r in stepped), steps),
         "mean_accepted_per_step": _ratio(sum(r.get("accepted", 0) for r in stepped), steps),
         "mean_draft_len": _ratio(drafted, steps),
-        "acceptance_rate": _ratio(sum(r.get("accepted", 0) for r in stepped), drafted),
+        "acceptance_rate": _ratio(sum(r["accepted"] for r in counted), sum(r["drafted"] for r in counted)),
         "server_active_mean": None,
         "server_active_max": None,
         "client_inflight_max": None,
@@ -568,15 +593,16 @@ def locust_command(args: argparse.Namespace, url: str, mode: str, level: Level, 
     cmd = [sys.executable, "-m", "locust", "-f", str(args.locustfile), "--headless",
            "-u", str(users), "-r", str(users), "-t", f"{args.duration:g}s",
            "--stop-timeout", f"{args.request_timeout:g}", "--csv", str(prefix), "--only-summary",
-           "--exit-code-on-error", "0", "--host", url,
-           "--spec-mode", mode, "--max-tokens", str(args.max_tokens), "--temperature", str(args.temperature),
+           "--exit-code-on-error", "0", "--host", url, "--model-name", args.model_name,
+           "--max-tokens", str(args.max_tokens), "--temperature", str(args.temperature),
            "--top-k", str(args.top_k), "--top-p", str(args.top_p), "--request-timeout", f"{args.request_timeout:g}",
            "--prompts", str(args.out / "prompts.jsonl"), "--prompt-seed", str(args.prompt_seed),
            "--records", str(records), "--summary-json", str(summary), *connection_argv(args)]
     if args.requests:
         cmd += ["--max-requests", str(args.requests)]
-    for flag, value in (("--request-rate", level.rate), ("--min-tokens", args.min_tokens), ("--seed", args.seed),
-                        ("--max-draft", args.max_draft)):
+    for flag, value in (("--spec-mode", spec_mode(mode)), ("--request-rate", level.rate),
+                        ("--min-tokens", args.min_tokens), ("--seed", args.seed), ("--max-draft", args.max_draft),
+                        ("--tokenizer", args.tokenizer)):
         if value is not None:
             cmd += [flag, f"{value:g}" if isinstance(value, float) else str(value)]
     if args.domain_weights:
@@ -620,10 +646,9 @@ def run_locust_level(args: argparse.Namespace, ends: Endpoints, mode: str, level
 def request_body(args: argparse.Namespace, mode: str) -> dict:
     """The OpenAI request fields beyond the prompt, as aiperf adds them (--extra-inputs): the same request as the
     Locust users' (OpenAI's defaults differ from the server's, so sampling is sent explicitly)."""
-    body = {"spec_mode": mode, "max_tokens": args.max_tokens, "temperature": args.temperature, "top_k": args.top_k,
-            "top_p": args.top_p}
-    for name, value in (("min_tokens", args.min_tokens), ("seed", args.seed), ("max_draft", args.max_draft),
-                        ("stop", args.stop_word)):
+    body = {"max_tokens": args.max_tokens, "temperature": args.temperature, "top_k": args.top_k, "top_p": args.top_p}
+    for name, value in (("spec_mode", spec_mode(mode)), ("min_tokens", args.min_tokens), ("seed", args.seed),
+                        ("max_draft", args.max_draft), ("stop", args.stop_word)):
         if value is not None:
             body[name] = value
     return body
@@ -703,22 +728,27 @@ def warm_up(args: argparse.Namespace, url: str, longest: str) -> None:
     does not serve or a prompt over its limit, and keeps first-call costs out of the first level."""
     from adaflash_client.client import AdaFlashClient, GenerationError, GenerationParams
 
-    with AdaFlashClient(url, timeout_s=args.request_timeout, tls=tls_from_args(args),
+    with AdaFlashClient(url, model_name=args.model_name, timeout_s=args.request_timeout, tls=tls_from_args(args),
                         headers=headers_from_args(args)) as client:
         deadline = time.monotonic() + 60
         while not (client.server_ready() and client.model_ready()):
             if time.monotonic() > deadline:
-                raise SystemExit(f"error: no ready `adaflash` model at {url}")
+                raise SystemExit(f"error: no ready `{args.model_name}` model at {url}")
             time.sleep(0.5)
         for mode in args.modes:
             params = GenerationParams(max_tokens=min(args.max_tokens, 16), temperature=args.temperature,
-                                      top_k=args.top_k, top_p=args.top_p, seed=args.seed, spec_mode=mode,
+                                      top_k=args.top_k, top_p=args.top_p, seed=args.seed, spec_mode=spec_mode(mode),
                                       max_draft=args.max_draft)
             for _ in range(max(args.warmup_requests, 1)):
                 try:
                     client.generate_streaming(longest, params)
-                except GenerationError as e:
+                except (GenerationError, ValueError) as e:
                     raise SystemExit(f"error: the warm-up request in mode {mode} failed: {e}") from e
+
+
+def spec_mode(mode: str) -> str | None:
+    """What a sweep mode sends as spec_mode: nothing for the server's default."""
+    return None if mode == SERVER_DEFAULT else mode
 
 
 def served_model(openai_url: str, headers: dict[str, str]) -> str:

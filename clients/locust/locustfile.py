@@ -11,7 +11,8 @@ finish before the process exits.
 
 What each request reports through Locust's request events (request_type, name = "<spec_mode>/<domain>"):
 * `grpc`: the request; response_time = latency in ms (sending to the last response carrying output),
-  response_length = output tokens. A server error (or a failed connection) is a failure here.
+  response_length = output tokens (0 when unknown: Locust takes numbers only; the records say None).
+  A server error (or a failed connection) is a failure here.
 * `ttft`: time to first token, ms.
 * `itl`: the request's mean inter-token latency, (latency - ttft) / (tokens - 1), ms; only with >= 2 tokens.
 * `tau_x1000`: 1000 x tau, tau = (tokens - 1) / verify steps (tokens per target forward, bonus
@@ -19,7 +20,11 @@ What each request reports through Locust's request events (request_type, name = 
   print it in the time columns. x1000 because Locust rounds small "times" to integers.
 Locust's "Aggregated" row mixes these four kinds, so read the rows by type. With `--records FILE`
 every request is also written as a JSON line with all its figures (acceptance lists summed:
-`accepted`, `drafted`, `steps`), which is what `adaflash sweep` aggregates.
+`accepted`, `drafted`, `steps`; `sweep.completion_record`), which is what `adaflash sweep` aggregates.
+
+Against a stock TensorRT-LLM ensemble (`--model-name ensemble`, no `--spec-mode`): the client library sends only
+the inputs the model has, and this server's statistics are None in the records (`tau_x1000` and `itl` are not
+fired without them); output tokens come from TensorRT-LLM's count, else from `--tokenizer`, else are None.
 
 Why `grpc.experimental.gevent.init_gevent()`: importing Locust monkey-patches the standard
 library, so every thread (tritonclient's stream reader, gRPC's own helpers) becomes a greenlet of
@@ -59,8 +64,10 @@ from arrivals import PoissonArrivals  # noqa: E402 (this folder is on sys.path)
 from prompt_sets import PromptSampler, load_prompt_set, parse_weights  # noqa: E402
 
 from adaflash.cli_args import split_csv  # noqa: E402
+from adaflash.models.tokenizer import load_tokenizer  # noqa: E402
 from adaflash_client.cli import add_connection_arguments, headers_from_args, tls_from_args  # noqa: E402
 from adaflash_client.client import SPEC_MODES, AdaFlashClient, GenerationError, GenerationParams  # noqa: E402
+from adaflash_client.sweep import completion_record  # noqa: E402
 
 
 def _close_once(close):
@@ -86,6 +93,10 @@ HUB_TICK_S = 0.02
 @events.init_command_line_parser.add_listener
 def _add_arguments(parser) -> None:
     g = parser.add_argument_group("adaflash", "request contents and records of the AdaFlash load")
+    g.add_argument("--model-name", default="adaflash",
+                   help="the model to load: adaflash, or a TensorRT-LLM ensemble (then without --spec-mode, --max-draft)")
+    g.add_argument("--tokenizer", default=None,
+                   help="a folder with tokenizer.json: counts the output tokens of a model that reports none")
     g.add_argument("--spec-mode", choices=SPEC_MODES, default=None, help="speculation mode (default: the server's)")
     g.add_argument("--max-tokens", type=int, default=128)
     g.add_argument("--min-tokens", type=int, default=None,
@@ -128,6 +139,7 @@ class _Load:
         self.quitting = False
         self.open_requests = Group()  # open loop: the requests in flight, awaited before the process exits
         self.idle_clients: list[AdaFlashClient] = []  # open loop: a stream per client, so one client per request
+        self.tokenizer = None  # --tokenizer's, shared by the users
 
 
 LOAD = _Load()
@@ -141,6 +153,8 @@ def _on_init(environment, **_kw) -> None:
     by_domain = load_prompt_set(opts.prompts, split_csv(opts.domains),
                                 opts.max_prompt_chars)
     LOAD.sampler_args = (by_domain, parse_weights(opts.domain_weights))
+    if opts.tokenizer:
+        LOAD.tokenizer = load_tokenizer(opts.tokenizer)
     if opts.records:
         Path(opts.records).parent.mkdir(parents=True, exist_ok=True)
         LOAD.records = open(opts.records, "a", encoding="utf-8")  # noqa: SIM115 (closed when quitting)
@@ -238,8 +252,8 @@ class AdaFlashUser(User):
 
     def _new_client(self) -> AdaFlashClient:
         opts = self.environment.parsed_options
-        return AdaFlashClient(self.url, timeout_s=opts.request_timeout, tls=tls_from_args(opts),
-                              headers=headers_from_args(opts))
+        return AdaFlashClient(self.url, model_name=opts.model_name, timeout_s=opts.request_timeout,
+                              tls=tls_from_args(opts), headers=headers_from_args(opts), tokenizer=LOAD.tokenizer)
 
     def on_stop(self) -> None:
         if self.arrivals is None:
@@ -288,22 +302,13 @@ class AdaFlashUser(User):
             record.update(ok=False, error=str(error), latency_s=time.perf_counter() - start)
             self._report(name, record, error)
             return
-        tokens = completion.num_output_tokens
-        steps = len(completion.accepted_per_step)
-        ttft = completion.time_to_first_token_s
-        record.update(
-            ok=True, error=None, latency_s=completion.latency_s, ttft_s=ttft,
-            itl_s=(completion.latency_s - ttft) / (tokens - 1) if ttft is not None and tokens > 1 else None,
-            tokens=tokens, target_forwards=completion.target_forwards, steps=steps,
-            accepted=sum(completion.accepted_per_step), drafted=sum(completion.draft_len_per_step),
-            tau=completion.tau, finish_reason=completion.finish_reason,
-        )
+        record.update(ok=True, error=None, **completion_record(completion))
         self._report(name, record, None)
 
     def _report(self, name: str, record: dict, error: Exception | None) -> None:
         fire = self.environment.events.request.fire
         fire(request_type="grpc", name=name, response_time=record["latency_s"] * 1000,
-             response_length=record.get("tokens", 0), exception=error, context=record)
+             response_length=record.get("tokens") or 0, exception=error, context=record)
         if error is None:
             if record["ttft_s"] is not None:
                 fire(request_type="ttft", name=name, response_time=record["ttft_s"] * 1000, response_length=0)

@@ -317,12 +317,13 @@ class Healer(threading.Thread):
             self.heal(client, dead)
 
     def _dead(self, client, pid: int) -> list[str]:
-        """Models Triton calls ready with fewer live processes than instances."""
-        entry = self.server.config.entry_model
+        """Models Triton calls ready with fewer live processes than instances; an ensemble (the entry model, a
+        stock-contract one) runs no process of its own."""
         index = client.get_model_repository_index(as_json=True).get("models", [])
-        ready = [m["name"] for m in index if m.get("state") == "READY" and m["name"] != entry]
+        ready = [m["name"] for m in index if m.get("state") == "READY"]
         live = stub_pids(pid)
-        return [m for m in ready if len(live.get(m, [])) < self._instances(client, m)]
+        return [m for m in ready
+                if self._config(client, m).get("platform") != "ensemble" and len(live.get(m, [])) < self._instances(client, m)]
 
     def _config(self, client, model: str) -> dict:
         if model not in self.configs:

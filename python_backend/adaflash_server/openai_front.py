@@ -6,7 +6,7 @@ would (the same admission queue, pacing, metrics and lossless decoding), so the 
 front only translates: OpenAI fields to the ensemble's inputs (chat messages through the server's own
 `apply_chat_template` + `messages` fields), chunks to server-sent events, the server's field-naming errors to
 OpenAI's error format. A field the server cannot honour is refused by name with a 400, never ignored, because an
-OpenAI client has no other way to learn that its `n`, `logprobs` or penalty had no effect.
+OpenAI client has no other way to learn that its `n`, `top_logprobs` or penalty had no effect.
 
 Each HTTP request holds an `AdaFlashClient` of its own for its duration (taken from a pool, so connections are
 reused), which makes `AdaFlashClient.cancel()` a per-request cancel: a client that disconnects cancels its gRPC
@@ -29,6 +29,7 @@ import ssl
 import threading
 import time
 import uuid
+from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -47,7 +48,7 @@ from tokenizers import Tokenizer
 
 from adaflash.models.chat_template import ChatTemplate, load_chat_template
 from adaflash.models.tokenizer import load_tokenizer
-from adaflash.serving.api import prompt_ids
+from adaflash.serving.api import Detokenizer, prompt_ids
 from adaflash_client import AdaFlashClient, GenerationParams
 from adaflash_client.cli import add_connection_arguments, headers_from_args, tls_from_args
 from adaflash_client.client import Chunk, GenerationError, Tls, connect
@@ -164,6 +165,7 @@ class Generation:
     stream: bool
     include_usage: bool
     max_tokens_param: str  # the field the client limited the output with, for the server's errors
+    logprobs: bool = False  # each output token's log-probability in the answer (the server's return_log_probs)
 
     def values(self) -> dict[str, Any]:
         """The request as the server's preprocessing sees it, for counting the prompt's tokens."""
@@ -175,8 +177,6 @@ class Generation:
 _NO_EFFECT: dict[str, Callable[[Any], bool]] = {  # parameters the server lacks: accepted only at their neutral value
     "n": lambda v: v == 1,
     "best_of": lambda v: v == 1,
-    "logprobs": lambda v: v is False or v is None,
-    "top_logprobs": lambda v: v in (0, None),
     "echo": lambda v: v is False,
     "suffix": lambda v: v in ("", None),
     "logit_bias": lambda v: not v,
@@ -191,8 +191,9 @@ _NO_EFFECT: dict[str, Callable[[Any], bool]] = {  # parameters the server lacks:
 _PENALTIES = ("presence_penalty", "frequency_penalty", "repetition_penalty")
 _COMMON = {"model", "stream", "stream_options", "max_tokens", "temperature", "top_p", "top_k", "seed", "stop",
            *_PENALTIES, "min_tokens", "spec_mode", "max_draft", "user", *_NO_EFFECT}
-_COMPLETION_FIELDS = {*_COMMON, "prompt"}
-_CHAT_FIELDS = {*_COMMON, "messages", "max_completion_tokens", "chat_template_kwargs"}
+_COMPLETION_FIELDS = {*_COMMON, "prompt", "logprobs"}
+_CHAT_FIELDS = {*_COMMON, "messages", "max_completion_tokens", "chat_template_kwargs", "logprobs", "top_logprobs"}
+_MOST_COMPLETION_LOGPROBS, _MOST_TOP_LOGPROBS = 5, 20  # OpenAI's limits of /v1/completions' and chat's counts
 _CHAT_ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
 
 
@@ -205,7 +206,9 @@ def completion_generation(body: dict[str, Any], target: Target) -> Generation:
     if not isinstance(prompt, str):
         raise _invalid("prompt", "must be a string (a batch of prompts, or token ids, is not supported)")
     max_tokens = _integer(body, "max_tokens", _COMPLETION_DEFAULT_MAX_TOKENS)
-    return _generation(body, chat=False, prompt=prompt, max_tokens=max_tokens, max_tokens_param="max_tokens")
+    generation = _generation(body, chat=False, prompt=prompt, max_tokens=max_tokens, max_tokens_param="max_tokens")
+    _ask_logprobs(generation, _alternatives(body, "logprobs", _MOST_COMPLETION_LOGPROBS) is not None, target)
+    return generation
 
 
 def chat_generation(body: dict[str, Any], target: Target) -> Generation:
@@ -224,7 +227,31 @@ def chat_generation(body: dict[str, Any], target: Target) -> Generation:
     if kwargs is not None and not isinstance(kwargs, dict):
         raise _invalid("chat_template_kwargs", "must be an object")
     generation.params.chat_template_kwargs = kwargs or None
+    _alternatives(body, "top_logprobs", _MOST_TOP_LOGPROBS)
+    _ask_logprobs(generation, _boolean(body, "logprobs", False), target)
     return generation
+
+
+def _alternatives(body: dict[str, Any], name: str, most: int) -> int | None:
+    """How many likeliest alternatives to list per token (completions' `logprobs`, chat's `top_logprobs`): only 0,
+    as the server reports the chosen token's log-probability, computed at verification, and not the others'."""
+    count = _optional_integer(body, name)
+    if count is not None and not 0 <= count <= most:
+        raise _invalid(name, f"must be an integer in [0, {most}], got {count}")
+    if count:
+        raise OpenAIError(400, f"{name}: only 0 is supported (the server reports each chosen token's "
+                          "log-probability, not those of the alternatives)", param=name, code="unsupported_parameter")
+    return count
+
+
+def _ask_logprobs(generation: Generation, wanted: bool, target: Target) -> None:
+    """The server sends each token's id and log-probability (return_log_probs); the token's text needs the
+    target's tokenizer here."""
+    if wanted and target.tokenizer is None:
+        raise OpenAIError(400, "logprobs: not available: this endpoint cannot read the target's tokenizer",
+                          param="logprobs", code="unsupported_parameter")
+    generation.logprobs = wanted
+    generation.params.return_log_probs = wanted or None
 
 
 def _check_fields(body: dict[str, Any], allowed: set[str], target: Target) -> None:
@@ -503,22 +530,36 @@ class Answer:
     def _object(self, kind: str, choices: list[dict[str, Any]]) -> dict[str, Any]:
         return {"id": self.id, "object": kind, "created": self.created, "model": self.model, "choices": choices}
 
-    def whole(self, text: str, totals: Totals, prompt_tokens: int) -> dict[str, Any]:
+    def whole(self, text: str, totals: Totals, prompt_tokens: int,
+              tokens: list[TokenLogprob] | None = None) -> dict[str, Any]:
         if self.chat:
-            choice = {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
-                      "finish_reason": totals.finish_reason}
+            choice = {"index": 0, "message": {"role": "assistant", "content": text},
+                      "logprobs": self.logprobs(tokens), "finish_reason": totals.finish_reason}
         else:
-            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": totals.finish_reason}
+            choice = {"index": 0, "text": text, "logprobs": self.logprobs(tokens), "finish_reason": totals.finish_reason}
         return {**self._object("chat.completion" if self.chat else "text_completion", [choice]),
                 "usage": totals.usage(prompt_tokens), "adaflash": totals.speculation()}
 
-    def delta(self, delta: dict[str, Any] | str, finish_reason: str | None = None) -> dict[str, Any]:
+    def delta(self, delta: dict[str, Any] | str, finish_reason: str | None = None,
+              tokens: list[TokenLogprob] | None = None) -> dict[str, Any]:
         """A stream chunk with one choice: a chat `delta` object, or a completion's text."""
         if self.chat:
-            choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+            choice = {"index": 0, "delta": delta, "logprobs": self.logprobs(tokens), "finish_reason": finish_reason}
         else:
-            choice = {"index": 0, "text": delta, "logprobs": None, "finish_reason": finish_reason}
+            choice = {"index": 0, "text": delta, "logprobs": self.logprobs(tokens), "finish_reason": finish_reason}
         return self._object("chat.completion.chunk" if self.chat else "text_completion", [choice])
+
+    def logprobs(self, tokens: list[TokenLogprob] | None) -> dict[str, Any] | None:
+        """OpenAI's logprobs object of `tokens` (None: not asked for). No alternatives are listed (only 0 is
+        accepted): chat's `top_logprobs` are empty, and completions' hold the chosen token, which OpenAI's legacy
+        format always includes."""
+        if tokens is None:
+            return None
+        if self.chat:
+            return {"content": [{"token": t.text, "logprob": t.logprob, "bytes": list(t.text.encode()),
+                                 "top_logprobs": []} for t in tokens], "refusal": None}
+        return {"tokens": [t.text for t in tokens], "token_logprobs": [t.logprob for t in tokens],
+                "top_logprobs": [{t.text: t.logprob} for t in tokens], "text_offset": [t.offset for t in tokens]}
 
     def usage_chunk(self, totals: Totals, prompt_tokens: int) -> dict[str, Any]:
         return {**self._object("chat.completion.chunk" if self.chat else "text_completion", []),
@@ -530,9 +571,10 @@ def sse(payload: dict[str, Any] | str) -> str:
 
 
 async def stream_events(answer: Answer, first: Chunk | None, rest: AsyncIterator[Chunk], generation: Generation,
-                        prompt_tokens: int) -> AsyncIterator[str]:
+                        prompt_tokens: int, logprobs: TokenLogprobs | None = None) -> AsyncIterator[str]:
     """Server-sent events: a chunk per server response, the finishing chunk (with the `adaflash` object), the usage
-    chunk when asked for, `[DONE]`. An error after the first event is sent as an error event."""
+    chunk when asked for, `[DONE]`. An error after the first event is sent as an error event. `logprobs`: when
+    asked for, each text's tokens go with it."""
     totals = Totals()
     usage_field = {"usage": None} if generation.include_usage else {}
     try:
@@ -541,11 +583,13 @@ async def stream_events(answer: Answer, first: Chunk | None, rest: AsyncIterator
         chunk, stops = first, StopTrimmer(generation.params.stop_words)
         while chunk is not None:
             totals.add(chunk)
-            if text := stops.text(chunk.text, final=False):
-                yield sse({**answer.delta({"content": text} if answer.chat else text), **usage_field})
+            if logprobs is not None:
+                logprobs.add(chunk)
+            if event := _content(answer, stops.text(chunk.text, final=False), logprobs, stops):
+                yield sse({**event, **usage_field})
             chunk = await anext(rest, None)
-        if text := stops.text("", final=True):
-            yield sse({**answer.delta({"content": text} if answer.chat else text), **usage_field})
+        if event := _content(answer, stops.text("", final=True), logprobs, stops):
+            yield sse({**event, **usage_field})
     except OpenAIError as error:
         yield sse(error.body())
         yield sse("[DONE]")
@@ -557,6 +601,68 @@ async def stream_events(answer: Answer, first: Chunk | None, rest: AsyncIterator
     if generation.include_usage:
         yield sse(answer.usage_chunk(totals, prompt_tokens))
     yield sse("[DONE]")
+
+
+def _content(answer: Answer, text: str, logprobs: TokenLogprobs | None, stops: StopTrimmer) -> dict[str, Any] | None:
+    """A stream chunk with the next text (what `stops` let through) and its tokens' log-probabilities; None when it
+    would carry neither."""
+    tokens = None if logprobs is None else logprobs.take(text, cut=stops.stopped)
+    if not text and not tokens:
+        return None
+    return answer.delta({"content": text} if answer.chat else text, tokens=tokens)
+
+
+@dataclass(frozen=True)
+class TokenLogprob:
+    text: str  # what the token adds to the output's text
+    logprob: float
+    offset: int  # where that text starts in the output's
+
+
+class TokenLogprobs:
+    """Each output token's text and log-probability (the server's `output_token_ids`, `output_log_probs`), handed out
+    with the text they make up.
+
+    A token's text is what it adds to the decoded output (`api.Detokenizer`, token by token, as postprocessing
+    decodes each response): a token ending inside a multi-byte character adds nothing and the one completing it adds
+    the character, so the tokens join to exactly the text. Tokens wait while `StopTrimmer` holds their text back;
+    where it cuts the text before a stop string, the token the cut falls inside keeps its text up to the cut and
+    the ones after it are dropped.
+    """
+
+    def __init__(self, tokenizer: Tokenizer) -> None:
+        self.detokenizer = Detokenizer(tokenizer)
+        self.ids: list[int] = []
+        self.pending: deque[tuple[str, float]] = deque()
+        self.placed = 0  # characters of the output that tokens handed out make up
+        self.sent = 0  # characters of the output sent
+
+    def add(self, chunk: Chunk) -> None:
+        """A response's tokens; the last response's last token also adds what was held back (an incomplete
+        character)."""
+        ids, logprobs = chunk.token_ids or [], chunk.log_probs or []
+        for i, (token, logprob) in enumerate(zip(ids, logprobs, strict=True)):
+            self.ids.append(token)
+            final = chunk.finish_reason is not None and i == len(ids) - 1
+            self.pending.append((self.detokenizer.delta(self.ids, len(self.ids) - 1, final), logprob))
+
+    def take(self, text: str, cut: bool) -> list[TokenLogprob]:
+        """The tokens of `text`, the output's next piece sent. `cut`: the text ends there, before a stop string: the
+        token the cut falls inside keeps its text up to it, and the later ones (those adding nothing at the cut
+        begin a character after it) are dropped."""
+        self.sent += len(text)
+        taken = []
+        while self.pending:
+            token, logprob = self.pending[0]
+            if not (self.placed < self.sent if cut else self.placed + len(token) <= self.sent):
+                break
+            self.pending.popleft()
+            token = token[:self.sent - self.placed]
+            taken.append(TokenLogprob(token, logprob, self.placed))
+            self.placed += len(token)
+        if cut:
+            self.pending.clear()
+        return taken
 
 
 # ---------------------------------------------------------------------------------------------
@@ -589,11 +695,12 @@ class Front:
             chunks = chunks_of(self.pool, generation)
             first = await _unless_disconnected(request, anext(chunks, None))
             answer = Answer(generation, self.target.name)
+            logprobs = TokenLogprobs(self.target.tokenizer) if generation.logprobs else None
             if generation.stream:
-                return StreamingResponse(stream_events(answer, first, chunks, generation, prompt_tokens),
+                return StreamingResponse(stream_events(answer, first, chunks, generation, prompt_tokens, logprobs),
                                          media_type="text/event-stream")
             return JSONResponse(await _unless_disconnected(request, _whole(answer, first, chunks, generation,
-                                                                           prompt_tokens)))
+                                                                           prompt_tokens, logprobs)))
         except OpenAIError as error:
             return error.response()
 
@@ -616,16 +723,20 @@ async def _json_body(request: Request) -> dict[str, Any]:
 
 
 async def _whole(answer: Answer, first: Chunk | None, rest: AsyncIterator[Chunk], generation: Generation,
-                 prompt_tokens: int) -> dict:
+                 prompt_tokens: int, logprobs: TokenLogprobs | None = None) -> dict:
     totals, texts = Totals(), []
     async with contextlib.aclosing(rest):
         chunk = first
         while chunk is not None:
             totals.add(chunk)
             texts.append(chunk.text)
+            if logprobs is not None:
+                logprobs.add(chunk)
             chunk = await anext(rest, None)
-    return answer.whole(StopTrimmer(generation.params.stop_words).text("".join(texts), final=True), totals,
-                        prompt_tokens)
+    stops = StopTrimmer(generation.params.stop_words)
+    text = stops.text("".join(texts), final=True)
+    return answer.whole(text, totals, prompt_tokens,
+                        None if logprobs is None else logprobs.take(text, cut=stops.stopped))
 
 
 class StopTrimmer:

@@ -337,6 +337,9 @@ STATS = (  # per-response statistics the client receives beside text_output
 REQUESTED = (
     TensorSpec("cum_log_probs", FP32, (-1,)),
     TensorSpec("output_log_probs", FP32, (-1, -1)),  # of this response's new tokens
+    # This server's own, with return_log_probs: the tokens those log-probabilities are of (a client that renders
+    # them per token, as OpenAI's logprobs do, needs each token; TensorRT-LLM's ensemble has no such output).
+    TensorSpec("output_token_ids", INT32, (-1, -1)),
     TensorSpec("num_input_tokens", INT32),
     TensorSpec("acceptance_rate", FP32),
     TensorSpec("total_accepted_draft_tokens", INT32),
@@ -419,6 +422,18 @@ MODEL_TENSORS: dict[str, tuple[tuple[TensorSpec, ...], tuple[TensorSpec, ...]]] 
 
 def names(specs: Iterable[TensorSpec]) -> list[str]:
     return [s.name for s in specs]
+
+
+# This server's own request fields and outputs, beside TensorRT-LLM's ensemble ones (docs/architecture.md, "The
+# TensorRT-LLM request contract"). A stock-contract ensemble (the repository builder's --stock-contract-ensemble)
+# leaves them out, so that clients can be tried, or compared, against exactly TensorRT-LLM's tensors.
+# num_output_tokens is a TensorRT-LLM name too, but there it counts each response's tokens and here the tokens so
+# far: a copy standing for TensorRT-LLM cannot carry it.
+OWN_INPUTS = frozenset({"random_seed", "spec_mode", "max_draft", "apply_chat_template", "messages",
+                        "chat_template_kwargs"})
+OWN_OUTPUTS = frozenset({*names(STATS), "output_token_ids"})
+STOCK_CONTRACT = (tuple(f.spec for f in REQUEST_FIELDS if f.name not in OWN_INPUTS),
+                  tuple(s for s in (TEXT_OUTPUT, *STATS, *REQUESTED) if s.name not in OWN_OUTPUTS))
 
 
 def model_parameters(model_config: dict) -> dict[str, str]:
@@ -663,6 +678,7 @@ def _requested(seq: Sequence, sent_len: int, final: bool, generation: Generation
     if seq.sampling.log_probs:
         out["cum_log_probs"] = np.asarray([[sum(seq.log_probs)]], dtype=np.float32)
         out["output_log_probs"] = np.asarray([[seq.log_probs[sent_len:]]], dtype=np.float32)
+        out["output_token_ids"] = np.asarray([[seq.output[sent_len:]]], dtype=np.int32)
     if "return_num_input_tokens" in generation.returns:
         out["num_input_tokens"] = _array(len(seq.request.prompt_ids), INT32)
     if "return_perf_metrics" in generation.returns:
