@@ -7,6 +7,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+import copy
+
 import pytest
 
 from adaflash.models.layers import (MLP, Joined, Layout, layout_for, packed_linear, packed_weight, split_linear,
@@ -15,7 +17,7 @@ from adaflash.models.layers import (MLP, Joined, Layout, layout_for, packed_line
 
 def _mlp() -> MLP:
     torch.manual_seed(0)
-    return MLP(16, 48)  # gate and up joined: 96 x 16; every weight small enough for the split copy
+    return MLP(128, 384)  # gate and up joined: 768 x 128; every weight large enough for the split copy
 
 
 def _reference(m: MLP, x: torch.Tensor) -> torch.Tensor:
@@ -24,7 +26,7 @@ def _reference(m: MLP, x: torch.Tensor) -> torch.Tensor:
 
 def test_joined_inference_follows_an_optimizer_step_and_a_load():
     m = _mlp()
-    x1, x8 = torch.randn(1, 16), torch.randn(8, 16)
+    x1, x8 = torch.randn(1, 128), torch.randn(8, 128)
     with torch.inference_mode():
         before = m(x1)  # the split copies of the joined weights
         assert torch.allclose(before, _reference(m, x1), atol=1e-6)
@@ -42,7 +44,7 @@ def test_joined_inference_follows_an_optimizer_step_and_a_load():
 
 def test_training_through_joined_weights_reaches_each_part():
     m = _mlp()
-    m(torch.randn(4, 3, 16)).sum().backward()
+    m(torch.randn(4, 3, 128)).sum().backward()
     assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in m.parameters())
 
 
@@ -63,10 +65,10 @@ def test_the_split_product_equals_the_plain_one(shape, parts):
 
 @pytest.mark.parametrize(("rows", "layout"), [(1, Layout.SPLIT), (2, Layout.SPLIT), (5, Layout.PACKED), (300, Layout.PLAIN)])
 def test_each_layout_adds_the_bias_and_follows_a_cast(rows, layout):
-    lin = nn.Linear(8, 32)
+    lin = nn.Linear(128, 512)
     holder = nn.Module()
     holder.proj = lin
-    joined, x = Joined(["proj.weight"]), torch.randn(rows, 8)
+    joined, x = Joined(["proj.weight"]), torch.randn(rows, 128)
     with torch.inference_mode():
         assert layout_for(x, lin.weight) is layout
         assert torch.allclose(joined.linear(holder, x, lin.bias), lin(x), atol=1e-5)
@@ -80,3 +82,18 @@ def test_the_packed_product_equals_the_plain_one():
     torch.manual_seed(1)
     w, x = torch.randn(48, 20), torch.randn(2, 7, 20)
     assert torch.allclose(packed_linear(x, packed_weight(w), None), F.linear(x, w), atol=1e-5)
+
+
+def test_a_tiny_weight_keeps_the_plain_product():
+    with torch.inference_mode():
+        assert layout_for(torch.randn(1, 8), torch.randn(32, 8)) is Layout.PLAIN
+
+
+def test_a_module_with_derived_copies_deep_copies():
+    m = _mlp()
+    with torch.inference_mode():
+        m(torch.randn(1, 128)), m(torch.randn(8, 128))  # split and packed copies made
+    twin = copy.deepcopy(m)
+    x = torch.randn(8, 128)
+    with torch.inference_mode():
+        assert torch.allclose(twin(x), m(x), atol=1e-5)

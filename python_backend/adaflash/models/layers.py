@@ -40,8 +40,9 @@ class RMSNorm(nn.Module):
 # faster: one or two rows through the weight split by output rows into one transposed part per thread, multiplied
 # as one batched product, which runs the parts on all threads; more rows through a oneDNN-packed copy
 # (clients/bench_layout.py, docs/results.md). Copies are kept only for weights this small, so a large model is
-# never held three times.
+# never held three times, and this large: a tiny weight sits in cache, and oneDNN's call costs more than it reads.
 COPY_MAX_BYTES = 64 << 20
+COPY_MIN_BYTES = 256 << 10
 SPLIT_MAX_ROWS = 2
 PACKED_MAX_ROWS = 256  # measured faster up to here; larger prefills are compute-bound
 PACKED_FOR_ROWS = 16  # the row count oneDNN lays the packed weight out for
@@ -57,7 +58,7 @@ def layout_for(x: Tensor, w: Tensor) -> Layout:
     """Which copy of `w` multiplies `x` fastest."""
     rows = x.numel() // x.shape[-1]
     if (rows > PACKED_MAX_ROWS or w.device.type != "cpu" or w.dtype != torch.float32 or torch.is_grad_enabled()
-            or w.numel() * w.element_size() > COPY_MAX_BYTES):
+            or not COPY_MIN_BYTES <= w.numel() * w.element_size() <= COPY_MAX_BYTES):
         return Layout.PLAIN
     if rows <= SPLIT_MAX_ROWS:
         return Layout.SPLIT if w.shape[0] % torch.get_num_threads() == 0 else Layout.PLAIN
@@ -103,6 +104,11 @@ class Joined:
     _key: list[tuple[int, int]] | None = field(default=None, repr=False)
     _value: Tensor | None = field(default=None, repr=False)
     _copies: dict[Layout, tuple[tuple, Tensor]] = field(default_factory=dict, repr=False)
+
+    def __deepcopy__(self, memo: dict) -> "Joined":
+        """The parts only: the joined and derived copies are remade from the copied module's parameters on use (a
+        oneDNN-packed tensor cannot be copied at all)."""
+        return Joined(list(self.parts))
 
     def of(self, module: nn.Module) -> Tensor:
         return self._joined([_part(module, p) for p in self.parts])
