@@ -10,6 +10,8 @@ import torch
 from helpers import fixed_costs
 
 from adaflash.decoding.costs import CostModel
+from adaflash.decoding.engine import Engine
+from adaflash.decoding.sequence import Request
 from adaflash.decoding.policy import LengthController, choose_lengths, published_length, ratio_to_rates
 
 
@@ -195,9 +197,32 @@ def test_live_timings_rescale_the_cost_table():
     assert cost.verify_ms(4, 4) == pytest.approx(40.0)  # bounded at 4x the table
 
 
+def test_the_steps_time_outside_its_forwards_makes_long_verifies_relatively_cheaper():
+    """A step pays planning and commits (and, served, transport) whatever it verifies. Seen on this CPU: a plain
+    step took 12 ms and a 16-token one 22, where the forwards alone were 8.7 and 18.3: judged on the forwards
+    alone, a second token costs 36% more, which a copy whose first token is right one time in five does not
+    repay."""
+    cost = CostModel(verify={1: [(1, 8.7), (2, 11.8), (4, 13.4), (8, 15.3), (16, 18.3)]})
+    rates = np.array([[0.2] + [0.75] * 14])
+    assert choose_lengths(rates, [15], cost, batch=1, other_tokens=0, draft_ms=0.0)[0] == [0]
+    for _ in range(100):
+        cost.observe_step(4.0)
+    assert cost.step_ms == pytest.approx(4.0)
+    assert choose_lengths(rates, [15], cost, batch=1, other_tokens=0, draft_ms=0.0)[0][0] > 0
+    cost.observe_step(1000.0)  # one stall moves it a little
+    assert cost.step_ms < 4.0 * 1.1
+
+
+def test_the_engine_learns_its_steps_time_outside_the_forwards(trained_tiny):
+    engine = Engine(trained_tiny.target, trained_tiny.drafter, num_slots=2, max_len=128, cost_model=fixed_costs(2))
+    assert engine.cost.step_ms == 0.0
+    engine.generate([Request([1, 2, 3, 4], 24, mode="adaflash"), Request([5, 6, 7], 24, mode="adaflash")])
+    assert 0.0 < engine.cost.step_ms < 1000.0
+
+
 def test_copies_are_preferred_when_they_do_as_well_and_probed_when_they_do_not_pay():
     """A copy of the context needs no drafter forward, so it is taken whenever it is expected to commit
-    as many tokens as a draft; copies that never pay are still tried one token every `probe_every` steps.
+    as many tokens as a draft; copies that never pay are still verified whole every `probe_every` steps.
     Estimates are kept per n-gram length matched: a 3-gram match copies far better than a 1-gram one."""
     controller = LengthController(fixed_costs(), block_size=16, probe_every=4)
     seq = controller.new_sequence()
@@ -212,7 +237,7 @@ def test_copies_are_preferred_when_they_do_as_well_and_probed_when_they_do_not_p
     assert controller.prefers_copy([seq, seq], [1, 3], [15, 15], [15, 15]) == [False, True]
     seq.skipped = seq.probe_interval  # due for a drafter probe: drafts even where a copy looks better
     assert controller.prefers_copy([seq], [3], [15], [15]) == [False]
-    assert [controller.copy_lengths([seq], [1], [15], batch=16, other_tokens=15)[0][0] for _ in range(8)] == [0, 0, 0, 1] * 2
+    assert [controller.copy_lengths([seq], [1], [15], batch=16, other_tokens=15)[0][0] for _ in range(8)] == [0, 0, 0, 15] * 2
     assert controller.copy_lengths([seq], [3], [15], batch=16, other_tokens=15)[0] == [15]
     fresh = controller.new_sequence()  # the other sequences' copies are its prior
     assert controller.copy_lengths([fresh, fresh], [3, 1], [15, 15], batch=16, other_tokens=14)[0] == [15, 0]
@@ -259,6 +284,37 @@ def test_one_early_miss_past_the_first_token_does_not_stop_long_copies():
     for _ in range(200):
         controller.observe(seq, draft_len=15, accepted=1, matched=3)  # position 2 tried often, always missed
     assert controller.copy_lengths([seq], [3], [15], batch=1, other_tokens=0)[0] == [1]
+
+
+def test_copies_cut_short_are_verified_whole_every_probe_every_steps():
+    """Seen on the default models' chat set: three early misses at a copy's 4th token cut every later copy to
+    three tokens, so the 4th was never tried again and never learnt, while the copies so cut would have
+    committed 5 to 15 tokens. A copy cut short counts toward a probe, which verifies it whole."""
+    cost = CostModel(verify={1: [(1, 7.0), (2, 10.0), (4, 12.0), (8, 14.0), (16, 16.0)]})
+    controller = LengthController(cost, block_size=16, probe_every=4)
+    seq = controller.new_sequence()
+    for _ in range(20):
+        controller.observe(seq, draft_len=15, accepted=3, matched=3)
+    ks = [controller.copy_lengths([seq], [3], [15], batch=1, other_tokens=0)[0][0] for _ in range(8)]
+    assert ks == [3, 3, 3, 15] * 2
+    for _ in range(40):  # what the probes find: the text moved on, copies now run long
+        controller.observe(seq, draft_len=15, accepted=15, matched=3)
+    assert controller.copy_lengths([seq], [3], [15], batch=1, other_tokens=0)[0] == [15]
+
+
+def test_a_short_match_takes_what_longer_matches_learnt_past_its_first_token():
+    """Once a copy's first token is accepted it is in step with the text whatever matched, so positions that
+    1-gram copies rarely reach take the estimates of the copies that do (here 3-gram ones), not their own
+    first token's rate: with 1 in 3 first tokens right and long runs after, a 1-gram copy pays verified long."""
+    cost = CostModel(verify={1: [(1, 7.0), (2, 10.0), (4, 12.0), (8, 14.0), (16, 16.0)]})
+    controller = LengthController(cost, block_size=16)
+    seq = controller.new_sequence()
+    for i in range(30):
+        controller.observe(seq, draft_len=1, accepted=int(i % 3 == 0), matched=1)
+        controller.observe(seq, draft_len=15, accepted=15, matched=3)
+    rates = controller.copy_rates([seq], [1])[0]
+    assert rates[0] == pytest.approx(1 / 3, abs=0.05) and rates[1:].min() > 0.9
+    assert controller.copy_lengths([seq], [1], [15], batch=1, other_tokens=0)[0] == [15]
 
 
 def test_a_probe_is_charged_its_verify_too():

@@ -34,6 +34,19 @@ class CostModel:
     draft: dict[int, list[tuple[int, float]]] = field(default_factory=dict)
     verify_scale: float = 1.0  # live time / table time, learnt by `observe_*` (contexts grow, machines vary)
     draft_scale: float = 1.0
+    step_ms: float = 0.0  # a step's time outside the model forwards (planning, commits, transport), learnt live
+    _curves: dict[int, np.ndarray] = field(default_factory=dict, init=False, repr=False, compare=False)
+
+    def observe_step(self, ms: float) -> None:
+        """Fold a step's time outside its forwards into `step_ms`. Every option of a step pays it alike, so it
+        weighs as much as a forward's fixed cost against what more verified tokens add: without it a long
+        verify looks dearer, relative to a one-token step, than it is."""
+        ms = max(ms, 0.0)
+        if self.step_ms == 0.0:
+            self.step_ms = ms
+            return
+        bounded = min(max(ms, self.step_ms / 2), self.step_ms * 2)  # a stall (a page fault, a neighbour) moves it little
+        self.step_ms = (1 - _FOLLOW_WEIGHT) * self.step_ms + _FOLLOW_WEIGHT * bounded
 
     def observe_verify(self, batch: int, total_tokens: int, ms: float) -> None:
         """Fold a timed verify forward into `verify_scale`."""
@@ -46,9 +59,11 @@ class CostModel:
             self.draft_scale = _follow(self.draft_scale, ms / table)
 
     @property
-    def scales(self) -> tuple[float, float]:
-        """The scales rounded to 5%: decisions taken under the same rounded scales can be reused."""
-        return round(np.log(self.verify_scale) / np.log(1.05)), round(np.log(self.draft_scale) / np.log(1.05))
+    def scales(self) -> tuple[float, float, float]:
+        """The scales rounded to 5% and the step time to 1 ms: decisions taken under the same rounded figures
+        can be reused."""
+        return (round(np.log(self.verify_scale) / np.log(1.05)), round(np.log(self.draft_scale) / np.log(1.05)),
+                round(self.step_ms))
 
     def verify_ms(self, batch: int, total_tokens: float | np.ndarray) -> float | np.ndarray:
         return self._table_verify_ms(batch, total_tokens) * self.verify_scale
@@ -70,10 +85,17 @@ class CostModel:
         return (1 - w) * t_lo + w * self._at(hi, per_seq * hi)
 
     def _at(self, batch: int, total: np.ndarray) -> np.ndarray:
-        xs, ys = np.array(self.verify[batch], dtype=float).T
+        xs, ys = self._curve(batch)
         slope = (ys[-1] - ys[-2]) / (xs[-1] - xs[-2]) if len(xs) > 1 else ys[-1] / xs[-1]
         beyond = ys[-1] + slope * (total - xs[-1])  # extrapolate with the last slope
         return np.where(total > xs[-1], beyond, np.interp(total, xs, ys))
+
+    def _curve(self, batch: int) -> tuple[np.ndarray, np.ndarray]:
+        """The verify table's points for `batch` as arrays (tokens, ms): every plan reads them, so they are made
+        once per table (a table is complete before it is used)."""
+        if batch not in self._curves:
+            self._curves[batch] = np.array(self.verify[batch], dtype=float).T
+        return self._curves[batch]
 
     def _table_draft_ms(self, n: int, length: int | None) -> float:
         if n == 0 or not self.draft:
@@ -102,7 +124,10 @@ class CostModel:
         Path(path).write_text(json.dumps(self.to_json(), indent=1))
 
 
-def _follow(scale: float, ratio: float, weight: float = 0.05) -> float:
+_FOLLOW_WEIGHT = 0.05  # of each new observation in the live figures
+
+
+def _follow(scale: float, ratio: float, weight: float = _FOLLOW_WEIGHT) -> float:
     """Exponential average in log space of live/table time ratios, bounded to [1/4, 4]: a single
     stall (another process, a page fault) must not swing the policy."""
     ratio = min(max(ratio, 0.25), 4.0)

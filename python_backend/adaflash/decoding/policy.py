@@ -50,6 +50,13 @@ class AcceptanceStats:
         return out
 
 
+def _pooled(stats: list[AcceptanceStats]) -> AcceptanceStats:
+    """One set of counts summing several."""
+    out = AcceptanceStats(len(stats[0].tries))
+    out.tries, out.hits = sum(s.tries for s in stats), sum(s.hits for s in stats)
+    return out
+
+
 def upper_bound(rates: np.ndarray, tries: np.ndarray) -> np.ndarray:
     """One standard error above each rate, the error of a rate estimated from `tries` Bernoulli trials."""
     return np.minimum(1.0, rates + np.sqrt(rates * (1 - rates) / (tries + 1)))
@@ -87,8 +94,8 @@ def choose_lengths(
     sequences put into the same forward and `other_expected` the tokens they are expected to
     commit (default: one each): the rate is the whole batch's, else drafts that slow the others
     down would look cheap. `draft_ms` is paid only if some k > 0 (deciding whether to draft at
-    all); `sunk_ms` is time every option pays (a draft already made). Returns the lengths and the
-    rate they promise.
+    all); `sunk_ms` is time every option pays (a draft already made), as is the step's time outside its
+    forwards (`CostModel.step_ms`). Returns the lengths and the rate they promise.
     """
     n = len(caps)
     gains = np.cumprod(rates, axis=1)
@@ -99,7 +106,7 @@ def choose_lengths(
     others = batch - n if other_expected is None else other_expected
     expected = others + n + np.concatenate([[0.0], np.cumsum(value[order])])
     s = np.arange(len(order) + 1)
-    times = cost.verify_ms(batch, other_tokens + n + s) + sunk_ms + np.where(s > 0, draft_ms, 0.0)
+    times = cost.verify_ms(batch, other_tokens + n + s) + cost.step_ms + sunk_ms + np.where(s > 0, draft_ms, 0.0)
     rates_per_ms = expected / times
     best = int(np.argmax(rates_per_ms))  # the first maximum: fewer tokens on ties
     ks = np.bincount(owner[order[:best]], minlength=n)
@@ -136,7 +143,7 @@ class PolicyState:
     copy: list[AcceptanceStats]  # of drafts copied from the context (prompt lookup), by the n-gram length matched
     probe_interval: int
     skipped: int = 0  # consecutive adaflash steps without drafting
-    copy_skipped: int = 0  # consecutive steps with a copy proposal left unverified
+    copy_skipped: int = 0  # consecutive steps with a copy proposal declined or cut short
 
 
 class LengthController:
@@ -159,18 +166,35 @@ class LengthController:
         self.global_stats = AcceptanceStats(block_size - 1)
         self.global_copy = [AcceptanceStats(block_size - 1) for _ in range(ngram.MAX_N + 1)]
         self._decision: tuple[tuple, bool] | None = None  # (inputs, whether drafting pays) of the last choice
+        self._prior_cache: tuple[tuple, np.ndarray, list[np.ndarray]] | None = None  # (counts' versions, priors)
 
     def new_sequence(self) -> PolicyState:
         return PolicyState(AcceptanceStats(self.block_size - 1),
                               [AcceptanceStats(self.block_size - 1) for _ in range(ngram.MAX_N + 1)], self.probe_every)
 
     def estimated_rates(self, seqs: list[PolicyState]) -> np.ndarray:
-        prior = self.global_stats.chained_rates(0.5, 1.0)
+        prior = self._priors()[0]
         return np.stack([s.stats.rates(prior, self.prior_weight) for s in seqs])
 
+    def _priors(self) -> tuple[np.ndarray, list[np.ndarray]]:
+        """The engine-wide estimates the sequences' are shrunk toward: drafts', and copies' per match length (see
+        `copy_rates`). Every adaflash sequence reads them every step, and they change only with the counts."""
+        key = (self.global_stats.version, *(s.version for s in self.global_copy))
+        if self._prior_cache is None or self._prior_cache[0] != key:
+            pooled = _pooled(self.global_copy).chained_rates(0.5, 1.0)
+            self._prior_cache = (key, self.global_stats.chained_rates(0.5, 1.0),
+                                 [s.rates(pooled, 1.0) for s in self.global_copy])
+        return self._prior_cache[1], self._prior_cache[2]
+
     def copy_rates(self, seqs: list[PolicyState], matched: list[int]) -> np.ndarray:
-        """Acceptance estimates of copies whose lookup matched `matched[i]` tokens (see `ngram.lookup`)."""
-        priors = {n: self.global_copy[n].chained_rates(0.5, 1.0) for n in set(matched)}
+        """Acceptance estimates of copies whose lookup matched `matched[i]` tokens (see `ngram.lookup`).
+
+        A copy's first token depends on the match (a 1-gram match is a guess, a 3-gram one rarely wrong), but once
+        it is accepted the copy is in step with the text whatever matched. So the estimates of each match length
+        are shrunk toward the copies of every length pooled, and a sequence's toward the whole engine's: positions
+        that a length's copies rarely reach (a 1-gram copy is rarely verified past its first token) take what
+        the others learnt there instead of inheriting their own first token's rate."""
+        priors = self._priors()[1]
         return np.stack([s.copy[n].rates(priors[n], self.prior_weight) for s, n in zip(seqs, matched)])
 
     def prefers_copy(self, seqs: list[PolicyState], matched: list[int], proposal_lens: list[int],
@@ -193,8 +217,9 @@ class LengthController:
     def copy_lengths(self, seqs: list[PolicyState], matched: list[int], proposal_lens: list[int], batch: int,
                      other_tokens: int, other_expected: float | None = None) -> tuple[list[int], list[float]]:
         """How much of each copy proposal to verify (cost-aware, nothing to draft), and the tokens each
-        is expected to commit; a sequence whose copies have not been verified for `probe_every` steps
-        verifies one token, so its estimate follows the text.
+        is expected to commit. A sequence whose copies have been declined or cut short for `probe_every` steps
+        verifies its copy whole: positions past the cut are tried only then, so a few early misses there would
+        otherwise cut every later copy for good.
 
         The lengths are chosen from an upper confidence bound of the estimates over every sequence's tries of each
         position: a position is tried only when a copy is verified past it, so a pessimistic estimate drawn from a
@@ -206,11 +231,11 @@ class LengthController:
         ks, _ = choose_lengths(optimistic, proposal_lens, self.cost, batch, other_tokens, draft_ms=0.0,
                                other_expected=other_expected)
         for i, s in enumerate(seqs):
-            if ks[i] == 0 and proposal_lens[i] > 0:
+            if ks[i] < proposal_lens[i]:
                 s.copy_skipped += 1
                 if s.copy_skipped >= self.probe_every:
-                    ks[i] = 1
-            if ks[i] > 0:
+                    ks[i] = proposal_lens[i]
+            if ks[i] == proposal_lens[i]:
                 s.copy_skipped = 0
         gains = np.cumprod(rates, axis=1)
         return ks, [1.0 + float(gains[i, :k].sum()) for i, k in enumerate(ks)]

@@ -86,6 +86,7 @@ class Scheduler:
         self.reserved = 0
         self.waiting: deque[Sequence] = deque()
         self.running: dict[Hashable, Sequence] = {}
+        self._forwards_ms = 0.0  # the current step's model forwards, as their backend timed them
 
     @property
     def has_work(self) -> bool:
@@ -132,11 +133,14 @@ class Scheduler:
         and prefilled in the same target call (they verify from the next step on); retire the finished.
 
         Returns the sequences that changed (admitted, advanced, finished or failed)."""
+        started, self._forwards_ms = time.perf_counter(), 0.0
         active = [s for s in self.running.values() if not s.finished]
         admitted = self._admit()
         feeds, copied = await self._propose(active) if active else ([], {})
         if admitted or active:
             await self._forward(admitted, active, feeds, copied)
+        if active and not admitted and self.cost is not None:  # a prefill's time is not the step's own
+            self.cost.observe_step((time.perf_counter() - started) * 1000 - self._forwards_ms)
         await self._retire([s for s in self.running.values() if s.finished])
         return [*admitted, *active]
 
@@ -182,6 +186,7 @@ class Scheduler:
                 seq.can_draft = False
                 seq.pending_context.clear()
             return {}
+        self._forwards_ms += timed.ms
         if self.cost is not None:
             self.cost.observe_draft(len(seqs), plan.block_length, timed.ms)
         ks = self.planner.cut(plan.drafts, timed.value, plan.load_besides_drafts())
@@ -196,6 +201,7 @@ class Scheduler:
             _fail([*admitted, *active], exc)
             return
         prefilled, verified = timed.value
+        self._forwards_ms += timed.ms
         for seq, res in zip(admitted, prefilled):
             self._queue_context(seq, res)
             seq.commit(res.committed, res.log_probs)
