@@ -85,6 +85,19 @@ def test_optimal_against_brute_force(seed):
         assert rate == pytest.approx(best, rel=1e-9)
 
 
+def test_optimal_against_brute_force_for_one_sequence_beside_others():
+    """One sequence deciding beside others (every step at concurrency 1), with a step time outside the forwards."""
+    rng = np.random.default_rng(7)
+    for _ in range(60):
+        rates = rng.uniform(0.2, 1.0, size=(1, 6))
+        cap = int(rng.integers(0, 7))
+        cost = CostModel(verify={4: [(4, 3.0), (8, 3.5), (16, 5.0), (32, 9.0)]}, draft={})
+        cost.step_ms = float(rng.uniform(0, 2))
+        ks, rate = choose_lengths(rates, [cap], cost, batch=4, other_tokens=3, draft_ms=0.4)
+        best = max(objective([k], rates, cost, 4, 3, 0.4, cost.step_ms) for k in range(cap + 1))
+        assert 0 <= ks[0] <= cap and rate == pytest.approx(best, rel=1e-9)
+
+
 def test_optimal_against_brute_force_with_unequal_caps_and_other_tokens():
     rng = np.random.default_rng(99)
     for _ in range(60):

@@ -43,11 +43,11 @@ class AcceptanceStats:
         `first`). A position never tried then inherits its predecessor's rate: acceptance does not fall
         along a block (a draft that got this far is on track), and a fixed prior such as 0.5 would
         make the policy never verify past the positions it has already seen, so never learn them."""
-        out = np.empty(len(self.tries))
-        prior = first
-        for j in range(len(out)):
-            prior = out[j] = (self.hits[j] + weight * prior) / (self.tries[j] + weight)
-        return out
+        out, prior = [], first
+        for hits, tries in zip(self.hits.tolist(), self.tries.tolist()):  # Python floats: every plan runs this
+            prior = (hits + weight * prior) / (tries + weight)
+            out.append(prior)
+        return np.array(out)
 
 
 def _pooled(stats: list[AcceptanceStats]) -> AcceptanceStats:
