@@ -310,6 +310,8 @@ def test_copies_cut_short_are_verified_whole_every_probe_every_steps():
         controller.observe(seq, draft_len=15, accepted=3, matched=3)
     ks = [controller.copy_lengths([seq], [3], [15], batch=1, other_tokens=0)[0][0] for _ in range(8)]
     assert ks == [3, 3, 3, 15] * 2
+    ks = [controller.copy_lengths([seq], [3], [n], batch=1, other_tokens=0)[0][0] for n in (15, 15, 0, 15, 15)]
+    assert ks == [3, 3, 0, 3, 15]  # a step with no copy on offer neither counts nor resets
     for _ in range(40):  # what the probes find: the text moved on, copies now run long
         controller.observe(seq, draft_len=15, accepted=15, matched=3)
     assert controller.copy_lengths([seq], [3], [15], batch=1, other_tokens=0)[0] == [15]

@@ -235,7 +235,7 @@ class LengthController:
                 s.copy_skipped += 1
                 if s.copy_skipped >= self.probe_every:
                     ks[i] = proposal_lens[i]
-            if ks[i] == proposal_lens[i]:
+            if proposal_lens[i] and ks[i] == proposal_lens[i]:
                 s.copy_skipped = 0
         gains = np.cumprod(rates, axis=1)
         return ks, [1.0 + float(gains[i, :k].sum()) for i, k in enumerate(ks)]
