@@ -111,16 +111,18 @@ class Joined:
         return Joined(list(self.parts))
 
     def of(self, module: nn.Module) -> Tensor:
-        return self._joined([_part(module, p) for p in self.parts])
+        tensors = [_part(module, p) for p in self.parts]
+        return self._joined(tensors, _key(tensors))
 
     def linear(self, module: nn.Module, x: Tensor, bias: Tensor | None = None) -> Tensor:
         """x @ W.T (+ bias) with the joined weight W, from the copy of it that multiplies x fastest."""
         tensors = [_part(module, p) for p in self.parts]
-        w = self._joined(tensors)
+        versions = _key(tensors)
+        w = self._joined(tensors, versions)
         layout = layout_for(x, w)
         if layout is Layout.PLAIN:
             return F.linear(x, w, bias)
-        key = (tuple(_key(tensors)), torch.get_num_threads())
+        key = (tuple(versions), torch.get_num_threads() if layout is Layout.SPLIT else 0)  # a part per thread
         if layout not in self._copies or self._copies[layout][0] != key:
             self._copies[layout] = (key, _copy_of(w, layout))
         copy = self._copies[layout][1]
@@ -129,12 +131,12 @@ class Joined:
         y = split_linear(x, copy)
         return y if bias is None else y + bias
 
-    def _joined(self, tensors: list[Tensor]) -> Tensor:
+    def _joined(self, tensors: list[Tensor], key: list[tuple[int, int]]) -> Tensor:
+        """`key`: the tensors' `_key`, which the caller needs too."""
         if len(tensors) == 1 and isinstance(self.parts[0], str):
             return tensors[0]
         if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
             return torch.cat(tensors)
-        key = _key(tensors)
         if key != self._key:
             self._value, self._key = torch.cat(tensors), key
         return self._value
