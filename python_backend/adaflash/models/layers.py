@@ -17,9 +17,11 @@ from torch.nn.attention.bias import CausalBias
 
 def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
     """Normalised in fp32 and cast back before the weight, as Hugging Face's Qwen3 and Llama do; one torch call
-    instead of six (bitwise equal to the spelled-out formula in fp32), and no casts in fp32, where a decode step
-    would pay two calls per norm for nothing."""
+    instead of six (bitwise equal to the spelled-out formula in fp32), and in fp32, where there is no cast, a
+    weight of the normalised shape applied inside it (q and k normed together carry one weight per head)."""
     if x.dtype == torch.float32:
+        if weight.dim() == 1:
+            return F.rms_norm(x, (x.shape[-1],), weight, eps=eps)
         return weight * F.rms_norm(x, (x.shape[-1],), eps=eps)
     return weight * F.rms_norm(x.float(), (x.shape[-1],), eps=eps).to(x.dtype)
 
@@ -54,15 +56,25 @@ class Layout(enum.Enum):
     PACKED = "packed"
 
 
+MKLDNN = torch.backends.mkldnn.is_available()
+
+
 def layout_for(x: Tensor, w: Tensor) -> Layout:
     """Which copy of `w` multiplies `x` fastest."""
-    rows = x.numel() // x.shape[-1]
-    if (rows > PACKED_MAX_ROWS or w.device.type != "cpu" or w.dtype != torch.float32 or torch.is_grad_enabled()
-            or not COPY_MIN_BYTES <= w.numel() * w.element_size() <= COPY_MAX_BYTES):
+    return _layout(x.numel() // x.shape[-1], _copyable(w))
+
+
+def _copyable(w: Tensor) -> bool:
+    """Whether `w` is a weight a faster copy is kept for (gradients and thread count aside)."""
+    return w.device.type == "cpu" and w.dtype == torch.float32 and COPY_MIN_BYTES <= w.nbytes <= COPY_MAX_BYTES
+
+
+def _layout(rows: int, copyable: bool) -> Layout:
+    if not copyable or rows > PACKED_MAX_ROWS or torch.is_grad_enabled():
         return Layout.PLAIN
     if rows <= SPLIT_MAX_ROWS:
-        return Layout.SPLIT if w.shape[0] % torch.get_num_threads() == 0 else Layout.PLAIN
-    return Layout.PACKED if torch.backends.mkldnn.is_available() else Layout.PLAIN
+        return Layout.SPLIT
+    return Layout.PACKED if MKLDNN else Layout.PLAIN
 
 
 def split_rows(w: Tensor, parts: int) -> Tensor:
@@ -71,9 +83,12 @@ def split_rows(w: Tensor, parts: int) -> Tensor:
 
 
 def split_linear(x: Tensor, split: Tensor) -> Tensor:
-    """x [..., in] @ W.T from `split_rows(W, parts)`: one batched product, one part per thread."""
-    parts, rows = split.shape[0], x.reshape(-1, x.shape[-1])
-    y = torch.bmm(rows.expand(parts, -1, -1), split).transpose(0, 1)
+    """x [..., in] @ W.T from `split_rows(W, parts)`: one batched product, one part per thread. For one row the
+    parts' outputs lie in order already ([parts, 1, out / parts]); more rows need them interleaved."""
+    rows = x.reshape(-1, x.shape[-1])
+    y = torch.bmm(rows.expand(split.shape[0], -1, -1), split)
+    if rows.shape[0] > 1:
+        y = y.transpose(0, 1)
     return y.reshape(x.shape[:-1] + (-1,))
 
 
@@ -88,22 +103,27 @@ def packed_linear(x: Tensor, packed: Tensor, bias: Tensor | None) -> Tensor:
     return y.reshape(x.shape[:-1] + (-1,))
 
 
-def _copy_of(w: Tensor, layout: Layout) -> Tensor:
-    return split_rows(w, torch.get_num_threads()) if layout is Layout.SPLIT else packed_weight(w)
-
-
 @dataclass
 class Joined:
     """Parameters of one module concatenated along dim 0, so that layers reading the same input run as one
     matmul (q, k and v; gate and up). The checkpoint and training keep the parts apart: the joined copy is
     remade when any part changed (an optimizer step, a load, a cast), and while gradients flow it is remade
     every call so that they reach each part. A part `(name, rows)` is that 1-d parameter repeated `rows`
-    times (a per-head norm weight beside another); a single part is used as it is."""
+    times (a per-head norm weight beside another); a single part is used as it is.
+
+    Every linear of a decode step goes through here, so the check that the parts are unchanged is kept to
+    a few attribute reads: part names are resolved once, and the faster copies are keyed by the parts'
+    versions alone (a copy split across threads also by the thread count)."""
 
     parts: list[str | tuple[str, int]]
+    _names: list[tuple[str, str, int]] = field(init=False, repr=False)
     _key: list[tuple[int, int]] | None = field(default=None, repr=False)
     _value: Tensor | None = field(default=None, repr=False)
+    _copyable: bool = field(default=False, repr=False)
     _copies: dict[Layout, tuple[tuple, Tensor]] = field(default_factory=dict, repr=False)
+
+    def __post_init__(self) -> None:
+        self._names = [_name_of(p) for p in self.parts]
 
     def __deepcopy__(self, memo: dict) -> "Joined":
         """The parts only: the joined and derived copies are remade from the copied module's parameters on use (a
@@ -111,47 +131,59 @@ class Joined:
         return Joined(list(self.parts))
 
     def of(self, module: nn.Module) -> Tensor:
-        tensors = [_part(module, p) for p in self.parts]
-        return self._joined(tensors, _key(tensors))
+        return self._joined([_part(module, n) for n in self._names])
 
     def linear(self, module: nn.Module, x: Tensor, bias: Tensor | None = None) -> Tensor:
         """x @ W.T (+ bias) with the joined weight W, from the copy of it that multiplies x fastest."""
-        tensors = [_part(module, p) for p in self.parts]
-        versions = _key(tensors)
-        w = self._joined(tensors, versions)
-        layout = layout_for(x, w)
+        w = self._joined([_part(module, n) for n in self._names])
+        layout = _layout(x.numel() // x.shape[-1], self._copyable)
         if layout is Layout.PLAIN:
             return F.linear(x, w, bias)
-        key = (tuple(versions), torch.get_num_threads() if layout is Layout.SPLIT else 0)  # a part per thread
-        if layout not in self._copies or self._copies[layout][0] != key:
-            self._copies[layout] = (key, _copy_of(w, layout))
-        copy = self._copies[layout][1]
+        key = (self._key, torch.get_num_threads() if layout is Layout.SPLIT else 0)  # a part per thread
+        held = self._copies.get(layout)
+        if held is None or held[0] != key:
+            if layout is Layout.SPLIT and w.shape[0] % key[1]:
+                return F.linear(x, w, bias)
+            held = self._copies[layout] = (key, _copy_of(w, layout))
         if layout is Layout.PACKED:
-            return packed_linear(x, copy, bias)
-        y = split_linear(x, copy)
+            return packed_linear(x, held[1], bias)
+        y = split_linear(x, held[1])
         return y if bias is None else y + bias
 
-    def _joined(self, tensors: list[Tensor], key: list[tuple[int, int]]) -> Tensor:
-        """`key`: the tensors' `_key`, which the caller needs too."""
-        if len(tensors) == 1 and isinstance(self.parts[0], str):
-            return tensors[0]
-        if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
-            return torch.cat(tensors)
+    def _joined(self, tensors: list[Tensor]) -> Tensor:
+        """The joined weight, remade when a part's storage or version changed (`_key`, which `linear` then keys
+        its copies by); a single part is returned as it is, so that gradients reach it."""
+        key = [(t.data_ptr(), t._version) for t in tensors]
+        single = len(tensors) == 1 and not self._names[0][2]
+        if not single and torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
+            return torch.cat([_repeated(t, n) for t, n in zip(tensors, self._names)])
         if key != self._key:
-            self._value, self._key = torch.cat(tensors), key
-        return self._value
+            self._value = None if single else torch.cat([_repeated(t, n) for t, n in zip(tensors, self._names)])
+            self._key, self._copyable = key, _copyable(tensors[0] if single else self._value)
+        return tensors[0] if single else self._value
 
 
-def _key(tensors: list[Tensor]) -> list[tuple[int, int]]:
-    """Changes when a tensor is replaced (a load, a cast) or modified in place (an optimizer step)."""
-    return [(t.data_ptr(), t._version) for t in tensors]
+def _copy_of(w: Tensor, layout: Layout) -> Tensor:
+    return split_rows(w, torch.get_num_threads()) if layout is Layout.SPLIT else packed_weight(w)
 
 
-def _part(module: nn.Module, part: str | tuple[str, int]) -> Tensor:
+def _name_of(part: str | tuple[str, int]) -> tuple[str, str, int]:
     name, rows = (part, 0) if isinstance(part, str) else part
     owner, attr = name.split(".")
-    tensor = getattr(getattr(module, owner), attr)
-    return tensor.expand(rows, -1) if rows else tensor
+    return owner, attr, rows
+
+
+def _part(module: nn.Module, name: tuple[str, str, int]) -> Tensor:
+    """The part's current tensor (a load or a cast may have replaced it), read past `nn.Module.__getattr__`."""
+    owner = module._modules.get(name[0])
+    if owner is None:
+        owner = getattr(module, name[0])
+    tensor = owner._parameters.get(name[1])
+    return getattr(owner, name[1]) if tensor is None else tensor
+
+
+def _repeated(tensor: Tensor, name: tuple[str, str, int]) -> Tensor:
+    return tensor.expand(name[2], -1) if name[2] else tensor
 
 
 class MLP(nn.Module):
@@ -215,8 +247,9 @@ def rope_cos_sin(inv_freq: Tensor, positions: Tensor) -> tuple[Tensor, Tensor]:
 
 
 def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-    """x: [T, heads, head_dim] (bitwise equal to Hugging Face's x * cos + rotate_half(x) * sin)."""
-    return x * cos + x.roll(x.shape[-1] // 2, -1) * sin
+    """x: [T, heads, head_dim]: Hugging Face's x * cos + rotate_half(x) * sin, the sum and second product as one
+    call."""
+    return torch.addcmul(x * cos, x.roll(x.shape[-1] // 2, -1), sin)
 
 
 @dataclass
