@@ -12,7 +12,8 @@ from helpers import fixed_costs
 from adaflash.decoding.costs import CostModel
 from adaflash.decoding.engine import Engine
 from adaflash.decoding.sequence import Request
-from adaflash.decoding.policy import LengthController, choose_lengths, published_length, ratio_to_rates
+from adaflash.decoding.policy import (LengthController, _choose_many, _choose_one, choose_lengths, published_length,
+                                      ratio_to_rates)
 
 
 def flat_costs(batch: int) -> CostModel:
@@ -110,6 +111,30 @@ def test_optimal_against_brute_force_with_unequal_caps_and_other_tokens():
                    for v in itertools.product(*[range(c + 1) for c in caps]))
         assert rate == pytest.approx(best, rel=1e-9)
         assert objective(ks, rates, cost, 4, 2, 0.7, 0.0) == pytest.approx(best, rel=1e-9)
+
+
+def test_one_sequence_chooses_as_a_batch_of_one_would():
+    """At concurrency 1 every step plans one sequence in Python floats (numpy's calls cost more there, cold after
+    the forward); it must choose exactly as the batch path, ties and rates included, also beside other sequences."""
+    rng = np.random.default_rng(3)
+    for i in range(300):
+        rates = np.round(rng.uniform(0.0, 1.0, size=(1, 15)), int(rng.integers(1, 4)))  # rounded: ties happen
+        cap, batch = int(rng.integers(0, 16)), int(rng.integers(1, 9))
+        cost = CostModel(verify={1: [(1, 7.0), (2, 10.0), (4, 16.0), (8, 16.0), (16, 16.5)],
+                                 4: [(4, 9.0), (8, 12.5), (16, 19.0), (64, 30.0)]},
+                         verify_scale=float(rng.uniform(0.5, 2)), step_ms=float(rng.uniform(0, 2)))
+        args = (cost, batch, int(rng.integers(0, 3 * batch)), float(rng.uniform(0, 3)), float(rng.uniform(0, 2)),
+                None if i % 2 else float(rng.uniform(0, batch)))
+        assert _choose_one(rates[0].tolist(), cap, *args) == _choose_many(rates, [cap], *args)
+
+
+def test_the_table_read_for_one_total_equals_the_read_for_many():
+    rng = np.random.default_rng(5)
+    for _ in range(200):
+        xs = np.sort(rng.choice(np.arange(1, 200), size=int(rng.integers(1, 7)), replace=False)).tolist()
+        cost = CostModel(verify={4: list(zip(xs, np.sort(rng.uniform(1, 50, size=len(xs))).tolist()))})
+        for total in [0.5, *xs, *rng.uniform(0, 260, size=20).tolist()]:
+            assert cost._at_scalar(4, total) == float(cost._at(4, np.asarray(total, dtype=float)))
 
 
 @pytest.mark.parametrize("block_size", [8, 16])

@@ -8,7 +8,9 @@ running machine (`measure_costs`) and followed live (`CostModel.observe_*`).
 
 from __future__ import annotations
 
+import bisect
 import json
+import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,6 +38,7 @@ class CostModel:
     draft_scale: float = 1.0
     step_ms: float = 0.0  # a step's time outside the model forwards (planning, commits, transport), learnt live
     _curves: dict[int, np.ndarray] = field(default_factory=dict, init=False, repr=False, compare=False)
+    _bounds: dict[int, tuple[int, int]] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def observe_step(self, ms: float) -> None:
         """Fold a step's time outside its forwards into `step_ms`. Every option of a step pays it alike, so it
@@ -62,8 +65,8 @@ class CostModel:
     def scales(self) -> tuple[float, float, float]:
         """The scales rounded to 5% and the step time to 1 ms: decisions taken under the same rounded figures
         can be reused."""
-        return (round(np.log(self.verify_scale) / np.log(1.05)), round(np.log(self.draft_scale) / np.log(1.05)),
-                round(self.step_ms))
+        return (round(math.log(self.verify_scale) / _LOG_5_PERCENT),
+                round(math.log(self.draft_scale) / _LOG_5_PERCENT), round(self.step_ms))
 
     def verify_ms(self, batch: int, total_tokens: float | np.ndarray) -> float | np.ndarray:
         return self._table_verify_ms(batch, total_tokens) * self.verify_scale
@@ -73,22 +76,53 @@ class CostModel:
         return self._table_draft_ms(n, length) * self.draft_scale
 
     def _table_verify_ms(self, batch: int, total_tokens: float | np.ndarray) -> float | np.ndarray:
-        """Interpolate linearly in tokens per sequence, then across the measured batch sizes."""
-        sizes = sorted(self.verify)
-        lo = max([b for b in sizes if b <= batch], default=sizes[0])
-        hi = min([b for b in sizes if b >= batch], default=sizes[-1])
-        per_seq = np.asarray(total_tokens, dtype=float) / batch
-        t_lo = self._at(lo, per_seq * lo)
+        """Interpolate linearly in tokens per sequence, then across the measured batch sizes. Every step reads it
+        (the live scale, every plan), so a single total is worked out in Python floats."""
+        lo, hi = self._neighbours(batch)
+        if isinstance(total_tokens, np.ndarray):
+            at = self._at
+            per_seq = total_tokens.astype(float) / batch
+        else:
+            at = self._at_scalar
+            per_seq = float(total_tokens) / batch
+        t_lo = at(lo, per_seq * lo)
         if hi == lo:
             return t_lo * batch / lo if batch > lo else t_lo
         w = (batch - lo) / (hi - lo)
-        return (1 - w) * t_lo + w * self._at(hi, per_seq * hi)
+        return (1 - w) * t_lo + w * at(hi, per_seq * hi)
+
+    def _neighbours(self, batch: int) -> tuple[int, int]:
+        """The measured batch sizes either side of `batch` (the nearest one where it lies outside them)."""
+        if batch not in self._bounds:
+            sizes = sorted(self.verify)
+            self._bounds[batch] = (max([b for b in sizes if b <= batch], default=sizes[0]),
+                                   min([b for b in sizes if b >= batch], default=sizes[-1]))
+        return self._bounds[batch]
 
     def _at(self, batch: int, total: np.ndarray) -> np.ndarray:
         xs, ys = self._curve(batch)
         slope = (ys[-1] - ys[-2]) / (xs[-1] - xs[-2]) if len(xs) > 1 else ys[-1] / xs[-1]
         beyond = ys[-1] + slope * (total - xs[-1])  # extrapolate with the last slope
         return np.where(total > xs[-1], beyond, np.interp(total, xs, ys))
+
+    def _at_scalar(self, batch: int, total: float) -> float:
+        """`_at` for one total, in Python floats (np.interp's arithmetic): a step reads it right after its forward,
+        when numpy's code has left the caches."""
+        points = self.verify[batch]
+        i = bisect.bisect_left(points, (total,))
+        if i == len(points):
+            x_last, y_last = points[-1]
+            if total == x_last:
+                return float(y_last)
+            if len(points) == 1:
+                return y_last + y_last / x_last * (total - x_last)
+            x_prev, y_prev = points[-2]
+            return y_last + (y_last - y_prev) / (x_last - x_prev) * (total - x_last)
+        x_hi, y_hi = points[i]
+        if i == 0 or total == x_hi:
+            return float(y_hi)
+        x_lo, y_lo = points[i - 1]
+        return (y_hi - y_lo) / (x_hi - x_lo) * (total - x_lo) + y_lo
 
     def _curve(self, batch: int) -> tuple[np.ndarray, np.ndarray]:
         """The verify table's points for `batch` as arrays (tokens, ms): every plan reads them, so they are made
@@ -125,13 +159,14 @@ class CostModel:
 
 
 _FOLLOW_WEIGHT = 0.05  # of each new observation in the live figures
+_LOG_5_PERCENT = math.log(1.05)
 
 
 def _follow(scale: float, ratio: float, weight: float = _FOLLOW_WEIGHT) -> float:
     """Exponential average in log space of live/table time ratios, bounded to [1/4, 4]: a single
     stall (another process, a page fault) must not swing the policy."""
     ratio = min(max(ratio, 0.25), 4.0)
-    return float(np.clip(np.exp((1 - weight) * np.log(scale) + weight * np.log(ratio)), 0.25, 4.0))
+    return min(max(math.exp((1 - weight) * math.log(scale) + weight * math.log(ratio)), 0.25), 4.0)
 
 
 def load_or_measure_costs(given: str | Path | None, target: "Transformer", drafter_dir: str | Path,

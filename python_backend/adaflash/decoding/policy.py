@@ -7,6 +7,7 @@ k = 0 (plain decoding) is always a candidate, so it never plans to be slower tha
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -22,44 +23,60 @@ if TYPE_CHECKING:
     from adaflash.models.drafter import Draft
 
 class AcceptanceStats:
-    """Counts of tries and hits per draft position: position j is tried only when 1..j-1 were accepted."""
+    """Counts of tries and hits per draft position: position j is tried only when 1..j-1 were accepted.
+
+    Kept in Python lists, and the estimates made from them too: at concurrency 1 every step reads a sequence's
+    fifteen counts a few times right after its forward, when numpy's code has left the CPU's caches and each of
+    its calls costs more than a loop over the counts."""
 
     def __init__(self, size: int) -> None:
-        self.tries = np.zeros(size)
-        self.hits = np.zeros(size)
+        self.tries = [0.0] * size
+        self.hits = [0.0] * size
         self.version = 0  # bumped by every update: decisions computed from unchanged counts can be reused
 
     def update(self, draft_len: int, accepted: int) -> None:
-        self.tries[: min(accepted + 1, draft_len)] += 1
-        self.hits[:accepted] += 1
+        for j in range(min(accepted + 1, draft_len)):
+            self.tries[j] += 1
+        for j in range(accepted):
+            self.hits[j] += 1
         self.version += 1
 
-    def rates(self, prior: np.ndarray, weight: float) -> np.ndarray:
+    def rates(self, prior: list[float], weight: float) -> list[float]:
         """Conditional acceptance per position, shrunk toward `prior` with `weight` pseudo-tries."""
-        return (self.hits + weight * prior) / (self.tries + weight)
+        return [(h + weight * p) / (t + weight) for h, t, p in zip(self.hits, self.tries, prior)]
 
-    def chained_rates(self, first: float, weight: float) -> np.ndarray:
+    def chained_rates(self, first: float, weight: float) -> list[float]:
         """Like `rates`, each position shrunk toward the estimate of the one before it (the first toward
         `first`). A position never tried then inherits its predecessor's rate: acceptance does not fall
         along a block (a draft that got this far is on track), and a fixed prior such as 0.5 would
         make the policy never verify past the positions it has already seen, so never learn them."""
         out, prior = [], first
-        for hits, tries in zip(self.hits.tolist(), self.tries.tolist()):  # Python floats: every plan runs this
+        for hits, tries in zip(self.hits, self.tries):
             prior = (hits + weight * prior) / (tries + weight)
             out.append(prior)
-        return np.array(out)
+        return out
 
 
 def _pooled(stats: list[AcceptanceStats]) -> AcceptanceStats:
     """One set of counts summing several."""
     out = AcceptanceStats(len(stats[0].tries))
-    out.tries, out.hits = sum(s.tries for s in stats), sum(s.hits for s in stats)
+    out.tries = [sum(col) for col in zip(*(s.tries for s in stats))]
+    out.hits = [sum(col) for col in zip(*(s.hits for s in stats))]
     return out
 
 
-def upper_bound(rates: np.ndarray, tries: np.ndarray) -> np.ndarray:
+def upper_bound(rates: list[float], tries: list[float]) -> list[float]:
     """One standard error above each rate, the error of a rate estimated from `tries` Bernoulli trials."""
-    return np.minimum(1.0, rates + np.sqrt(rates * (1 - rates) / (tries + 1)))
+    return [min(1.0, r + math.sqrt(r * (1 - r) / (t + 1))) for r, t in zip(rates, tries)]
+
+
+def _running_product(rates: list[float]) -> list[float]:
+    """np.cumprod in Python floats (the same products in the same order)."""
+    out, p = [], 1.0
+    for r in rates:
+        p = p * r if out else r
+        out.append(p)
+    return out
 
 
 def ratio_to_rates(ratio: torch.Tensor, block_size: int, iters: int = 40) -> np.ndarray:
@@ -97,6 +114,15 @@ def choose_lengths(
     all); `sunk_ms` is time every option pays (a draft already made), as is the step's time outside its
     forwards (`CostModel.step_ms`). Returns the lengths and the rate they promise.
     """
+    if len(caps) == 1:
+        row = rates[0].tolist() if isinstance(rates, np.ndarray) else list(rates[0])
+        return _choose_one(row, caps[0], cost, batch, other_tokens, draft_ms, sunk_ms, other_expected)
+    return _choose_many(np.asarray(rates, dtype=float), caps, cost, batch, other_tokens, draft_ms, sunk_ms,
+                        other_expected)
+
+
+def _choose_many(rates: np.ndarray, caps: list[int], cost: CostModel, batch: int, other_tokens: int, draft_ms: float,
+                 sunk_ms: float, other_expected: float | None) -> tuple[list[int], float]:
     n = len(caps)
     gains = np.cumprod(rates, axis=1)
     caps_a = np.asarray(caps, dtype=int)
@@ -111,6 +137,22 @@ def choose_lengths(
     best = int(np.argmax(rates_per_ms))  # the first maximum: fewer tokens on ties
     ks = np.bincount(owner[order[:best]], minlength=n)
     return ks.tolist(), float(rates_per_ms[best])
+
+
+def _choose_one(rates: list[float], cap: int, cost: CostModel, batch: int, other_tokens: int, draft_ms: float,
+                sunk_ms: float, other_expected: float | None) -> tuple[list[int], float]:
+    """`_choose_many` for one sequence in Python floats, the same sums in the same order (so the same choice): a
+    sequence's gains never rise along its block, so its S largest are its first S. At concurrency 1 every step
+    plans so."""
+    base = (batch - 1 if other_expected is None else other_expected) + 1
+    committed, best, best_rate = 0.0, 0, -math.inf
+    for s, gain in enumerate([0.0, *_running_product(rates[:cap])]):
+        committed += gain
+        ms = cost.verify_ms(batch, other_tokens + 1 + s) + cost.step_ms + sunk_ms + (draft_ms if s else 0.0)
+        rate = (base + committed) / ms
+        if rate > best_rate:  # the first maximum: fewer tokens on ties
+            best, best_rate = s, rate
+    return [best], float(best_rate)
 
 
 def ratio_from_rates(rates: np.ndarray, block_size: int) -> float:
@@ -174,9 +216,9 @@ class LengthController:
 
     def estimated_rates(self, seqs: list[PolicyState]) -> np.ndarray:
         prior = self._priors()[0]
-        return np.stack([s.stats.rates(prior, self.prior_weight) for s in seqs])
+        return np.array([s.stats.rates(prior, self.prior_weight) for s in seqs])
 
-    def _priors(self) -> tuple[np.ndarray, list[np.ndarray]]:
+    def _priors(self) -> tuple[list[float], list[list[float]]]:
         """The engine-wide estimates the sequences' are shrunk toward: drafts', and copies' per match length (see
         `copy_rates`). Every adaflash sequence reads them every step, and they change only with the counts."""
         key = (self.global_stats.version, *(s.version for s in self.global_copy))
@@ -194,8 +236,11 @@ class LengthController:
         are shrunk toward the copies of every length pooled, and a sequence's toward the whole engine's: positions
         that a length's copies rarely reach (a 1-gram copy is rarely verified past its first token) take what
         the others learnt there instead of inheriting their own first token's rate."""
+        return np.array(self._copy_rows(seqs, matched))
+
+    def _copy_rows(self, seqs: list[PolicyState], matched: list[int]) -> list[list[float]]:
         priors = self._priors()[1]
-        return np.stack([s.copy[n].rates(priors[n], self.prior_weight) for s, n in zip(seqs, matched)])
+        return [s.copy[n].rates(priors[n], self.prior_weight) for s, n in zip(seqs, matched)]
 
     def prefers_copy(self, seqs: list[PolicyState], matched: list[int], proposal_lens: list[int],
                      caps: list[int]) -> list[bool]:
@@ -203,14 +248,13 @@ class LengthController:
         no drafter forward, so it wins whenever it is expected to commit at least as many tokens, except
         for sequences due for a drafter probe (else a drafter never tried would never be learnt). A
         sequence that copies counts the step as one without drafting, toward its next probe."""
-        if not seqs:
-            return []
-        copied = np.cumsum(np.cumprod(self.copy_rates(seqs, matched), axis=1), axis=1)
-        drafted = np.cumsum(np.cumprod(self.estimated_rates(seqs), axis=1), axis=1)
+        prior = self._priors()[0]
         out = []
-        for i, s in enumerate(seqs):
-            better = proposal_lens[i] > 0 and copied[i, proposal_lens[i] - 1] >= drafted[i, max(caps[i], 1) - 1]
-            out.append(bool(better) and s.skipped < s.probe_interval)
+        for s, rates, n in zip(seqs, self._copy_rows(seqs, matched), proposal_lens):
+            cap = max(caps[len(out)], 1)
+            better = n > 0 and (sum(_running_product(rates[:n]))
+                                >= sum(_running_product(s.stats.rates(prior, self.prior_weight)[:cap])))
+            out.append(better and s.skipped < s.probe_interval)
             s.skipped += out[-1]
         return out
 
@@ -226,8 +270,8 @@ class LengthController:
         try or two would keep the policy from ever verifying there again, and so from learning otherwise. (Whether
         to copy rather than draft is decided on the estimates themselves; drafted lengths follow the drafter's
         head.)"""
-        rates = self.copy_rates(seqs, matched)
-        optimistic = upper_bound(rates, np.stack([self.global_copy[n].tries for n in matched]))
+        rates = self._copy_rows(seqs, matched)
+        optimistic = [upper_bound(r, self.global_copy[n].tries) for r, n in zip(rates, matched)]
         ks, _ = choose_lengths(optimistic, proposal_lens, self.cost, batch, other_tokens, draft_ms=0.0,
                                other_expected=other_expected)
         for i, s in enumerate(seqs):
@@ -237,8 +281,7 @@ class LengthController:
                     ks[i] = proposal_lens[i]
             if proposal_lens[i] and ks[i] == proposal_lens[i]:
                 s.copy_skipped = 0
-        gains = np.cumprod(rates, axis=1)
-        return ks, [1.0 + float(gains[i, :k].sum()) for i, k in enumerate(ks)]
+        return ks, [1.0 + sum(_running_product(r[:k])) for r, k in zip(rates, ks)]
 
     def choose_drafters(self, seqs: list[PolicyState], caps: list[int], batch: int, other_tokens: int,
                         n_drafting: int, other_expected: float | None = None) -> tuple[list[bool], int]:
