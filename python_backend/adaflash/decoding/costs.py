@@ -12,6 +12,7 @@ import bisect
 import json
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -208,26 +209,38 @@ def measure_costs(
         drafter.append_context(drafter_cache, slots, torch.randn(max_batch * context, width, generator=g),
                                [context] * max_batch)
     batches = sorted({1, max_batch} | {2**i for i in range(20) if 2**i < max_batch})
-    model = CostModel()
+    verifies: dict[int, list[tuple[int, Callable[[], None]]]] = {}
+    drafts: dict[int, list[tuple[int, Callable[[], None]]]] = {}
     for b in batches:
-        model.verify[b] = []
-        for k in tokens_per_seq:
-            toks = torch.randint(0, vocab, (b, k), generator=g).tolist()
-
-            def verify() -> None:
-                target.forward(cache, slots[:b], toks)
-                for s in slots[:b]:
-                    cache.truncate(s, context)
-
-            model.verify[b].append((b * k, _fastest_ms(verify, reps, place)))
-        _monotone(model.verify[b])
+        verifies[b] = [(b * k, _verify_fn(target, cache, slots[:b], context,
+                                          torch.randint(0, vocab, (b, k), generator=g).tolist()))
+                       for k in tokens_per_seq]
         if drafter is not None:
-            anchors = [0] * b
-            model.draft[b] = [(n, _fastest_ms(lambda: drafter.draft(target, drafter_cache, slots[:b], anchors, n), reps,
-                                              place))
-                              for n in block_lengths(drafter.config.block_size)]
-            _monotone(model.draft[b])
+            drafts[b] = [(n, _draft_fn(drafter, target, drafter_cache, slots[:b], n))
+                         for n in block_lengths(drafter.config.block_size)]
+    points = [(table, b, i) for table in (verifies, drafts) for b in table for i in range(len(table[b]))]
+    fastest = _fastest_ms([verifies_or_drafts[b][i][1] for verifies_or_drafts, b, i in points], reps, place)
+    model = CostModel()
+    for (table, b, i), ms in zip(points, fastest):
+        (model.verify if table is verifies else model.draft).setdefault(b, []).append((table[b][i][0], ms))
+    for points_of_b in (*model.verify.values(), *model.draft.values()):
+        _monotone(points_of_b)
     return model
+
+
+def _verify_fn(target: "Transformer", cache, slots: list[int], context: int,
+               tokens: list[list[int]]) -> Callable[[], None]:
+    def verify() -> None:
+        target.forward(cache, slots, tokens)
+        for s in slots:
+            cache.truncate(s, context)
+    return verify
+
+
+def _draft_fn(drafter: "DFlashDrafter", target: "Transformer", cache, slots: list[int],
+              length: int) -> Callable[[], None]:
+    anchors = [0] * len(slots)
+    return lambda: drafter.draft(target, cache, slots, anchors, length)
 
 
 def _monotone(points: list[tuple[int, float]]) -> None:
@@ -242,16 +255,21 @@ def block_lengths(block_size: int) -> list[int]:
     return sorted({2**i for i in range(1, 8) if 2**i < block_size} | {block_size})
 
 
-def _fastest_ms(fn, reps: int, place: Placement) -> float:
-    """The fastest of `reps` timed runs after a warm-up: noise on a shared machine only ever adds time,
-    and the live/table scale learnt while serving covers what the idle measurement misses. Each run is
-    timed to the end of its device work."""
-    fn()
-    times = []
-    for _ in range(reps):
-        place.synchronize()
-        t0 = time.perf_counter()
+def _fastest_ms(fns: list[Callable[[], None]], reps: int, place: Placement) -> list[float]:
+    """The fastest of `reps` timed runs of each function after a warm-up: noise on a shared machine only ever
+    adds time, and the live/table scale learnt while serving covers what the idle measurement misses. The runs
+    go in rounds over all the functions, so a slow spell of the machine lands on every point of the table alike
+    rather than on the few measured during it: the policy reads the table's shape (what a 16-token verify costs
+    against a 1-token one), which the live scale does not correct. Each run is timed to the end of its device
+    work."""
+    for fn in fns:
         fn()
-        place.synchronize()
-        times.append((time.perf_counter() - t0) * 1000)
-    return min(times)
+    fastest = [math.inf] * len(fns)
+    for _ in range(reps):
+        for i, fn in enumerate(fns):
+            place.synchronize()
+            t0 = time.perf_counter()
+            fn()
+            place.synchronize()
+            fastest[i] = min(fastest[i], (time.perf_counter() - t0) * 1000)
+    return fastest
