@@ -62,13 +62,17 @@ def test_periodic_continuation():
 
 @pytest.mark.parametrize("seed", range(4))
 def test_matches_reference_and_never_exceeds_k(seed):
+    """Proposals and the n matched (the longest n with a proposal of its own) on random texts, frequent tokens
+    and long ones included."""
     rng = random.Random(seed)
-    for _ in range(400):
-        length = rng.randint(1, 25)
-        tokens = [rng.randint(0, rng.choice([2, 3, 6])) for _ in range(length)]
+    for _ in range(800):
+        length = rng.randint(1, rng.choice([25, 60]))
+        tokens = [rng.randint(0, rng.choice([2, 3, 6, 40])) for _ in range(length)]
         k = rng.randint(0, 16)
-        max_n = rng.randint(1, 4)
-        got = lookup(tokens, k, max_n=max_n)[0]
+        max_n, min_n = rng.randint(1, 4), rng.choice([1, 1, 2])
+        got, matched = lookup(tokens, k, max_n=max_n, min_n=min_n)
         assert len(got) <= k
         assert all(isinstance(t, int) and t in tokens for t in got)
-        assert got == reference_propose(tokens, k, max_n=max_n), (tokens, k, max_n)
+        assert got == reference_propose(tokens, k, max_n=max_n, min_n=min_n), (tokens, k, max_n)
+        assert matched == next((n for n in range(max_n, min_n - 1, -1) if reference_propose(tokens, k, n, n)), 0)
+

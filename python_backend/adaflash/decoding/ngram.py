@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import numpy as np
-
 MAX_N = 3
 
 
@@ -11,26 +9,41 @@ def lookup(tokens: list[int], k: int, max_n: int = MAX_N, min_n: int = 1) -> tup
     """The up-to-k tokens that followed the latest earlier occurrence of the last n tokens, longest n first.
 
     When that occurrence overlaps the end of the sequence, the continuation runs out early;
-    the match then says the text is periodic, so the proposal continues the period. Runs every
-    step for every adaflash sequence, so it only extends the matches of the last token. Also returns
+    the match then says the text is periodic, so the proposal continues the period. Also returns
     the n matched (0: no proposal): a longer match is far likelier to be copied right.
-    """
-    if k <= 0:
+
+    Runs every step for every copying sequence, right after the step's forward: it walks the earlier
+    occurrences of the last token from the latest back (list.index over a reversed copy, in C), stops at the
+    first that matches max_n tokens, and touches no numpy (its calls cost ~10x there, cold in the caches)."""
+    top = min(max_n, len(tokens) - 1)
+    if k <= 0 or top < min_n:
         return [], 0
-    arr = np.asarray(tokens, dtype=np.int64)
-    ends = np.flatnonzero(arr[:-1] == arr[-1])  # earlier occurrences of the last token: 1-gram matches end here
-    matched = np.ones(len(ends), dtype=bool)
-    best = np.zeros(len(ends), dtype=np.int64)  # longest n (up to max_n) each occurrence matches
-    for j in range(min(max_n, len(arr) - 1)):
-        if j:
-            back = ends - j
-            matched &= back >= 0
-            matched[matched] &= arr[back[matched]] == arr[-1 - j]
-        best[matched] = j + 1
-    for n in range(min(max_n, len(arr) - 1), min_n - 1, -1):
-        hits = ends[best >= n]
-        if hits.size:
-            start = int(hits[-1]) + 1
-            period = len(arr) - start
-            return [int(arr[start + j % period]) for j in range(k)], n
+    last, end_of_text = tokens[-1], len(tokens) - 1
+    earlier = tokens[-2::-1]  # earlier[i] is tokens[end_of_text - 1 - i]
+    latest = [-1] * (top + 1)  # latest[n]: the latest occurrence matching at least n tokens
+    i = _find(earlier, last, 0)
+    while i >= 0:
+        end = end_of_text - 1 - i
+        n = 1
+        while n < top and end - n >= 0 and tokens[end - n] == tokens[end_of_text - n]:
+            n += 1
+        for m in range(n, 0, -1):
+            if latest[m] >= 0:
+                break
+            latest[m] = end
+        if n == top:
+            break
+        i = _find(earlier, last, i + 1)
+    for n in range(top, min_n - 1, -1):
+        if latest[n] >= 0:
+            start = latest[n] + 1
+            period = len(tokens) - start
+            return [tokens[start + j % period] for j in range(k)], n
     return [], 0
+
+
+def _find(items: list[int], value: int, start: int) -> int:
+    try:
+        return items.index(value, start)
+    except ValueError:
+        return -1
