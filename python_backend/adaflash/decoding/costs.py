@@ -11,6 +11,7 @@ from __future__ import annotations
 import bisect
 import json
 import math
+import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -189,7 +190,7 @@ def measure_costs(
     max_batch: int,
     context: int = 128,
     tokens_per_seq: tuple[int, ...] = (1, 2, 4, 8, 16),
-    reps: int = 4,
+    reps: int = 5,
     max_len: int | None = None,
 ) -> CostModel:
     """Time batched verify forwards (and drafts) over `context` cached positions, on caches of their own as
@@ -219,9 +220,9 @@ def measure_costs(
             drafts[b] = [(n, _draft_fn(drafter, target, drafter_cache, slots[:b], n))
                          for n in block_lengths(drafter.config.block_size)]
     points = [(table, b, i) for table in (verifies, drafts) for b in table for i in range(len(table[b]))]
-    fastest = _fastest_ms([verifies_or_drafts[b][i][1] for verifies_or_drafts, b, i in points], reps, place)
+    typical = _typical_ms([verifies_or_drafts[b][i][1] for verifies_or_drafts, b, i in points], reps, place)
     model = CostModel()
-    for (table, b, i), ms in zip(points, fastest):
+    for (table, b, i), ms in zip(points, typical):
         (model.verify if table is verifies else model.draft).setdefault(b, []).append((table[b][i][0], ms))
     for points_of_b in (*model.verify.values(), *model.draft.values()):
         _monotone(points_of_b)
@@ -255,21 +256,20 @@ def block_lengths(block_size: int) -> list[int]:
     return sorted({2**i for i in range(1, 8) if 2**i < block_size} | {block_size})
 
 
-def _fastest_ms(fns: list[Callable[[], None]], reps: int, place: Placement) -> list[float]:
-    """The fastest of `reps` timed runs of each function after a warm-up: noise on a shared machine only ever
-    adds time, and the live/table scale learnt while serving covers what the idle measurement misses. The runs
-    go in rounds over all the functions, so a slow spell of the machine lands on every point of the table alike
-    rather than on the few measured during it: the policy reads the table's shape (what a 16-token verify costs
-    against a 1-token one), which the live scale does not correct. Each run is timed to the end of its device
-    work."""
+def _typical_ms(fns: list[Callable[[], None]], reps: int, place: Placement) -> list[float]:
+    """The median of `reps` timed runs of each function after a warm-up. The policy weighs expected tokens
+    against expected time, and the machine's slow spells are part of it: a fastest run flatters short forwards
+    most (long verifies then look dearer than they are), and the live scale corrects the table's level, not its
+    shape (docs/results.md, round 6). The runs go in rounds over all the functions, so a slow spell lands on every point of the table
+    alike rather than on the few measured during it. Each run is timed to the end of its device work."""
     for fn in fns:
         fn()
-    fastest = [math.inf] * len(fns)
+    runs: list[list[float]] = [[] for _ in fns]
     for _ in range(reps):
         for i, fn in enumerate(fns):
             place.synchronize()
             t0 = time.perf_counter()
             fn()
             place.synchronize()
-            fastest[i] = min(fastest[i], (time.perf_counter() - t0) * 1000)
-    return fastest
+            runs[i].append((time.perf_counter() - t0) * 1000)
+    return [statistics.median(r) for r in runs]
