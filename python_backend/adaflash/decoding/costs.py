@@ -15,6 +15,7 @@ import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from operator import itemgetter
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -111,7 +112,7 @@ class CostModel:
         """`_at` for one total, in Python floats (np.interp's arithmetic): a step reads it right after its forward,
         when numpy's code has left the caches."""
         points = self.verify[batch]
-        i = bisect.bisect_left(points, (total,))
+        i = bisect.bisect_left(points, total, key=itemgetter(0))
         if i == len(points):
             x_last, y_last = points[-1]
             if total == x_last:
