@@ -9,9 +9,10 @@ import pytest
 import torch
 from helpers import fixed_costs
 
-from adaflash.decoding.costs import CostModel
+from adaflash.decoding.costs import CostModel, _typical_ms
 from adaflash.decoding.engine import Engine
 from adaflash.decoding.sequence import Request
+from adaflash.models.placement import CPU
 from adaflash.decoding.policy import (LengthController, _choose_many, _choose_one, choose_lengths, published_length,
                                       ratio_to_rates)
 
@@ -126,6 +127,15 @@ def test_one_sequence_chooses_as_a_batch_of_one_would():
         args = (cost, batch, int(rng.integers(0, 3 * batch)), float(rng.uniform(0, 3)), float(rng.uniform(0, 2)),
                 None if i % 2 else float(rng.uniform(0, batch)))
         assert _choose_one(rates[0].tolist(), cap, *args) == _choose_many(rates, [cap], *args)
+
+
+def test_the_cost_table_is_timed_in_rounds_over_all_its_points():
+    """A slow spell of the machine must land on every point alike, not bend the table's shape: after one warm-up
+    pass, each round runs every point once."""
+    calls: list[int] = []
+    fns = [lambda i=i: calls.append(i) for i in range(3)]
+    assert len(_typical_ms(fns, 4, CPU)) == 3
+    assert calls == [0, 1, 2] * 5
 
 
 def test_the_table_read_for_one_total_equals_the_read_for_many():
