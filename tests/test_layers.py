@@ -97,3 +97,17 @@ def test_a_module_with_derived_copies_deep_copies():
     x = torch.randn(8, 128)
     with torch.inference_mode():
         assert torch.allclose(twin(x), m(x), atol=1e-5)
+
+
+def test_a_weight_the_threads_do_not_divide_keeps_the_plain_product():
+    lin = nn.Linear(128, 512, bias=False)
+    holder = nn.Module()
+    holder.proj = lin
+    joined, x, threads = Joined(["proj.weight"]), torch.randn(1, 128), torch.get_num_threads()
+    torch.set_num_threads(3)  # 512 rows in 3 parts: no split copy
+    try:
+        with torch.inference_mode():
+            assert layout_for(x, lin.weight) is Layout.PLAIN
+            assert torch.allclose(joined.linear(holder, x), lin(x), atol=1e-5) and not joined._copies
+    finally:
+        torch.set_num_threads(threads)
