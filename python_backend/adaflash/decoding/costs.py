@@ -211,20 +211,17 @@ def measure_costs(
         drafter.append_context(drafter_cache, slots, torch.randn(max_batch * context, width, generator=g),
                                [context] * max_batch)
     batches = sorted({1, max_batch} | {2**i for i in range(20) if 2**i < max_batch})
-    verifies: dict[int, list[tuple[int, Callable[[], None]]]] = {}
-    drafts: dict[int, list[tuple[int, Callable[[], None]]]] = {}
-    for b in batches:
-        verifies[b] = [(b * k, _verify_fn(target, cache, slots[:b], context,
-                                          torch.randint(0, vocab, (b, k), generator=g).tolist()))
-                       for k in tokens_per_seq]
-        if drafter is not None:
-            drafts[b] = [(n, _draft_fn(drafter, target, drafter_cache, slots[:b], n))
-                         for n in block_lengths(drafter.config.block_size)]
-    points = [(table, b, i) for table in (verifies, drafts) for b in table for i in range(len(table[b]))]
-    typical = _typical_ms([verifies_or_drafts[b][i][1] for verifies_or_drafts, b, i in points], reps, place)
     model = CostModel()
-    for (table, b, i), ms in zip(points, typical):
-        (model.verify if table is verifies else model.draft).setdefault(b, []).append((table[b][i][0], ms))
+    points: list[tuple[dict, int, int, Callable[[], None]]] = []  # (its table, batch, tokens or block length, run)
+    for b in batches:
+        points += [(model.verify, b, b * k, _verify_fn(target, cache, slots[:b], context,
+                                                       torch.randint(0, vocab, (b, k), generator=g).tolist()))
+                   for k in tokens_per_seq]
+        if drafter is not None:
+            points += [(model.draft, b, n, _draft_fn(drafter, target, drafter_cache, slots[:b], n))
+                       for n in block_lengths(drafter.config.block_size)]
+    for (table, b, x, _), ms in zip(points, _typical_ms([p[3] for p in points], reps, place)):
+        table.setdefault(b, []).append((x, ms))
     for points_of_b in (*model.verify.values(), *model.draft.values()):
         _monotone(points_of_b)
     return model

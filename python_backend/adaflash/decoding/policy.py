@@ -10,6 +10,8 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
+from itertools import accumulate
+from operator import mul
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -70,13 +72,9 @@ def upper_bound(rates: list[float], tries: list[float]) -> list[float]:
     return [min(1.0, r + math.sqrt(r * (1 - r) / (t + 1))) for r, t in zip(rates, tries)]
 
 
-def _running_product(rates: list[float]) -> list[float]:
-    """np.cumprod in Python floats (the same products in the same order)."""
-    out, p = [], 1.0
-    for r in rates:
-        p = p * r if out else r
-        out.append(p)
-    return out
+def _products(rates: list[float]) -> list[float]:
+    """np.cumprod in Python floats: the same products in the same order."""
+    return list(accumulate(rates, mul))
 
 
 def ratio_to_rates(ratio: torch.Tensor, block_size: int, iters: int = 40) -> np.ndarray:
@@ -146,7 +144,7 @@ def _choose_one(rates: list[float], cap: int, cost: CostModel, batch: int, other
     plans so."""
     base = (batch - 1 if other_expected is None else other_expected) + 1
     committed, best, best_rate = 0.0, 0, -math.inf
-    for s, gain in enumerate([0.0, *_running_product(rates[:cap])]):
+    for s, gain in enumerate([0.0, *_products(rates[:cap])]):
         committed += gain
         ms = cost.verify_ms(batch, other_tokens + 1 + s) + cost.step_ms + sunk_ms + (draft_ms if s else 0.0)
         rate = (base + committed) / ms
@@ -250,10 +248,9 @@ class LengthController:
         sequence that copies counts the step as one without drafting, toward its next probe."""
         prior = self._priors()[0]
         out = []
-        for s, rates, n in zip(seqs, self._copy_rows(seqs, matched), proposal_lens):
-            cap = max(caps[len(out)], 1)
-            better = n > 0 and (sum(_running_product(rates[:n]))
-                                >= sum(_running_product(s.stats.rates(prior, self.prior_weight)[:cap])))
+        for s, rates, n, cap in zip(seqs, self._copy_rows(seqs, matched), proposal_lens, caps):
+            better = n > 0 and (sum(_products(rates[:n]))
+                                >= sum(_products(s.stats.rates(prior, self.prior_weight)[:max(cap, 1)])))
             out.append(better and s.skipped < s.probe_interval)
             s.skipped += out[-1]
         return out
@@ -281,7 +278,7 @@ class LengthController:
                     ks[i] = proposal_lens[i]
             if proposal_lens[i] and ks[i] == proposal_lens[i]:
                 s.copy_skipped = 0
-        return ks, [1.0 + sum(_running_product(r[:k])) for r, k in zip(rates, ks)]
+        return ks, [1.0 + sum(_products(r[:k])) for r, k in zip(rates, ks)]
 
     def choose_drafters(self, seqs: list[PolicyState], caps: list[int], batch: int, other_tokens: int,
                         n_drafting: int, other_expected: float | None = None) -> tuple[list[bool], int]:

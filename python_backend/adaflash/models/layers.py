@@ -120,6 +120,7 @@ class Joined:
 
     parts: list[str | tuple[str, int]]
     _names: list[tuple[str, str, int]] = field(init=False, repr=False)
+    _single: bool = field(init=False, repr=False)  # one part, not repeated: used as it is
     _key: list[tuple[int, int]] | None = field(default=None, repr=False)
     _value: Tensor | None = field(default=None, repr=False)
     _copyable: bool = field(default=False, repr=False)
@@ -127,6 +128,7 @@ class Joined:
 
     def __post_init__(self) -> None:
         self._names = [_name_of(p) for p in self.parts]
+        self._single = len(self._names) == 1 and not self._names[0][2]
 
     def __deepcopy__(self, memo: dict) -> "Joined":
         """The parts only: the joined and derived copies are remade from the copied module's parameters on use (a
@@ -157,7 +159,7 @@ class Joined:
         """The joined weight, remade when a part's storage or version changed (`_key`, which `linear` then keys
         its copies by); a single part is returned as it is, so that gradients reach it."""
         key = [(t.data_ptr(), t._version) for t in tensors]
-        single = len(tensors) == 1 and not self._names[0][2]
+        single = self._single
         if not single and torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
             return torch.cat([_repeated(t, n) for t, n in zip(tensors, self._names)])
         if key != self._key:
