@@ -1,10 +1,11 @@
 """Which weight layout a product of a few rows reads fastest on this CPU: `F.linear(x, W)`, `x @ W.T` kept
 contiguous, W split by output rows into one transposed part per thread multiplied as one batched product
-(`layers.split_linear`), and W packed by oneDNN (`layers.packed_linear`), for the default target's weight shapes, each weight cycled from memory (more copies
-than the last-level cache holds, as in a forward) rather than hot in cache.
+(`layers.split_linear`), W packed by oneDNN (`layers.packed_linear`), and W as it is through the C kernel
+(`native.rowdot`, where it builds), for the default target's weight shapes, each weight cycled from memory (more
+copies than the last-level cache holds, as in a forward) rather than hot in cache.
 
 Why: a decode or verify step multiplies a few rows by every weight, so its speed is the speed of reading the
-weights, and MKL reads them slowly for so few rows; `layers.Joined.linear` keeps the copies that win here.
+weights, and MKL reads them slowly for so few rows; `layers.Joined.linear` uses the product that wins here.
 
     python clients/bench_layout.py --json bench-out/layout.json
 """
@@ -20,6 +21,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from adaflash.models import native
 from adaflash.models.layers import packed_linear, packed_weight, split_linear, split_rows
 
 SHAPES = {"qkv": (640, 384), "o": (384, 384), "gate_up": (2304, 384), "down": (384, 1152), "lm_head": (8192, 384)}
@@ -53,8 +55,10 @@ def main() -> int:
             copy = per_call_us(lambda w: x @ w, transposed)
             parts = per_call_us(lambda w: split_linear(x, w), split)
             onednn = per_call_us(lambda w: packed_linear(x, w, None), packed)
+            c = per_call_us(lambda w: native.rowdot(x, w), weights) if native.available() else None
             rows.append({"weight": name, "shape": [n, k], "rows": m, "linear_us": round(linear, 1),
-                         "transposed_us": round(copy, 1), "split_us": round(parts, 1), "packed_us": round(onednn, 1)})
+                         "transposed_us": round(copy, 1), "split_us": round(parts, 1), "packed_us": round(onednn, 1),
+                         "native_us": None if c is None else round(c, 1)})
             print(rows[-1], flush=True)
     report = {"threads": torch.get_num_threads(), "torch": torch.__version__, "platform": platform.platform(),
               "cpu": platform.processor() or platform.machine(), "rows": rows}

@@ -1,5 +1,6 @@
 """Joined weights: the concatenated (and split) copies used for inference follow every change of the
-parameters they come from, equal the plain product, and training through them reaches each part."""
+parameters they come from, equal the plain product, and training through them reaches each part. The copies are
+what a host without the native product uses (tests/test_native.py covers that one): it is switched off here."""
 
 from __future__ import annotations
 
@@ -11,8 +12,14 @@ import copy
 
 import pytest
 
+from adaflash.models import native
 from adaflash.models.layers import (MLP, Joined, Layout, layout_for, packed_linear, packed_weight, split_linear,
                                     split_rows)
+
+
+@pytest.fixture(autouse=True)
+def without_native(monkeypatch):
+    monkeypatch.setattr(native, "available", lambda: False)
 
 
 def _mlp() -> MLP:

@@ -14,6 +14,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.nn.attention.bias import CausalBias
 
+from adaflash.models import native
+
 
 def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
     """Normalised in fp32 and cast back before the weight, as Hugging Face's Qwen3 and Llama do; one torch call
@@ -38,14 +40,17 @@ class RMSNorm(nn.Module):
 
 # On CPU, MKL multiplies a few rows by a weight slowly: one or two rows on one thread, however many the machine
 # has (the product is bound by reading the weight, and one core reads at about half the machine's bandwidth), and
-# 3 to 256 rows well below the bandwidth too. `Joined` keeps, for small fp32 weights, a copy that multiplies
-# faster: one or two rows through the weight split by output rows into one transposed part per thread, multiplied
-# as one batched product, which runs the parts on all threads; more rows through a oneDNN-packed copy
-# (clients/bench_layout.py, docs/results.md). Copies are kept only for weights this small, so a large model is
-# never held three times, and this large: a tiny weight sits in cache, and oneDNN's call costs more than it reads.
+# 3 to 256 rows well below the bandwidth too. Up to NATIVE_MAX_ROWS rows, small fp32 weights are multiplied by
+# the C kernel of `adaflash.models.native` where it builds (all threads, the weight as it is, every row summed
+# alike). Without it `Joined` keeps a copy that multiplies faster: one or two rows through the weight split by
+# output rows into one transposed part per thread, multiplied as one batched product, which runs the parts on all
+# threads; more rows through a oneDNN-packed copy (clients/bench_layout.py, docs/results.md). Copies are kept only
+# for weights this small, so a large model is never held three times, and this large: a tiny weight sits in
+# cache, and oneDNN's call costs more than it reads.
 COPY_MAX_BYTES = 64 << 20
 COPY_MIN_BYTES = 256 << 10
 SPLIT_MAX_ROWS = 2
+NATIVE_MAX_ROWS = 16  # a block's verify; more rows are compute-bound, where oneDNN's packed product is faster
 PACKED_MAX_ROWS = 256  # measured faster up to here; larger prefills are compute-bound
 PACKED_FOR_ROWS = 16  # the row count oneDNN lays the packed weight out for
 
@@ -54,6 +59,7 @@ class Layout(enum.Enum):
     PLAIN = "plain"
     SPLIT = "split"
     PACKED = "packed"
+    NATIVE = "native"
 
 
 MKLDNN = torch.backends.mkldnn.is_available()
@@ -68,13 +74,16 @@ def layout_for(x: Tensor, w: Tensor) -> Layout:
 
 
 def _copyable(w: Tensor) -> bool:
-    """Whether `w` is a weight a faster copy is kept for (gradients and thread count aside)."""
-    return w.device.type == "cpu" and w.dtype == torch.float32 and COPY_MIN_BYTES <= w.nbytes <= COPY_MAX_BYTES
+    """Whether `w` is a weight a faster product or copy is used for (gradients and thread count aside)."""
+    return (w.device.type == "cpu" and w.dtype == torch.float32 and w.is_contiguous()
+            and COPY_MIN_BYTES <= w.nbytes <= COPY_MAX_BYTES)
 
 
 def _layout(rows: int, copyable: bool) -> Layout:
     if not copyable or rows > PACKED_MAX_ROWS or torch.is_grad_enabled():
         return Layout.PLAIN
+    if rows <= NATIVE_MAX_ROWS and native.available():
+        return Layout.NATIVE
     if rows <= SPLIT_MAX_ROWS:
         return Layout.SPLIT
     return Layout.PACKED if MKLDNN else Layout.PLAIN
@@ -144,6 +153,9 @@ class Joined:
         layout = _layout(x.numel() // x.shape[-1], self._copyable)
         if layout is Layout.PLAIN:
             return F.linear(x, w, bias)
+        if layout is Layout.NATIVE:
+            y = native.rowdot(x.reshape(-1, x.shape[-1]).contiguous(), w).reshape(x.shape[:-1] + (-1,))
+            return y if bias is None else y + bias
         key = (self._key, torch.get_num_threads() if layout is Layout.SPLIT else 0)  # a part per thread
         held = self._copies.get(layout)
         if held is None or held[0] != key:

@@ -1,0 +1,87 @@
+"""The C product of a few rows (adaflash.models.native): equal to torch's product, each row summed alike alone or
+among others, chosen by `Joined` for decode and verify steps, and left aside where it cannot be built."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from adaflash.models import native
+from adaflash.models.layers import NATIVE_MAX_ROWS, Joined, Layout, layout_for
+
+needs_native = pytest.mark.skipif(not native.available(), reason="no AVX2/FMA x86-64 CPU or no C compiler here")
+
+
+@needs_native
+@pytest.mark.parametrize("rows", [1, 2, 3, 16])
+@pytest.mark.parametrize(("out", "inner"), [(1, 8), (3, 20), (48, 37), (513, 384), (64, 1152)])
+def test_the_native_product_equals_torch(rows, out, inner):
+    torch.manual_seed(rows * out + inner)
+    x, w = torch.randn(rows, inner), torch.randn(out, inner)
+    assert torch.allclose(native.rowdot(x, w), F.linear(x, w), rtol=1e-5, atol=1e-4)
+
+
+@needs_native
+@pytest.mark.parametrize(("out", "inner"), [(513, 384), (48, 37), (7, 70)])
+def test_a_row_is_summed_alike_alone_or_among_others(out, inner):
+    """Bitwise: one and two rows stream the weight, more take it in pairs of outputs; all sum in one order."""
+    torch.manual_seed(out)
+    x, w = torch.randn(16, inner), torch.randn(out, inner)
+    alone = torch.cat([native.rowdot(x[i:i + 1].contiguous(), w) for i in range(16)])
+    for rows in (2, 3, 16):
+        assert torch.equal(native.rowdot(x[:rows].contiguous(), w), alone[:rows])
+
+
+@needs_native
+def test_the_native_product_runs_on_any_thread_count():
+    torch.manual_seed(3)
+    x, w, threads = torch.randn(3, 64), torch.randn(100, 64), torch.get_num_threads()
+    expected = native.rowdot(x, w)
+    try:
+        for n in (1, 3):
+            torch.set_num_threads(n)
+            assert torch.equal(native.rowdot(x, w), expected)
+    finally:
+        torch.set_num_threads(threads)
+
+
+@needs_native
+@pytest.mark.parametrize(("rows", "layout"), [(1, Layout.NATIVE), (NATIVE_MAX_ROWS, Layout.NATIVE),
+                                              (NATIVE_MAX_ROWS + 1, Layout.PACKED)])
+def test_joined_multiplies_decode_and_verify_rows_natively(rows, layout):
+    lin = nn.Linear(128, 512)
+    holder = nn.Module()
+    holder.proj = lin
+    joined, x = Joined(["proj.weight"]), torch.randn(rows, 128)
+    with torch.inference_mode():
+        assert layout_for(x, lin.weight) is layout
+        assert torch.allclose(joined.linear(holder, x, lin.bias), lin(x), atol=1e-5)
+        if layout is Layout.NATIVE:
+            assert not joined._copies  # the weight as it is: no second copy
+            strided = torch.randn(rows, 256)[:, :128]  # rows 256 apart: made contiguous before the call
+            assert torch.allclose(joined.linear(holder, strided, lin.bias), lin(strided), atol=1e-5)
+
+
+def _available_in_subprocess(env: dict[str, str]) -> str:
+    code = "from adaflash.models import native; print(native.available())"
+    done = subprocess.run([sys.executable, "-c", code], env={**os.environ, **env}, capture_output=True, text=True,
+                          timeout=120, check=True)
+    return done.stdout.strip() + done.stderr
+
+
+def test_the_switch_turns_the_native_product_off():
+    assert _available_in_subprocess({"ADAFLASH_NATIVE": "0"}).startswith("False")
+
+
+@needs_native
+def test_a_failed_build_leaves_torch_products(tmp_path):
+    """A host without a working compiler keeps torch's products and says why."""
+    out = _available_in_subprocess({"CC": "/bin/false", "ADAFLASH_CACHE_DIR": str(tmp_path)})
+    assert out.startswith("False") and "native products unavailable" in out
+    assert not list(tmp_path.iterdir())  # no half-written library left behind
