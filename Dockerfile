@@ -27,8 +27,12 @@ EXPOSE 8000 8001 8002 9000
 CMD [".venv/bin/adaflash", "serve", "--host", "0.0.0.0"]
 
 FROM python:3.11.13-slim-bookworm AS cpu
+# gcc builds the few-row fp32 products (python_backend/adaflash/models/native) on their first use; without it the
+# image serves on torch's slower products. libc6-dev must match the image's libc6, whose security updates the
+# archive replaces, so it is not pinned.
+# hadolint ignore=DL3008
 RUN apt-get update \
-    && apt-get install -y --no-install-recommends make=4.3-4.1 \
+    && apt-get install -y --no-install-recommends make=4.3-4.1 gcc=4:12.2.0-3 libc6-dev \
     && rm -rf /var/lib/apt/lists/*
 # torch's CPU build (2.13.0+cpu wins over PyPI's 2.13.0, which brings CUDA libraries a CPU image never loads).
 ENV PIP_EXTRA_INDEX_URL=https://download.pytorch.org/whl/cpu

@@ -14,6 +14,7 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -q torch==2.13.0
 	rm -rf adaflash.egg-info  # an older layout's metadata: from the repository root it would hide the entry points
 	$(BIN)/pip install -q -e '.[dev,serve,load]'
+	$(BIN)/python -c 'from adaflash.models import native; native.available()'  # built now, not at a server's start
 	touch $(STAMP)
 
 # Serves models/default (or, until it exists, the tiny random models) on 127.0.0.1:8001.
