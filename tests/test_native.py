@@ -1,5 +1,6 @@
-"""The C product of a few rows (adaflash.models.native): equal to torch's product, each row summed alike alone or
-among others, chosen by `Joined` for decode and verify steps, and left aside where it cannot be built."""
+"""The C kernels (adaflash.models.native): the product of a few rows and the RMS norm equal torch's, each row
+computed alike alone or among others, chosen by `Joined` and `rms_norm` at inference, and left aside where they
+cannot be built or a gradient must flow."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from adaflash.models import native
-from adaflash.models.layers import NATIVE_MAX_ROWS, Joined, Layout, layout_for
+from adaflash.models.layers import NATIVE_MAX_ROWS, Joined, Layout, layout_for, rms_norm
 
 needs_native = pytest.mark.skipif(not native.available(), reason="no AVX2/FMA x86-64 CPU or no C compiler here")
 
@@ -68,6 +69,43 @@ def test_joined_multiplies_decode_and_verify_rows_natively(rows, layout):
             assert torch.allclose(joined.linear(holder, strided, lin.bias), lin(strided), atol=1e-5)
 
 
+def _reference_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """Hugging Face's Qwen3RMSNorm in fp32."""
+    return weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps))
+
+
+@needs_native
+@pytest.mark.parametrize("dim", [64, 384, 37])
+@pytest.mark.parametrize("tokens", [1, 5, 300])
+def test_the_native_norm_equals_torch(tokens, dim):
+    torch.manual_seed(tokens + dim)
+    x, weight = torch.randn(tokens, dim) * 3, torch.randn(dim)
+    with torch.inference_mode():
+        assert native.can_norm(x, weight)
+        assert torch.allclose(rms_norm(x, weight, 1e-6), _reference_norm(x, weight, 1e-6), rtol=1e-5, atol=1e-5)
+        # q and k heads as a slice of the joined q/k/v product, one weight row per head
+        qkv = torch.randn(tokens, 6 + 2 + 2, dim)
+        qk, per_head = qkv[:, :8], torch.randn(8, dim)
+        assert native.can_norm(qk, per_head) and (tokens == 1 or not qk.is_contiguous())
+        assert torch.allclose(rms_norm(qk, per_head, 1e-6), _reference_norm(qk, per_head, 1e-6), rtol=1e-5, atol=1e-5)
+
+
+@needs_native
+def test_a_row_is_normed_alike_alone_or_among_others():
+    torch.manual_seed(5)
+    qk, weight = torch.randn(16, 10, 64)[:, :8], torch.randn(8, 64)
+    with torch.inference_mode():
+        batch = rms_norm(qk, weight, 1e-6)
+        assert all(torch.equal(rms_norm(qk[i:i + 1], weight, 1e-6), batch[i:i + 1]) for i in range(16))
+
+
+def test_a_norm_that_carries_gradients_stays_in_torch():
+    x, weight = torch.randn(3, 64, requires_grad=True), torch.ones(64, requires_grad=True)
+    assert not native.can_norm(x, weight)
+    rms_norm(x, weight, 1e-6).sum().backward()
+    assert x.grad is not None and weight.grad is not None
+
+
 def _available_in_subprocess(env: dict[str, str]) -> str:
     code = "from adaflash.models import native; print(native.available())"
     done = subprocess.run([sys.executable, "-c", code], env={**os.environ, **env}, capture_output=True, text=True,
@@ -83,5 +121,5 @@ def test_the_switch_turns_the_native_product_off():
 def test_a_failed_build_leaves_torch_products(tmp_path):
     """A host without a working compiler keeps torch's products and says why."""
     out = _available_in_subprocess({"CC": "/bin/false", "ADAFLASH_CACHE_DIR": str(tmp_path)})
-    assert out.startswith("False") and "native products unavailable" in out
+    assert out.startswith("False") and "native kernels unavailable" in out
     assert not list(tmp_path.iterdir())  # no half-written library left behind

@@ -18,9 +18,12 @@ from adaflash.models import native
 
 
 def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
-    """Normalised in fp32 and cast back before the weight, as Hugging Face's Qwen3 and Llama do; one torch call
-    instead of six (bitwise equal to the spelled-out formula in fp32), and in fp32, where there is no cast, a
-    weight of the normalised shape applied inside it (q and k normed together carry one weight per head)."""
+    """Normalised in fp32 and cast back before the weight, as Hugging Face's Qwen3 and Llama do. In fp32 on CPU
+    at inference one C call (`native.rms_norm`, where it builds); otherwise one torch call instead of six
+    (bitwise equal to the spelled-out formula in fp32), a weight of the normalised shape applied inside it (q
+    and k normed together carry one weight per head)."""
+    if native.can_norm(x, weight):
+        return native.rms_norm(x, weight, eps)
     if x.dtype == torch.float32:
         if weight.dim() == 1:
             return F.rms_norm(x, (x.shape[-1],), weight, eps=eps)
@@ -50,7 +53,7 @@ class RMSNorm(nn.Module):
 COPY_MAX_BYTES = 64 << 20
 COPY_MIN_BYTES = 256 << 10
 SPLIT_MAX_ROWS = 2
-NATIVE_MAX_ROWS = 16  # a block's verify; more rows are compute-bound, where oneDNN's packed product is faster
+NATIVE_MAX_ROWS = 8  # from about 16 rows the product is compute-bound, and oneDNN's packed one is faster
 PACKED_MAX_ROWS = 256  # measured faster up to here; larger prefills are compute-bound
 PACKED_FOR_ROWS = 16  # the row count oneDNN lays the packed weight out for
 

@@ -1,15 +1,16 @@
-"""fp32 products of a few rows by a weight, in C (`rowdot.c`), built with the host's C compiler on first use.
+"""fp32 kernels of a decode step on CPU, in C (`kernels.c`), built with the host's C compiler on first use.
 
-Why: a decode or verify step multiplies 1-16 rows by every weight, a product bound by reading the weight, and
-the BLAS torch ships reads it at about half the speed two cores stream memory here (docs/results.md). The
-kernel sums every dot in one order whatever the row count, so a row's products are bitwise the same alone or
-batched with others.
+Why: a decode or verify step multiplies a few rows by every weight, a product bound by reading the weight, and
+the BLAS torch ships reads it at about half the speed two cores stream memory here (docs/results.md); its RMS
+norm is six small torch operations, each costing more than the arithmetic. The product sums every dot in one
+order whatever the row count, so a row's products are bitwise the same alone or batched with others; the norm
+treats every row alike too.
 
 The library is compiled once per source and flags into a cache folder (`ADAFLASH_CACHE_DIR`, else
 `$XDG_CACHE_HOME/adaflash`, else `~/.cache/adaflash`; built files are renamed in whole, so processes starting
 at once are safe) and loaded with ctypes; it links the OpenMP runtime torch
 has loaded, so it shares torch's threads. Where it cannot be had (not x86-64 with AVX2 and FMA, no compiler, a
-failed build) or `ADAFLASH_NATIVE=0`, `available()` is False and callers keep torch's own products.
+failed build) or `ADAFLASH_NATIVE=0`, `available()` is False and callers keep torch's own operations.
 """
 
 from __future__ import annotations
@@ -28,8 +29,8 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-SOURCE = Path(__file__).with_name("rowdot.c")
-FLAGS = ["-O3", "-mavx2", "-mfma", "-fopenmp", "-shared", "-fPIC"]
+SOURCE = Path(__file__).with_name("kernels.c")
+FLAGS = ["-O3", "-mavx2", "-mfma", "-fopenmp", "-shared", "-fPIC", "-lm"]
 CPU_FLAGS = {"avx2", "fma"}
 ENV_SWITCH = "ADAFLASH_NATIVE"
 
@@ -37,32 +38,52 @@ log = logging.getLogger(__name__)
 
 
 def available() -> bool:
-    """Whether `rowdot` runs natively in this process (decided once)."""
-    return _kernel() is not None
+    """Whether the kernels run natively in this process (decided once)."""
+    return _library() is not None
 
 
 def rowdot(x: Tensor, w: Tensor) -> Tensor:
     """x [rows, in] @ w.T for contiguous fp32 CPU tensors, w [out, in]; only when `available()`."""
     rows, out = x.shape[0], w.shape[0]
     y = torch.empty((rows, out), dtype=torch.float32)
-    _kernel()(x.data_ptr(), w.data_ptr(), y.data_ptr(), rows, out, w.shape[1], torch.get_num_threads())
+    _library().rowdot(x.data_ptr(), w.data_ptr(), y.data_ptr(), rows, out, w.shape[1], torch.get_num_threads())
+    return y
+
+
+def can_norm(x: Tensor, weight: Tensor) -> bool:
+    """Whether `rms_norm` takes these: fp32 CPU x [T, D], or [T, H, D] whose heads lie side by side, and a
+    contiguous fp32 weight [D] or [H, D]; no gradient to carry."""
+    return (x.dtype == torch.float32 and weight.dtype == torch.float32 and x.device.type == "cpu"
+            and weight.device.type == "cpu" and weight.is_contiguous() and x.dim() in (2, 3) and x.stride(-1) == 1
+            and (x.dim() == 2 or x.stride(1) == x.shape[-1]) and weight.shape[-1] == x.shape[-1]
+            and (weight.dim() == 1 or (x.dim() == 3 and tuple(weight.shape) == tuple(x.shape[1:])))
+            and not (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad)) and available())
+
+
+def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
+    """x / sqrt(mean(x^2) + eps) * weight over the last dimension, for what `can_norm` takes; contiguous result."""
+    heads, dim = (x.shape[1] if x.dim() == 3 else 1), x.shape[-1]
+    y = torch.empty(x.shape, dtype=torch.float32)
+    _library().rmsnorm(x.data_ptr(), x.stride(0), weight.data_ptr(), dim if weight.dim() == 2 else 0, y.data_ptr(),
+                       x.shape[0], heads, dim, eps, torch.get_num_threads())
     return y
 
 
 @functools.cache
-def _kernel():
+def _library():
     if os.environ.get(ENV_SWITCH, "1") == "0" or not _cpu_supports():
         return None
     try:
         library = ctypes.CDLL(str(_built()))
     except (OSError, RuntimeError, subprocess.SubprocessError) as exc:
         detail = exc.stderr.decode(errors="replace") if isinstance(exc, subprocess.CalledProcessError) else ""
-        log.warning("native products unavailable, torch's are used: %s %s", exc, detail)
+        log.warning("native kernels unavailable, torch's operations are used: %s %s", exc, detail)
         return None
-    fn = library.rowdot
-    fn.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_int64] * 3 + [ctypes.c_int]
-    fn.restype = None
-    return fn
+    p, i64 = ctypes.c_void_p, ctypes.c_int64
+    library.rowdot.argtypes = [p, p, p, i64, i64, i64, ctypes.c_int]
+    library.rmsnorm.argtypes = [p, i64, p, i64, p, i64, i64, i64, ctypes.c_float, ctypes.c_int]
+    library.rowdot.restype = library.rmsnorm.restype = None
+    return library
 
 
 def _cpu_supports() -> bool:
@@ -83,7 +104,7 @@ def _built() -> Path:
         raise OSError("no C compiler (cc) on PATH")
     source = SOURCE.read_bytes()
     key = hashlib.sha256(source + " ".join([compiler, *FLAGS]).encode()).hexdigest()[:16]
-    target = _cache_dir() / f"rowdot-{key}.so"
+    target = _cache_dir() / f"kernels-{key}.so"
     if target.exists():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
