@@ -13,8 +13,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from adaflash.models import native
-from adaflash.models.layers import NATIVE_MAX_ROWS, Joined, Layout, layout_for, rms_norm
+from adaflash.models import native, target as target_module
+from adaflash.models.cache import Paging
+from adaflash.models.layers import NATIVE_MAX_ROWS, Joined, Layout, RopeConfig, layout_for, rms_norm
+from adaflash.models.target import TargetConfig, Transformer
 
 needs_native = pytest.mark.skipif(not native.available(), reason="no AVX2/FMA x86-64 CPU or no C compiler here")
 
@@ -104,6 +106,61 @@ def test_a_norm_that_carries_gradients_stays_in_torch():
     assert not native.can_norm(x, weight)
     rms_norm(x, weight, 1e-6).sum().backward()
     assert x.grad is not None and weight.grad is not None
+
+
+@pytest.fixture(scope="module")
+def target() -> Transformer:
+    """Random, with every weight large enough for the native product (256 KiB and more)."""
+    torch.manual_seed(0)
+    cfg = TargetConfig(vocab_size=1024, hidden_size=256, intermediate_size=768, num_hidden_layers=2,
+                       num_attention_heads=4, num_key_value_heads=2, head_dim=64, rope=RopeConfig(64, 10000.0))
+    model = Transformer(cfg).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0, 0.05) if p.dim() > 1 else p.uniform_(0.5, 1.5)
+    return model
+
+
+def _prefilled(target: Transformer, prompts: list[list[int]], paging: Paging | None = None):
+    cache = target.new_cache(len(prompts), 256, paging)
+    with torch.inference_mode():
+        target.forward(cache, list(range(len(prompts))), prompts)
+    return cache
+
+
+def _prompts(lengths: list[int]) -> list[list[int]]:
+    g = torch.Generator().manual_seed(sum(lengths))
+    return [torch.randint(0, 1024, (n,), generator=g).tolist() for n in lengths]
+
+
+@needs_native
+@pytest.mark.parametrize("paging", [None, Paging(page=16, pages=64)])
+def test_native_attention_equals_torch(target, paging, monkeypatch):
+    """Decode and verify steps of sequences of different lengths, unpaged and paged: the logits of torch's path."""
+    prompts, steps = _prompts([37, 5, 90]), _prompts([1, 4, 2])
+    logits = {}
+    for limit in (target_module.NATIVE_ATTENTION_MAX_TOKENS, 0):  # 0: torch's attention
+        monkeypatch.setattr(target_module, "NATIVE_ATTENTION_MAX_TOKENS", limit)
+        cache = _prefilled(target, prompts, paging)
+        with torch.inference_mode():
+            alone = target.forward(cache, [1], [steps[0]]).logits
+            batch = target.forward(cache, [0, 1, 2], steps).logits
+        logits[limit] = torch.cat([alone, batch])
+    assert torch.allclose(logits[0], logits[target_module.NATIVE_ATTENTION_MAX_TOKENS], atol=1e-4, rtol=1e-4)
+
+
+@needs_native
+def test_a_verify_gives_the_logits_of_decoding_bitwise(target):
+    """With the native kernels a forward of up to NATIVE_MAX_ROWS tokens is batch-invariant: verifying a block (alone,
+    or beside another sequence) gives, bit for bit, the logits of decoding its tokens one at a time, so greedy
+    speculative decoding commits exactly what plain decoding would."""
+    prompts = _prompts([60, 23])
+    for blocks in (_prompts([NATIVE_MAX_ROWS]), _prompts([NATIVE_MAX_ROWS // 2, NATIVE_MAX_ROWS // 2])):
+        one_by_one = _prefilled(target, prompts)
+        with torch.inference_mode():
+            decoded = torch.cat([target.forward(one_by_one, [0], [[t]]).logits for t in blocks[0]])
+            verified = target.forward(_prefilled(target, prompts), [0, 1][:len(blocks)], blocks).logits
+        assert torch.equal(verified[:len(blocks[0])], decoded)
 
 
 def _available_in_subprocess(env: dict[str, str]) -> str:

@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.nn.attention.bias import CausalBias, causal_lower_right
 
+from adaflash.models import native
 from adaflash.models.cache import KVCache, Paging
 from adaflash.models.checkpoint import load_weights, read_config, save_checkpoint
 from adaflash.models.layers import (MLP, Joined, Ragged, RMSNorm, RopeConfig, apply_rope, attend, rms_norm,
@@ -80,6 +81,9 @@ def target_config_to_hf(cfg: TargetConfig) -> dict:
     return d
 
 
+NATIVE_ATTENTION_MAX_TOKENS = 64  # decode and verify steps in C; prefills keep torch's blocked kernel
+
+
 @dataclass
 class AttentionGroup:
     """Sequences of one forward whose new-token counts round up to the same power of two: attention pads
@@ -104,6 +108,7 @@ class ForwardBatch:
     groups: list[AttentionGroup]
     cache: KVCache
     run: tuple[int, int, int] | None = None  # (page, start, end) when one sequence's writes are a slice of a page
+    native: native.AttentionBatch | None = None  # set when attention runs in C (then there are no groups)
 
     def write(self, store: Tensor, x: Tensor) -> None:
         """Store the new tokens' keys or values x [T, KV, hd] in one layer's cache pages [P, KV, page, hd]."""
@@ -120,8 +125,11 @@ class ForwardBatch:
         under PyTorch's lower-right causal bias instead of a boolean mask, which lets CUDA run its fused SDPA
         kernels (default: on CUDA only; CPU keeps the mask, whose kernel measured no slower there)."""
         fused = device.type == "cuda" if fused_causal is None else fused_causal
-        ragged = Ragged.build(counts, device)
         positions, pages, offsets = cache.locate(slots, starts, counts, device)
+        if native.can_attend(cache.k, sum(counts), NATIVE_ATTENTION_MAX_TOKENS):
+            return cls(positions, pages, offsets, [], cache, _run(cache, slots, starts, counts),
+                       native.attention_batch([cache.tables[s] for s in slots], starts, counts))
+        ragged = Ragged.build(counts, device)
         buckets: dict[int, list[int]] = {}
         for row, c in enumerate(counts):
             buckets.setdefault(1 << (c - 1).bit_length(), []).append(row)
@@ -207,7 +215,9 @@ class Attention(nn.Module):
         q, k, v = self.qkv(x, cos, sin)
         fb.write(k_cache, k)
         fb.write(v_cache, v)
-        if len(fb.groups) == 1:
+        if fb.native is not None:
+            out = native.attend(q, k_cache, v_cache, fb.native, self.head_dim**-0.5)
+        elif len(fb.groups) == 1:
             out = self.attend_group(q, fb.groups[0], fb.cache, k_cache, v_cache)
         else:
             out = q.new_empty(q.shape)

@@ -24,6 +24,7 @@ import platform
 import shutil
 import subprocess
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -69,6 +70,46 @@ def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
     return y
 
 
+@dataclass(frozen=True)
+class AttentionBatch:
+    """One forward's sequences as `attend` reads them, built once per forward for all its layers."""
+
+    table: Tensor  # int64 [B, width]: each sequence's cache pages
+    first: Tensor  # int64 [B]: its first row among the packed new tokens
+    starts: Tensor  # int64 [B]: the position of that row
+    counts: Tensor  # int64 [B]: its new tokens
+    longest: int  # the most positions a query sees
+
+
+def attention_batch(tables: list[list[int]], starts: list[int], counts: list[int]) -> AttentionBatch:
+    width = max(len(t) for t in tables)
+    first = [0]
+    for c in counts[:-1]:
+        first.append(first[-1] + c)
+    return AttentionBatch(torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.int64),
+                          torch.tensor(first, dtype=torch.int64), torch.tensor(starts, dtype=torch.int64),
+                          torch.tensor(counts, dtype=torch.int64), max(s + c for s, c in zip(starts, counts)))
+
+
+def can_attend(store: Tensor, tokens: int, max_tokens: int) -> bool:
+    """Whether `attend` takes a forward of `tokens` new tokens over caches like `store` [pages, KV, page, dim]."""
+    return (store.dtype == torch.float32 and store.device.type == "cpu" and store.is_contiguous()
+            and store.shape[-1] % 8 == 0 and 0 < tokens <= max_tokens and not torch.is_grad_enabled() and available())
+
+
+def attend(q: Tensor, k_cache: Tensor, v_cache: Tensor, batch: AttentionBatch, scale: float) -> Tensor:
+    """Causal attention of the new tokens q [T, H, dim] (heads side by side, rows any stride) over the caches
+    [pages, KV, page, dim] that already hold them -> [T, H, dim]."""
+    tokens, heads, dim = q.shape
+    out = torch.empty((tokens, heads, dim), dtype=torch.float32)
+    scores = torch.empty(tokens * heads * (batch.longest + 7), dtype=torch.float32)
+    _library().attend(q.data_ptr(), q.stride(0), k_cache.data_ptr(), v_cache.data_ptr(), batch.table.data_ptr(),
+                      batch.table.shape[1], batch.first.data_ptr(), batch.starts.data_ptr(), batch.counts.data_ptr(),
+                      batch.counts.shape[0], heads, k_cache.shape[1], k_cache.shape[2], dim, scale, out.data_ptr(),
+                      scores.data_ptr(), batch.longest, torch.get_num_threads())
+    return out
+
+
 @functools.cache
 def _library():
     if os.environ.get(ENV_SWITCH, "1") == "0" or not _cpu_supports():
@@ -82,7 +123,9 @@ def _library():
     p, i64 = ctypes.c_void_p, ctypes.c_int64
     library.rowdot.argtypes = [p, p, p, i64, i64, i64, ctypes.c_int]
     library.rmsnorm.argtypes = [p, i64, p, i64, p, i64, i64, i64, ctypes.c_float, ctypes.c_int]
-    library.rowdot.restype = library.rmsnorm.restype = None
+    library.attend.argtypes = [p, i64, p, p, p, i64, p, p, p, i64, i64, i64, i64, i64, ctypes.c_float, p, p, i64,
+                               ctypes.c_int]
+    library.rowdot.restype = library.rmsnorm.restype = library.attend.restype = None
     return library
 
 

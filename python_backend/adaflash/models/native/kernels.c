@@ -1,12 +1,15 @@
-/* The fp32 kernels of a decode or verify step on CPU: products of a few rows by a weight, and RMS norms.
+/* The fp32 kernels of a decode or verify step on CPU: products of a few rows by a weight, RMS norms, attention.
 
-rowdot: y[r, j] = sum_k x[r, k] * w[j, k] for x [rows, in] and w [out, in], both row-major. Why: a decode step multiplies one to a few rows by every weight, and the product is bound by reading the
-weight; MKL's few-row products read it at about half the speed two cores stream memory on this kind of host.
-Every dot here is summed in one fixed order (four 8-lane accumulators over k in chunks of 32, then eight lanes
-at a time, then the lanes, then a scalar tail), whatever the row count: a row's products are bitwise the same
-alone or among others, so verifying k tokens gives the products decoding them one at a time would.
+rowdot: y[r, j] = sum_k x[r, k] * w[j, k] for x [rows, in] and w [out, in], both row-major. Why: a decode step
+multiplies one to a few rows by every weight, and the product is bound by reading the weight; MKL's few-row
+products read it at about half the speed two cores stream memory on this kind of host.
+rmsnorm: one call instead of torch's six operations per norm (about 19 norms a step in a small model).
+attend: a step's few queries over their cached keys, without the padding, masks and views torch's attention
+needs around them.
 
-rmsnorm: one call instead of torch's six operations per norm (about 19 norms a step in a small model). */
+Each kernel computes a row (a dot, a token's norm, a token's head) in one fixed order whatever else is in the
+call, so a token's results are bitwise the same alone or batched with others: verifying k tokens gives the
+logits decoding them one at a time would. */
 #include <immintrin.h>
 #include <math.h>
 #include <stdint.h>
@@ -18,56 +21,59 @@ static inline float lanes(__m256 v) {
     return _mm_cvtss_f32(s);
 }
 
+/* A dot in the one order every product uses: the 8-lane chunks of k alternate between two accumulators (even and
+   odd chunks), then the accumulators are added, then their lanes, then the scalar tail. */
 static float dot(const float *x, const float *w, int64_t in) {
-    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0;
     int64_t k = 0;
-    for (; k + 32 <= in; k += 32) {
+    for (; k + 16 <= in; k += 16) {
         a0 = _mm256_fmadd_ps(_mm256_loadu_ps(x + k), _mm256_loadu_ps(w + k), a0);
         a1 = _mm256_fmadd_ps(_mm256_loadu_ps(x + k + 8), _mm256_loadu_ps(w + k + 8), a1);
-        a2 = _mm256_fmadd_ps(_mm256_loadu_ps(x + k + 16), _mm256_loadu_ps(w + k + 16), a2);
-        a3 = _mm256_fmadd_ps(_mm256_loadu_ps(x + k + 24), _mm256_loadu_ps(w + k + 24), a3);
     }
-    for (; k + 8 <= in; k += 8) a0 = _mm256_fmadd_ps(_mm256_loadu_ps(x + k), _mm256_loadu_ps(w + k), a0);
-    float s = lanes(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
+    if (k + 8 <= in) {
+        a0 = _mm256_fmadd_ps(_mm256_loadu_ps(x + k), _mm256_loadu_ps(w + k), a0);
+        k += 8;
+    }
+    float s = lanes(_mm256_add_ps(a0, a1));
     for (; k < in; k++) s += x[k] * w[k];
     return s;
 }
-
-/* Two outputs of one row sharing the row's loads; each sum in exactly `dot`'s order. */
-static void dot2(const float *x, const float *w, int64_t in, float *y) {
-    const float *v = w + in;
-    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, b0 = a0, b1 = a0, b2 = a0, b3 = a0;
+/* rows r0, r1 by outputs w0, w1, w2: six dots, each in `dot`'s order */
+static void tile(const float *x0, const float *x1, const float *w, int64_t in, float *y0, float *y1) {
+    const float *w0 = w, *w1 = w + in, *w2 = w + 2 * in;
+    __m256 a00 = _mm256_setzero_ps(), a01 = a00, a02 = a00, a10 = a00, a11 = a00, a12 = a00;
+    __m256 b00 = a00, b01 = a00, b02 = a00, b10 = a00, b11 = a00, b12 = a00;
     int64_t k = 0;
-    for (; k + 32 <= in; k += 32) {
-        __m256 x0 = _mm256_loadu_ps(x + k), x1 = _mm256_loadu_ps(x + k + 8);
-        __m256 x2 = _mm256_loadu_ps(x + k + 16), x3 = _mm256_loadu_ps(x + k + 24);
-        a0 = _mm256_fmadd_ps(x0, _mm256_loadu_ps(w + k), a0);
-        a1 = _mm256_fmadd_ps(x1, _mm256_loadu_ps(w + k + 8), a1);
-        a2 = _mm256_fmadd_ps(x2, _mm256_loadu_ps(w + k + 16), a2);
-        a3 = _mm256_fmadd_ps(x3, _mm256_loadu_ps(w + k + 24), a3);
-        b0 = _mm256_fmadd_ps(x0, _mm256_loadu_ps(v + k), b0);
-        b1 = _mm256_fmadd_ps(x1, _mm256_loadu_ps(v + k + 8), b1);
-        b2 = _mm256_fmadd_ps(x2, _mm256_loadu_ps(v + k + 16), b2);
-        b3 = _mm256_fmadd_ps(x3, _mm256_loadu_ps(v + k + 24), b3);
+    for (; k + 16 <= in; k += 16) {
+        __m256 p = _mm256_loadu_ps(x0 + k), q = _mm256_loadu_ps(x1 + k), v;
+        v = _mm256_loadu_ps(w0 + k); a00 = _mm256_fmadd_ps(p, v, a00); a10 = _mm256_fmadd_ps(q, v, a10);
+        v = _mm256_loadu_ps(w1 + k); a01 = _mm256_fmadd_ps(p, v, a01); a11 = _mm256_fmadd_ps(q, v, a11);
+        v = _mm256_loadu_ps(w2 + k); a02 = _mm256_fmadd_ps(p, v, a02); a12 = _mm256_fmadd_ps(q, v, a12);
+        p = _mm256_loadu_ps(x0 + k + 8); q = _mm256_loadu_ps(x1 + k + 8);
+        v = _mm256_loadu_ps(w0 + k + 8); b00 = _mm256_fmadd_ps(p, v, b00); b10 = _mm256_fmadd_ps(q, v, b10);
+        v = _mm256_loadu_ps(w1 + k + 8); b01 = _mm256_fmadd_ps(p, v, b01); b11 = _mm256_fmadd_ps(q, v, b11);
+        v = _mm256_loadu_ps(w2 + k + 8); b02 = _mm256_fmadd_ps(p, v, b02); b12 = _mm256_fmadd_ps(q, v, b12);
     }
-    for (; k + 8 <= in; k += 8) {
-        __m256 x0 = _mm256_loadu_ps(x + k);
-        a0 = _mm256_fmadd_ps(x0, _mm256_loadu_ps(w + k), a0);
-        b0 = _mm256_fmadd_ps(x0, _mm256_loadu_ps(v + k), b0);
+    if (k + 8 <= in) {
+        __m256 p = _mm256_loadu_ps(x0 + k), q = _mm256_loadu_ps(x1 + k), v;
+        v = _mm256_loadu_ps(w0 + k); a00 = _mm256_fmadd_ps(p, v, a00); a10 = _mm256_fmadd_ps(q, v, a10);
+        v = _mm256_loadu_ps(w1 + k); a01 = _mm256_fmadd_ps(p, v, a01); a11 = _mm256_fmadd_ps(q, v, a11);
+        v = _mm256_loadu_ps(w2 + k); a02 = _mm256_fmadd_ps(p, v, a02); a12 = _mm256_fmadd_ps(q, v, a12);
+        k += 8;
     }
-    float s = lanes(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
-    float t = lanes(_mm256_add_ps(_mm256_add_ps(b0, b1), _mm256_add_ps(b2, b3)));
+    float s[6] = {lanes(_mm256_add_ps(a00, b00)), lanes(_mm256_add_ps(a01, b01)), lanes(_mm256_add_ps(a02, b02)),
+                  lanes(_mm256_add_ps(a10, b10)), lanes(_mm256_add_ps(a11, b11)), lanes(_mm256_add_ps(a12, b12))};
     for (; k < in; k++) {
-        s += x[k] * w[k];
-        t += x[k] * v[k];
+        s[0] += x0[k] * w0[k]; s[1] += x0[k] * w1[k]; s[2] += x0[k] * w2[k];
+        s[3] += x1[k] * w0[k]; s[4] += x1[k] * w1[k]; s[5] += x1[k] * w2[k];
     }
-    y[0] = s;
-    y[1] = t;
+    y0[0] = s[0]; y0[1] = s[1]; y0[2] = s[2];
+    y1[0] = s[3]; y1[1] = s[4]; y1[2] = s[5];
 }
-
-/* One or two rows stream the weight a row at a time (bandwidth-bound); more rows take the weight two rows at a
-   time and multiply every input row by them while they sit in L1, fetching the next two rows meanwhile (the
-   hardware's prefetcher alone left the product below the bandwidth at 4 to 16 rows). */
+/* One or two rows stream the weight a row at a time (bandwidth-bound). More rows take the weight three rows at a
+   time and multiply the input rows by them two at a time while they sit in L1 (a 2 x 3 tile: 12 accumulators,
+   5 loads per 6 FMAs), fetching the next three weight rows meanwhile (the hardware's prefetcher alone left the
+   product below the bandwidth at 4 to 16 rows). */
 void rowdot(const float *x, const float *w, float *y, int64_t rows, int64_t out, int64_t in, int threads) {
     if (rows <= 2) {
         #pragma omp parallel for schedule(static) num_threads(threads)
@@ -75,17 +81,21 @@ void rowdot(const float *x, const float *w, float *y, int64_t rows, int64_t out,
             for (int64_t r = 0; r < rows; r++) y[r * out + j] = dot(x + r * in, w + j * in, in);
         return;
     }
-    int64_t pairs = out / 2;
+    int64_t triples = out / 3;
     #pragma omp parallel for schedule(static) num_threads(threads)
-    for (int64_t p = 0; p < pairs; p++) {
-        if (p + 1 < pairs) {
-            const char *next = (const char *)(w + 2 * (p + 1) * in);
-            for (int64_t b = 0; b < 2 * in * (int64_t)sizeof(float); b += 64) _mm_prefetch(next + b, _MM_HINT_T0);
+    for (int64_t p = 0; p < triples; p++) {
+        const float *wp = w + 3 * p * in;
+        if (p + 1 < triples) {
+            const char *next = (const char *)(wp + 3 * in);
+            for (int64_t b = 0; b < 3 * in * (int64_t)sizeof(float); b += 64) _mm_prefetch(next + b, _MM_HINT_T0);
         }
-        for (int64_t r = 0; r < rows; r++) dot2(x + r * in, w + 2 * p * in, in, y + r * out + 2 * p);
+        int64_t r = 0;
+        for (; r + 2 <= rows; r += 2) tile(x + r * in, x + (r + 1) * in, wp, in, y + r * out + 3 * p, y + (r + 1) * out + 3 * p);
+        for (; r < rows; r++)
+            for (int64_t o = 0; o < 3; o++) y[r * out + 3 * p + o] = dot(x + r * in, wp + o * in, in);
     }
-    if (out % 2)
-        for (int64_t r = 0; r < rows; r++) y[r * out + out - 1] = dot(x + r * in, w + (out - 1) * in, in);
+    for (int64_t j = 3 * triples; j < out; j++)
+        for (int64_t r = 0; r < rows; r++) y[r * out + j] = dot(x + r * in, w + j * in, in);
 }
 
 /* y[t, h, :] = x[t, h, :] / sqrt(mean(x[t, h, :]^2) + eps) * w[h, :] for x [T, H, D] whose rows lie `stride` floats
@@ -111,5 +121,80 @@ void rmsnorm(const float *x, int64_t stride, const float *w, int64_t w_stride, f
         for (k = 0; k + 8 <= dim; k += 8)
             _mm256_storeu_ps(yr + k, _mm256_mul_ps(_mm256_mul_ps(_mm256_loadu_ps(xr + k), iv), _mm256_loadu_ps(wr + k)));
         for (; k < dim; k++) yr[k] = xr[k] * inv * wr[k];
+    }
+}
+
+/* e^x in 8 lanes for x <= 0 (softmax's shifted scores): x = n ln2 + r, e^r by a degree-7 Taylor-like polynomial
+   in Horner form, 2^n put in the exponent; below -87 the result is 0. Within 2 ulp of expf on [-87, 0]. */
+static inline __m256 exp_nonpositive(__m256 x) {
+    const __m256 lo = _mm256_set1_ps(-87.0f);
+    __m256 zero_mask = _mm256_cmp_ps(x, lo, _CMP_LT_OQ);
+    x = _mm256_max_ps(x, lo);
+    __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+    __m256 p = _mm256_set1_ps(1.0f / 5040.0f);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 720.0f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 120.0f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 24.0f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 6.0f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+    __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_andnot_ps(zero_mask, _mm256_mul_ps(p, _mm256_castsi256_ps(e)));
+}
+
+/* Attention of the new tokens of `seqs` sequences over their cached keys and values (written before the call).
+   Sequence b's `counts[b]` tokens lie from row `first[b]` of q [T, heads, dim] (rows `q_stride` floats apart, the
+   heads side by side) at positions starts[b].., and its cache pages are table[b * width ..]; the caches are
+   [pages, kv_heads, page, dim]. Query j of sequence b sees positions 0..starts[b] + j (causal); query head h reads
+   kv head h / (heads / kv_heads). out: [T, heads, dim]. `scores` holds (max_len + 7) floats per (token, head). A
+   (token, head) is computed the same whatever else is in the batch. dim is a multiple of 8. */
+void attend(const float *q, int64_t q_stride, const float *kc, const float *vc, const int64_t *table, int64_t width,
+            const int64_t *first, const int64_t *starts, const int64_t *counts, int64_t seqs, int64_t heads,
+            int64_t kv_heads, int64_t page, int64_t dim, float scale, float *out, float *scores, int64_t max_len,
+            int threads) {
+    int64_t tasks = 0;
+    for (int64_t b = 0; b < seqs; b++) tasks += counts[b] * heads;
+    const int64_t group = heads / kv_heads, page_floats = kv_heads * page * dim;
+    #pragma omp parallel for schedule(static) num_threads(threads)
+    for (int64_t task = 0; task < tasks; task++) {
+        int64_t b = 0, rest = task;
+        while (rest >= counts[b] * heads) rest -= counts[b++] * heads;
+        const int64_t j = rest / heads, h = rest % heads, t = first[b] + j, len = starts[b] + j + 1;
+        const int64_t head_off = (h / group) * page * dim;
+        const int64_t *pages = table + b * width;
+        const float *qv = q + t * q_stride + h * dim;
+        float *s = scores + task * (max_len + 7);
+        __m256 mx = _mm256_set1_ps(-INFINITY);
+        for (int64_t l = 0; l < len; l++) {
+            const float *kl = kc + pages[l / page] * page_floats + head_off + (l % page) * dim;
+            s[l] = dot(qv, kl, dim) * scale;
+        }
+        for (int64_t l = len; l < ((len + 7) & ~(int64_t)7); l++) s[l] = -INFINITY;
+        for (int64_t l = 0; l < len; l += 8) mx = _mm256_max_ps(mx, _mm256_loadu_ps(s + l));
+        __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(mx), _mm256_extractf128_ps(mx, 1));
+        m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+        m4 = _mm_max_ss(m4, _mm_shuffle_ps(m4, m4, 1));
+        const __m256 m = _mm256_set1_ps(_mm_cvtss_f32(m4));
+        __m256 total = _mm256_setzero_ps();
+        for (int64_t l = 0; l < len; l += 8) {
+            __m256 e = exp_nonpositive(_mm256_sub_ps(_mm256_loadu_ps(s + l), m));
+            _mm256_storeu_ps(s + l, e);
+            total = _mm256_add_ps(total, e);
+        }
+        const float inv = 1.0f / lanes(total);
+        float *o = out + t * heads * dim + h * dim;
+        for (int64_t d = 0; d < dim; d += 8) _mm256_storeu_ps(o + d, _mm256_setzero_ps());
+        for (int64_t l = 0; l < len; l++) {
+            const float *vl = vc + pages[l / page] * page_floats + head_off + (l % page) * dim;
+            const __m256 w = _mm256_set1_ps(s[l]);
+            for (int64_t d = 0; d < dim; d += 8)
+                _mm256_storeu_ps(o + d, _mm256_fmadd_ps(w, _mm256_loadu_ps(vl + d), _mm256_loadu_ps(o + d)));
+        }
+        for (int64_t d = 0; d < dim; d += 8) _mm256_storeu_ps(o + d, _mm256_mul_ps(_mm256_loadu_ps(o + d),
+                                                                                 _mm256_set1_ps(inv)));
     }
 }
