@@ -15,7 +15,8 @@ from torch import nn
 
 from adaflash.models import native, target as target_module
 from adaflash.models.cache import Paging
-from adaflash.models.layers import NATIVE_MAX_ROWS, Joined, Layout, RopeConfig, layout_for, rms_norm
+from adaflash.models.layers import (NATIVE_MAX_ROWS, Joined, Layout, RopeConfig, apply_rope, layout_for, rms_norm,
+                                    rope_cos_sin)
 from adaflash.models.target import TargetConfig, Transformer
 
 needs_native = pytest.mark.skipif(not native.available(), reason="no AVX2/FMA x86-64 CPU or no C compiler here")
@@ -99,6 +100,19 @@ def test_a_row_is_normed_alike_alone_or_among_others():
     with torch.inference_mode():
         batch = rms_norm(qk, weight, 1e-6)
         assert all(torch.equal(rms_norm(qk[i:i + 1], weight, 1e-6), batch[i:i + 1]) for i in range(16))
+
+
+@needs_native
+@pytest.mark.parametrize("tokens", [1, 5])
+def test_norm_and_rope_in_one_call_equal_them_apart(tokens):
+    """Bitwise: the fused call rounds as the native norm followed by torch's rotary embedding."""
+    torch.manual_seed(tokens)
+    qk, weight = torch.randn(tokens, 10, 64)[:, :8], torch.randn(8, 64)
+    inv_freq = 1.0 / (10000.0 ** (torch.arange(0, 64, 2).float() / 64))
+    cos, sin = rope_cos_sin(inv_freq, torch.arange(40, 40 + tokens))
+    with torch.inference_mode():
+        assert native.can_norm_rope(qk, weight, cos, sin)
+        assert torch.equal(native.norm_rope(qk, weight, cos, sin, 1e-6), apply_rope(rms_norm(qk, weight, 1e-6), cos, sin))
 
 
 def test_a_norm_that_carries_gradients_stays_in_torch():

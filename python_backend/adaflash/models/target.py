@@ -197,9 +197,12 @@ class Attention(nn.Module):
         bias = None if self.qkv_bias is None else self.qkv_bias.of(self)
         qkv = self.qkv_weight.linear(self, x, bias).view(t, h + 2 * kv, self.head_dim)
         qk, v = qkv[:, : h + kv], qkv[:, h + kv :]
-        if self.qk_norm:
-            qk = rms_norm(qk, self.qk_norm_weight.of(self), self.eps)
-        qk = apply_rope(qk, cos, sin)
+        if not self.qk_norm:
+            qk = apply_rope(qk, cos, sin)
+        elif native.can_norm_rope(qk, weight := self.qk_norm_weight.of(self), cos, sin):
+            qk = native.norm_rope(qk, weight, cos, sin, self.eps)
+        else:
+            qk = apply_rope(rms_norm(qk, weight, self.eps), cos, sin)
         return qk[:, :h], qk[:, h:], v
 
     def forward_causal(self, x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
@@ -213,11 +216,12 @@ class Attention(nn.Module):
     def forward(self, x: Tensor, cos: Tensor, sin: Tensor, fb: ForwardBatch, k_cache: Tensor, v_cache: Tensor) -> Tensor:
         t = x.shape[0]
         q, k, v = self.qkv(x, cos, sin)
+        if fb.native is not None:
+            out = native.attend(q, k, v, k_cache, v_cache, fb.native, self.head_dim**-0.5)
+            return self.o_weight.linear(self, out.reshape(t, -1), self.o_proj.bias)
         fb.write(k_cache, k)
         fb.write(v_cache, v)
-        if fb.native is not None:
-            out = native.attend(q, k_cache, v_cache, fb.native, self.head_dim**-0.5)
-        elif len(fb.groups) == 1:
+        if len(fb.groups) == 1:
             out = self.attend_group(q, fb.groups[0], fb.cache, k_cache, v_cache)
         else:
             out = q.new_empty(q.shape)

@@ -31,7 +31,7 @@ import torch
 from torch import Tensor
 
 SOURCE = Path(__file__).with_name("kernels.c")
-FLAGS = ["-O3", "-mavx2", "-mfma", "-fopenmp", "-shared", "-fPIC", "-lm"]
+FLAGS = ["-O3", "-mavx2", "-mfma", "-ffp-contract=off", "-fopenmp", "-shared", "-fPIC", "-lm"]  # rounding as written
 CPU_FLAGS = {"avx2", "fma"}
 ENV_SWITCH = "ADAFLASH_NATIVE"
 
@@ -70,6 +70,23 @@ def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
     return y
 
 
+def can_norm_rope(x: Tensor, weight: Tensor, cos: Tensor, sin: Tensor) -> bool:
+    """Whether `norm_rope` takes these: q and k heads x [T, H, D] as `can_norm` takes them with weight [H, D], D a
+    multiple of 16, and contiguous fp32 cos and sin of T x D values."""
+    return (x.dim() == 3 and weight.dim() == 2 and x.shape[-1] % 16 == 0 and can_norm(x, weight)
+            and all(t.dtype == torch.float32 and t.is_contiguous() and t.numel() == x.shape[0] * x.shape[-1]
+                    for t in (cos, sin)))
+
+
+def norm_rope(x: Tensor, weight: Tensor, cos: Tensor, sin: Tensor, eps: float) -> Tensor:
+    """`layers.apply_rope(rms_norm(x, weight, eps), cos, sin)` in one call, bitwise, for what `can_norm_rope` takes."""
+    tokens, heads, dim = x.shape
+    y = torch.empty(x.shape, dtype=torch.float32)
+    _library().norm_rope(x.data_ptr(), x.stride(0), weight.data_ptr(), cos.data_ptr(), sin.data_ptr(), y.data_ptr(),
+                         tokens, heads, dim, eps, torch.get_num_threads())
+    return y
+
+
 @dataclass(frozen=True)
 class AttentionBatch:
     """One forward's sequences as `attend` reads them, built once per forward for all its layers."""
@@ -97,16 +114,18 @@ def can_attend(store: Tensor, tokens: int, max_tokens: int) -> bool:
             and store.shape[-1] % 8 == 0 and 0 < tokens <= max_tokens and not torch.is_grad_enabled() and available())
 
 
-def attend(q: Tensor, k_cache: Tensor, v_cache: Tensor, batch: AttentionBatch, scale: float) -> Tensor:
-    """Causal attention of the new tokens q [T, H, dim] (heads side by side, rows any stride) over the caches
-    [pages, KV, page, dim] that already hold them -> [T, H, dim]."""
+def attend(q: Tensor, k: Tensor, v: Tensor, k_cache: Tensor, v_cache: Tensor, batch: AttentionBatch,
+           scale: float) -> Tensor:
+    """Store the new tokens' keys k and values v [T, KV, dim] in the caches [pages, KV, page, dim], then attend
+    causally with their queries q [T, H, dim] -> [T, H, dim]. q, k and v: heads side by side, rows any stride."""
     tokens, heads, dim = q.shape
     out = torch.empty((tokens, heads, dim), dtype=torch.float32)
     scores = torch.empty(tokens * heads * (batch.longest + 7), dtype=torch.float32)
-    _library().attend(q.data_ptr(), q.stride(0), k_cache.data_ptr(), v_cache.data_ptr(), batch.table.data_ptr(),
-                      batch.table.shape[1], batch.first.data_ptr(), batch.starts.data_ptr(), batch.counts.data_ptr(),
-                      batch.counts.shape[0], heads, k_cache.shape[1], k_cache.shape[2], dim, scale, out.data_ptr(),
-                      scores.data_ptr(), batch.longest, torch.get_num_threads())
+    _library().attend(q.data_ptr(), q.stride(0), k.data_ptr(), k.stride(0), v.data_ptr(), v.stride(0),
+                      k_cache.data_ptr(), v_cache.data_ptr(), batch.table.data_ptr(), batch.table.shape[1],
+                      batch.first.data_ptr(), batch.starts.data_ptr(), batch.counts.data_ptr(), batch.counts.shape[0],
+                      heads, k_cache.shape[1], k_cache.shape[2], dim, scale, out.data_ptr(), scores.data_ptr(),
+                      batch.longest, torch.get_num_threads())
     return out
 
 
@@ -123,9 +142,11 @@ def _library():
     p, i64 = ctypes.c_void_p, ctypes.c_int64
     library.rowdot.argtypes = [p, p, p, i64, i64, i64, ctypes.c_int]
     library.rmsnorm.argtypes = [p, i64, p, i64, p, i64, i64, i64, ctypes.c_float, ctypes.c_int]
-    library.attend.argtypes = [p, i64, p, p, p, i64, p, p, p, i64, i64, i64, i64, i64, ctypes.c_float, p, p, i64,
-                               ctypes.c_int]
-    library.rowdot.restype = library.rmsnorm.restype = library.attend.restype = None
+    library.norm_rope.argtypes = [p, i64, p, p, p, p, i64, i64, i64, ctypes.c_float, ctypes.c_int]
+    library.attend.argtypes = [p, i64, p, i64, p, i64, p, p, p, i64, p, p, p, i64, i64, i64, i64, i64, ctypes.c_float,
+                               p, p, i64, ctypes.c_int]
+    for fn in (library.rowdot, library.rmsnorm, library.norm_rope, library.attend):
+        fn.restype = None
     return library
 
 

@@ -13,6 +13,7 @@ logits decoding them one at a time would. */
 #include <immintrin.h>
 #include <math.h>
 #include <stdint.h>
+#include <string.h>
 
 static inline float lanes(__m256 v) {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -124,6 +125,34 @@ void rmsnorm(const float *x, int64_t stride, const float *w, int64_t w_stride, f
     }
 }
 
+/* rmsnorm of q and k heads [T, H, D] (rows `stride` floats apart, weight [H, D]) followed by the rotary embedding
+   of each token's position: y = n * cos + roll(n, D / 2) * sin with cos and sin [T, D] (sin's first half
+   negated), rounded as torch's addcmul on x * cos does: the first product rounded, the second fused into the sum. */
+void norm_rope(const float *x, int64_t stride, const float *w, const float *cos, const float *sin, float *y,
+               int64_t tokens, int64_t heads, int64_t dim, float eps, int threads) {
+    const int64_t half = dim / 2;
+    #pragma omp parallel for schedule(static) num_threads(threads) if (tokens * heads * dim >= 65536)
+    for (int64_t r = 0; r < tokens * heads; r++) {
+        int64_t t = r / heads, h = r % heads;
+        const float *xr = x + t * stride + h * dim, *wr = w + h * dim, *c = cos + t * dim, *sn = sin + t * dim;
+        float n[dim], *yr = y + r * dim;
+        __m256 acc = _mm256_setzero_ps();
+        for (int64_t k = 0; k < dim; k += 8) {
+            __m256 v = _mm256_loadu_ps(xr + k);
+            acc = _mm256_fmadd_ps(v, v, acc);
+        }
+        float inv = 1.0f / sqrtf(lanes(acc) / (float)dim + eps);
+        __m256 iv = _mm256_set1_ps(inv);
+        for (int64_t k = 0; k < dim; k += 8)
+            _mm256_storeu_ps(n + k, _mm256_mul_ps(_mm256_mul_ps(_mm256_loadu_ps(xr + k), iv), _mm256_loadu_ps(wr + k)));
+        for (int64_t k = 0; k < dim; k += 8) {
+            int64_t partner = k < half ? k + half : k - half;
+            __m256 a = _mm256_mul_ps(_mm256_loadu_ps(n + k), _mm256_loadu_ps(c + k));
+            _mm256_storeu_ps(yr + k, _mm256_fmadd_ps(_mm256_loadu_ps(n + partner), _mm256_loadu_ps(sn + k), a));
+        }
+    }
+}
+
 /* e^x in 8 lanes for x <= 0 (softmax's shifted scores): x = n ln2 + r, e^r by a degree-7 Taylor-like polynomial
    in Horner form, 2^n put in the exponent; below -87 the result is 0. Within 2 ulp of expf on [-87, 0]. */
 static inline __m256 exp_nonpositive(__m256 x) {
@@ -146,19 +175,29 @@ static inline __m256 exp_nonpositive(__m256 x) {
     return _mm256_andnot_ps(zero_mask, _mm256_mul_ps(p, _mm256_castsi256_ps(e)));
 }
 
-/* Attention of the new tokens of `seqs` sequences over their cached keys and values (written before the call).
+/* Attention of the new tokens of `seqs` sequences over their cached keys and values, after writing the new tokens'
+   keys k and values v [T, kv_heads, dim] (rows `k_stride` and `v_stride` floats apart) into the caches.
    Sequence b's `counts[b]` tokens lie from row `first[b]` of q [T, heads, dim] (rows `q_stride` floats apart, the
    heads side by side) at positions starts[b].., and its cache pages are table[b * width ..]; the caches are
    [pages, kv_heads, page, dim]. Query j of sequence b sees positions 0..starts[b] + j (causal); query head h reads
    kv head h / (heads / kv_heads). out: [T, heads, dim]. `scores` holds (max_len + 7) floats per (token, head). A
    (token, head) is computed the same whatever else is in the batch. dim is a multiple of 8. */
-void attend(const float *q, int64_t q_stride, const float *kc, const float *vc, const int64_t *table, int64_t width,
-            const int64_t *first, const int64_t *starts, const int64_t *counts, int64_t seqs, int64_t heads,
-            int64_t kv_heads, int64_t page, int64_t dim, float scale, float *out, float *scores, int64_t max_len,
-            int threads) {
+void attend(const float *q, int64_t q_stride, const float *k, int64_t k_stride, const float *v, int64_t v_stride,
+            float *kc, float *vc, const int64_t *table, int64_t width, const int64_t *first, const int64_t *starts,
+            const int64_t *counts, int64_t seqs, int64_t heads, int64_t kv_heads, int64_t page, int64_t dim,
+            float scale, float *out, float *scores, int64_t max_len, int threads) {
     int64_t tasks = 0;
     for (int64_t b = 0; b < seqs; b++) tasks += counts[b] * heads;
     const int64_t group = heads / kv_heads, page_floats = kv_heads * page * dim;
+    for (int64_t b = 0; b < seqs; b++)
+        for (int64_t j = 0; j < counts[b]; j++) {
+            const int64_t t = first[b] + j, p = starts[b] + j;
+            const int64_t at = table[b * width + p / page] * page_floats + (p % page) * dim;
+            for (int64_t g = 0; g < kv_heads; g++) {
+                memcpy(kc + at + g * page * dim, k + t * k_stride + g * dim, dim * sizeof(float));
+                memcpy(vc + at + g * page * dim, v + t * v_stride + g * dim, dim * sizeof(float));
+            }
+        }
     #pragma omp parallel for schedule(static) num_threads(threads)
     for (int64_t task = 0; task < tasks; task++) {
         int64_t b = 0, rest = task;
