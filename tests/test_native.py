@@ -164,6 +164,22 @@ def test_native_attention_equals_torch(target, paging, monkeypatch):
 
 
 @needs_native
+def test_a_layer_in_one_call_equals_the_layer_in_python(target, monkeypatch):
+    """`native.decode_layer` against `DecoderLayer` (whose pieces are the same kernels, silu aside): logits and the
+    captured hidden states a drafter reads."""
+    prompts, steps = _prompts([30, 12]), _prompts([3, 1])
+    results = []
+    for fused in (True, False):
+        if not fused:
+            monkeypatch.setattr(Transformer, "_fused_layers", lambda self, fb, tokens: None)
+        cache = _prefilled(target, prompts)
+        with torch.inference_mode():
+            results.append(target.forward(cache, [0, 1], steps, capture_layers=[1, 0]))
+    assert torch.allclose(results[0].logits, results[1].logits, atol=1e-4, rtol=1e-4)
+    assert torch.allclose(results[0].hidden, results[1].hidden, atol=1e-4, rtol=1e-4)
+
+
+@needs_native
 def test_a_verify_gives_the_logits_of_decoding_bitwise(target):
     """With the native kernels a forward of up to NATIVE_MAX_ROWS tokens is batch-invariant: verifying a block (alone,
     or beside another sequence) gives, bit for bit, the logits of decoding its tokens one at a time, so greedy

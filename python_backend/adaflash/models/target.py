@@ -18,8 +18,8 @@ from torch.nn.attention.bias import CausalBias, causal_lower_right
 from adaflash.models import native
 from adaflash.models.cache import KVCache, Paging
 from adaflash.models.checkpoint import load_weights, read_config, save_checkpoint
-from adaflash.models.layers import (MLP, Joined, Ragged, RMSNorm, RopeConfig, apply_rope, attend, rms_norm,
-                                    rope_cos_sin)
+from adaflash.models.layers import (MLP, NATIVE_MAX_ROWS, Joined, Ragged, RMSNorm, RopeConfig, apply_rope, attend,
+                                    rms_norm, rope_cos_sin)
 from adaflash.models.placement import CPU, Placement, empty_on, place_of
 
 
@@ -334,16 +334,50 @@ class Transformer(nn.Module):
         cos, sin = cos.to(x.dtype), sin.to(x.dtype)
         wanted = set(capture_layers or [])
         captured: dict[int, Tensor] = {}
-        for i, layer in enumerate(self.model.layers):
-            x = layer(x, cos, sin, fb, cache.k[i], cache.v[i])
-            if i in wanted:
-                captured[i] = x
+        fused = self._fused_layers(fb, len(ids))
+        if fused is not None:
+            x = self._decode_natively(x, cos, sin, fb, cache, fused, wanted, captured)
+        else:
+            for i, layer in enumerate(self.model.layers):
+                x = layer(x, cos, sin, fb, cache.k[i], cache.v[i])
+                if i in wanted:
+                    captured[i] = x
         for s, st, c in zip(slots, starts, counts):
             cache.lengths[s] = st + c
         rows = x if logit_rows is None else x[logit_rows]
         logits = self.lm_head_weight.linear(self, self.model.norm(rows))
         hidden = torch.cat([captured[i] for i in capture_layers], dim=-1) if capture_layers else None
         return ForwardOutput(logits=logits, hidden=hidden)
+
+
+    def _fused_layers(self, fb: ForwardBatch, tokens: int) -> list[native.LayerWeights] | None:
+        """Each layer's weights for `native.decode_layer` when this forward can take it: a decode or verify step
+        whose attention runs in C, of at most NATIVE_MAX_ROWS tokens (batch-invariant products), through Qwen3
+        layers (q/k norms, no biases) with fp32 weights."""
+        cfg = self.config
+        if fb.native is None or tokens > NATIVE_MAX_ROWS or not cfg.qk_norm or cfg.attention_bias or cfg.head_dim % 16:
+            return None
+        layers = [native.LayerWeights(layer.input_layernorm.weight, layer.self_attn.qkv_weight.of(layer.self_attn),
+                                      layer.self_attn.qk_norm_weight.of(layer.self_attn), layer.self_attn.o_proj.weight,
+                                      layer.post_attention_layernorm.weight, layer.mlp.gate_up.of(layer.mlp),
+                                      layer.mlp.down_proj.weight) for layer in self.model.layers]
+        return layers if all(w.usable() for w in layers) else None
+
+    def _decode_natively(self, x: Tensor, cos: Tensor, sin: Tensor, fb: ForwardBatch, cache: KVCache,
+                         layers: list[native.LayerWeights], wanted: set[int], captured: dict[int, Tensor]) -> Tensor:
+        """The decoder layers as one C call each (the same kernels `DecoderLayer` reaches through Python, in its
+        order; about sixty calls fewer per layer)."""
+        cfg = self.config
+        scratch = native.LayerScratch(x.shape[0], cfg.hidden_size, cfg.intermediate_size, cfg.num_attention_heads,
+                                      cfg.num_key_value_heads, cfg.head_dim, fb.native.longest)
+        x = x.contiguous()
+        for i, weights in enumerate(layers):
+            native.decode_layer(x, weights, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim,
+                                cfg.rms_norm_eps, cos, sin, cache.k[i], cache.v[i], fb.native, cfg.head_dim**-0.5,
+                                scratch)
+            if i in wanted:
+                captured[i] = x.clone()
+        return x
 
 
 class TokenHeads(nn.Module):

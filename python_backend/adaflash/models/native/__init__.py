@@ -129,6 +129,50 @@ def attend(q: Tensor, k: Tensor, v: Tensor, k_cache: Tensor, v_cache: Tensor, ba
     return out
 
 
+@dataclass(frozen=True)
+class LayerWeights:
+    """One decoder layer's weights as `decode_layer` reads them (fp32, contiguous)."""
+
+    input_norm: Tensor  # [hidden]
+    qkv: Tensor  # [(heads + 2 kv_heads) dim, hidden], q, k and v joined
+    qk_norm: Tensor  # [heads + kv_heads, dim], q's and k's norm weight per head
+    o: Tensor  # [hidden, heads dim]
+    post_norm: Tensor  # [hidden]
+    gate_up: Tensor  # [2 inter, hidden], gate and up joined
+    down: Tensor  # [hidden, inter]
+
+    def usable(self) -> bool:
+        return all(t.dtype == torch.float32 and t.device.type == "cpu" and t.is_contiguous()
+                   for t in (self.input_norm, self.qkv, self.qk_norm, self.o, self.post_norm, self.gate_up, self.down))
+
+
+class LayerScratch:
+    """The buffers `decode_layer` works in, made once per forward and shared by its layers."""
+
+    def __init__(self, tokens: int, hidden: int, inter: int, heads: int, kv_heads: int, dim: int, longest: int):
+        empty = functools.partial(torch.empty, dtype=torch.float32)
+        self.h, self.qkv = empty(tokens * hidden), empty(tokens * (heads + 2 * kv_heads) * dim)
+        self.qk, self.att = empty(tokens * (heads + kv_heads) * dim), empty(tokens * heads * dim)
+        self.gu, self.act = empty(tokens * 2 * inter), empty(tokens * inter)
+        self.scores, self.longest = empty(tokens * heads * (longest + 7)), longest
+
+
+def decode_layer(x: Tensor, w: LayerWeights, heads: int, kv_heads: int, dim: int, eps: float, cos: Tensor,
+                 sin: Tensor, k_cache: Tensor, v_cache: Tensor, batch: AttentionBatch, scale: float,
+                 scratch: LayerScratch) -> None:
+    """One Qwen3 decoder layer over the new tokens x [T, hidden] (contiguous, updated in place), storing their keys
+    and values in the caches: the native kernels in the order `target.DecoderLayer` calls them, in one call."""
+    tokens, hidden = x.shape
+    _library().decode_layer(
+        x.data_ptr(), tokens, hidden, w.down.shape[1], heads, kv_heads, dim, eps, w.input_norm.data_ptr(),
+        w.qkv.data_ptr(), w.qk_norm.data_ptr(), w.o.data_ptr(), w.post_norm.data_ptr(), w.gate_up.data_ptr(),
+        w.down.data_ptr(), cos.data_ptr(), sin.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(),
+        batch.table.data_ptr(), batch.table.shape[1], batch.first.data_ptr(), batch.starts.data_ptr(),
+        batch.counts.data_ptr(), batch.counts.shape[0], k_cache.shape[2], scale, scratch.h.data_ptr(),
+        scratch.qkv.data_ptr(), scratch.qk.data_ptr(), scratch.att.data_ptr(), scratch.gu.data_ptr(),
+        scratch.act.data_ptr(), scratch.scores.data_ptr(), scratch.longest, torch.get_num_threads())
+
+
 @functools.cache
 def _library():
     if os.environ.get(ENV_SWITCH, "1") == "0" or not _cpu_supports():
@@ -145,7 +189,9 @@ def _library():
     library.norm_rope.argtypes = [p, i64, p, p, p, p, i64, i64, i64, ctypes.c_float, ctypes.c_int]
     library.attend.argtypes = [p, i64, p, i64, p, i64, p, p, p, i64, p, p, p, i64, i64, i64, i64, i64, ctypes.c_float,
                                p, p, i64, ctypes.c_int]
-    for fn in (library.rowdot, library.rmsnorm, library.norm_rope, library.attend):
+    library.decode_layer.argtypes = ([p, i64, i64, i64, i64, i64, i64, ctypes.c_float] + [p] * 12
+                                     + [i64, p, p, p, i64, i64, ctypes.c_float] + [p] * 7 + [i64, ctypes.c_int])
+    for fn in (library.rowdot, library.rmsnorm, library.norm_rope, library.attend, library.decode_layer):
         fn.restype = None
     return library
 

@@ -237,3 +237,58 @@ void attend(const float *q, int64_t q_stride, const float *k, int64_t k_stride, 
                                                                                  _mm256_set1_ps(inv)));
     }
 }
+
+
+/* act[t, i] = silu(gu[t, i]) * gu[t, inter + i]: the gate and up halves of the joined product. silu(g) =
+   g * sigmoid(g), the sigmoid from e = e^-|g| (never overflows): 1 / (1 + e) for g >= 0, e / (1 + e) below. */
+static void silu_mul(const float *gu, float *act, int64_t tokens, int64_t inter) {
+    for (int64_t t = 0; t < tokens; t++) {
+        const float *g = gu + t * 2 * inter, *u = g + inter;
+        float *a = act + t * inter;
+        int64_t i = 0;
+        for (; i + 8 <= inter; i += 8) {
+            __m256 gv = _mm256_loadu_ps(g + i);
+            __m256 neg_abs = _mm256_or_ps(gv, _mm256_set1_ps(-0.0f));
+            __m256 e = exp_nonpositive(neg_abs);
+            __m256 num = _mm256_blendv_ps(_mm256_set1_ps(1.0f), e, gv);  /* sign bit set (g < 0): e */
+            __m256 sig = _mm256_div_ps(num, _mm256_add_ps(_mm256_set1_ps(1.0f), e));
+            _mm256_storeu_ps(a + i, _mm256_mul_ps(_mm256_mul_ps(gv, sig), _mm256_loadu_ps(u + i)));
+        }
+        for (; i < inter; i++) {
+            float e = expf(-fabsf(g[i])), sig = (g[i] < 0 ? e : 1.0f) / (1.0f + e);
+            a[i] = g[i] * sig * u[i];
+        }
+    }
+}
+
+static void add_into(float *x, const float *y, int64_t n) {
+    for (int64_t i = 0; i < n; i++) x[i] += y[i];
+}
+
+/* One decoder layer (Qwen3: q/k norms, no biases) for a decode or verify step, x [T, hidden] updated in place:
+   x += o(attend(norm_rope(qkv(rmsnorm(x))))); x += down(silu(gate) * up)(rmsnorm(x)). The kernels above in the
+   order the Python layer calls them, with scratch from the caller: h [T, max(hidden, ...)] holds each norm and each
+   projection back to the hidden size, qkv [T, (heads + 2 kv_heads) dim], qk [T, heads + kv_heads, dim],
+   att [T, heads dim], gu [T, 2 inter], act [T, inter]. One call instead of about sixty from Python. */
+void decode_layer(float *x, int64_t tokens, int64_t hidden, int64_t inter, int64_t heads, int64_t kv_heads,
+                  int64_t dim, float eps, const float *in_norm, const float *qkv_w, const float *qk_norm,
+                  const float *o_w, const float *post_norm, const float *gate_up_w, const float *down_w,
+                  const float *cos, const float *sin, float *kc, float *vc, const int64_t *table, int64_t width,
+                  const int64_t *first, const int64_t *starts, const int64_t *counts, int64_t seqs, int64_t page,
+                  float scale, float *h, float *qkv, float *qk, float *att, float *gu, float *act, float *scores,
+                  int64_t max_len, int threads) {
+    const int64_t q_width = heads * dim, kv_width = kv_heads * dim, width_qkv = q_width + 2 * kv_width;
+    const int64_t qk_width = q_width + kv_width;
+    rmsnorm(x, hidden, in_norm, 0, h, tokens, 1, hidden, eps, threads);
+    rowdot(h, qkv_w, qkv, tokens, width_qkv, hidden, threads);
+    norm_rope(qkv, width_qkv, qk_norm, cos, sin, qk, tokens, heads + kv_heads, dim, eps, threads);
+    attend(qk, qk_width, qk + q_width, qk_width, qkv + qk_width, width_qkv, kc, vc, table, width, first, starts,
+           counts, seqs, heads, kv_heads, page, dim, scale, att, scores, max_len, threads);
+    rowdot(att, o_w, h, tokens, hidden, q_width, threads);
+    add_into(x, h, tokens * hidden);
+    rmsnorm(x, hidden, post_norm, 0, h, tokens, 1, hidden, eps, threads);
+    rowdot(h, gate_up_w, gu, tokens, 2 * inter, hidden, threads);
+    silu_mul(gu, act, tokens, inter);
+    rowdot(act, down_w, h, tokens, hidden, inter, threads);
+    add_into(x, h, tokens * hidden);
+}
