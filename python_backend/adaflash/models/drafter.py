@@ -21,7 +21,7 @@ from torch import Tensor, nn
 
 from adaflash.models.cache import KVCache, Paging
 from adaflash.models.checkpoint import load_weights, read_config, save_checkpoint
-from adaflash.models.layers import MLP, RMSNorm, RopeConfig, apply_rope, attend, rope_cos_sin
+from adaflash.models.layers import MLP, Joined, RMSNorm, RopeConfig, apply_rope, attend, rope_cos_sin
 from adaflash.models.placement import CPU, Placement, empty_on, place_of
 from adaflash.models.target import Transformer
 
@@ -172,23 +172,26 @@ class DraftAttention(nn.Module):
         self.o_proj = nn.Linear(h * hd, cfg.hidden_size, bias=False)
         self.q_norm = RMSNorm(hd, cfg.rms_norm_eps)
         self.k_norm = RMSNorm(hd, cfg.rms_norm_eps)
+        # The target's products (native for a draft's few rows); training keeps F.linear on each part.
+        self.q_weight, self.o_weight = Joined(["q_proj.weight"]), Joined(["o_proj.weight"])
+        self.kv_weight = Joined(["k_proj.weight", "v_proj.weight"])
 
     def project_kv(self, x: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor]:
         """x: [T, D] -> keys (k_norm, RoPE) and values [T, KV, hd]; used for context and block alike."""
         t = x.shape[0]
-        k = apply_rope(self.k_norm(self.k_proj(x).view(t, self.n_kv, self.head_dim)), cos, sin)
-        return k, self.v_proj(x).view(t, self.n_kv, self.head_dim)
+        k, v = self.kv_weight.linear(self, x).view(t, 2 * self.n_kv, self.head_dim).chunk(2, dim=1)
+        return apply_rope(self.k_norm(k), cos, sin), v
 
     def forward(self, x: Tensor, cos: Tensor, sin: Tensor, ctx_k: Tensor, ctx_v: Tensor, mask: Tensor) -> Tensor:
         """x: [n, B, D] block; ctx_k/ctx_v: [n, KV, Lc, hd]; mask: [n, 1, B, Lc + B] (`visible_keys`)."""
         n, b, _ = x.shape
         flat = x.reshape(n * b, -1)
-        q = apply_rope(self.q_norm(self.q_proj(flat).view(n * b, self.n_heads, self.head_dim)), cos, sin)
+        q = apply_rope(self.q_norm(self.q_weight.linear(self, flat).view(n * b, self.n_heads, self.head_dim)), cos, sin)
         k, v = self.project_kv(flat, cos, sin)
         keys = torch.cat([ctx_k, k.view(n, b, self.n_kv, -1).transpose(1, 2)], dim=2)
         values = torch.cat([ctx_v, v.view(n, b, self.n_kv, -1).transpose(1, 2)], dim=2)
         out = attend(q.view(n, b, self.n_heads, -1).transpose(1, 2), keys, values, mask, self.head_dim**-0.5)
-        return self.o_proj(out.transpose(1, 2).reshape(n, b, -1))
+        return self.o_weight.linear(self, out.transpose(1, 2).reshape(n, b, -1))
 
 
 class DraftLayer(nn.Module):
@@ -280,6 +283,7 @@ class DFlashDrafter(nn.Module):
         super().__init__()
         self.config = cfg
         self.fc = nn.Linear(len(cfg.target_layer_ids) * cfg.hidden_size, cfg.hidden_size, bias=False)
+        self.fc_weight = Joined(["fc.weight"])
         self.hidden_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.layers = nn.ModuleList(DraftLayer(cfg) for _ in range(cfg.num_hidden_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
@@ -337,7 +341,7 @@ class DFlashDrafter(nn.Module):
 
     def fuse(self, features: Tensor) -> Tensor:
         """Concatenated target hidden states [T, n_layers * D] -> one context vector per position."""
-        return self.hidden_norm(self.fc(features))
+        return self.hidden_norm(self.fc_weight.linear(self, features))
 
     @torch.inference_mode()
     def append_context(self, cache: KVCache, slots: list[int], features: Tensor, counts: list[int]) -> None:
@@ -418,7 +422,7 @@ class DFlashDrafter(nn.Module):
         return self.norm(x)
 
     def _finish(self, target: Transformer, hidden: Tensor) -> Draft:
-        logits = target.lm_head(hidden[:, 1:].to(target.lm_head.weight.dtype))
+        logits = target.lm_head_weight.linear(target, hidden[:, 1:].to(target.lm_head.weight.dtype))
         head = self.length_head
         return Draft(tokens=logits.argmax(-1), hidden=hidden, accept_ratio=None if head is None else head(hidden),
                      accept_rates=self.position_head(hidden, PositionHead.confidence(logits))

@@ -83,7 +83,7 @@ def _copyable(w: Tensor) -> bool:
 
 
 def _layout(rows: int, copyable: bool) -> Layout:
-    if not copyable or rows > PACKED_MAX_ROWS or torch.is_grad_enabled():
+    if not copyable or rows > PACKED_MAX_ROWS or torch.is_grad_enabled() or torch.compiler.is_compiling():
         return Layout.PLAIN
     if rows <= NATIVE_MAX_ROWS and native.available():
         return Layout.NATIVE
@@ -173,10 +173,11 @@ class Joined:
     def _joined(self, tensors: list[Tensor]) -> Tensor:
         """The joined weight, remade when a part's storage or version changed (`_key`, which `linear` then keys
         its copies by); a single part is returned as it is, so that gradients reach it."""
-        key = [(t.data_ptr(), t._version) for t in tensors]
         single = self._single
-        if not single and torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
-            return torch.cat([_repeated(t, n) for t, n in zip(tensors, self._names)])
+        traced = torch.compiler.is_compiling()  # torch.export (the ONNX drafter): no storage to key copies by
+        if traced or not single and torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
+            return tensors[0] if single else torch.cat([_repeated(t, n) for t, n in zip(tensors, self._names)])
+        key = [(t.data_ptr(), t._version) for t in tensors]
         if key != self._key:
             self._value = None if single else torch.cat([_repeated(t, n) for t, n in zip(tensors, self._names)])
             self._key, self._copyable = key, _copyable(tensors[0] if single else self._value)

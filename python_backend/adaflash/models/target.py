@@ -392,6 +392,7 @@ class TokenHeads(nn.Module):
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
+        self.lm_head_weight = Joined(["lm_head.weight"])  # a draft's logits through the target's fast products
 
     @classmethod
     def from_pretrained(cls, path: str | Path, place: Placement = CPU) -> "TokenHeads":

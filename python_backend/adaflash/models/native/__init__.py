@@ -39,8 +39,9 @@ log = logging.getLogger(__name__)
 
 
 def available() -> bool:
-    """Whether the kernels run natively in this process (decided once)."""
-    return _library() is not None
+    """Whether the kernels run natively in this process (decided once), and not under tracing (torch.export
+    sees only what torch computes)."""
+    return _library() is not None and not torch.compiler.is_compiling()
 
 
 def rowdot(x: Tensor, w: Tensor) -> Tensor:
