@@ -153,14 +153,14 @@ def test_native_attention_equals_torch(target, paging, monkeypatch):
     """Decode and verify steps of sequences of different lengths, unpaged and paged: the logits of torch's path."""
     prompts, steps = _prompts([37, 5, 90]), _prompts([1, 4, 2])
     logits = {}
-    for limit in (target_module.NATIVE_ATTENTION_MAX_TOKENS, 0):  # 0: torch's attention
-        monkeypatch.setattr(target_module, "NATIVE_ATTENTION_MAX_TOKENS", limit)
+    for limit in (target_module.NATIVE_ATTENTION_MAX_NEW, 0):  # 0: torch's attention
+        monkeypatch.setattr(target_module, "NATIVE_ATTENTION_MAX_NEW", limit)
         cache = _prefilled(target, prompts, paging)
         with torch.inference_mode():
             alone = target.forward(cache, [1], [steps[0]]).logits
             batch = target.forward(cache, [0, 1, 2], steps).logits
         logits[limit] = torch.cat([alone, batch])
-    assert torch.allclose(logits[0], logits[target_module.NATIVE_ATTENTION_MAX_TOKENS], atol=1e-4, rtol=1e-4)
+    assert torch.allclose(logits[0], logits[target_module.NATIVE_ATTENTION_MAX_NEW], atol=1e-4, rtol=1e-4)
 
 
 @needs_native
@@ -181,11 +181,11 @@ def test_a_layer_in_one_call_equals_the_layer_in_python(target, monkeypatch):
 
 @needs_native
 def test_a_verify_gives_the_logits_of_decoding_bitwise(target):
-    """With the native kernels a forward of up to NATIVE_MAX_ROWS tokens is batch-invariant: verifying a block (alone,
-    or beside another sequence) gives, bit for bit, the logits of decoding its tokens one at a time, so greedy
-    speculative decoding commits exactly what plain decoding would."""
-    prompts = _prompts([60, 23])
-    for blocks in (_prompts([NATIVE_MAX_ROWS]), _prompts([NATIVE_MAX_ROWS // 2, NATIVE_MAX_ROWS // 2])):
+    """With the native kernels a forward of up to NATIVE_MAX_ROWS tokens, each sequence adding at most a block, is
+    batch-invariant: verifying a block (alone, or beside another sequence) gives, bit for bit, the logits of decoding
+    its tokens one at a time, so greedy speculative decoding commits exactly what plain decoding would."""
+    prompts, block = _prompts([60, 23]), target_module.NATIVE_ATTENTION_MAX_NEW
+    for blocks in (_prompts([block]), _prompts([block, NATIVE_MAX_ROWS - block])):
         one_by_one = _prefilled(target, prompts)
         with torch.inference_mode():
             decoded = torch.cat([target.forward(one_by_one, [0], [[t]]).logits for t in blocks[0]])

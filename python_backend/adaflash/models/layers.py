@@ -53,7 +53,7 @@ class RMSNorm(nn.Module):
 COPY_MAX_BYTES = 64 << 20
 COPY_MIN_BYTES = 256 << 10
 SPLIT_MAX_ROWS = 2
-NATIVE_MAX_ROWS = 16  # a block's verify; from about 32 rows oneDNN's packed product is faster
+NATIVE_MAX_ROWS = 32  # clients/bench_layout.py: equal to oneDNN's packed product at 32 rows, slower above
 PACKED_MAX_ROWS = 256  # measured faster up to here; larger prefills are compute-bound
 PACKED_FOR_ROWS = 16  # the row count oneDNN lays the packed weight out for
 

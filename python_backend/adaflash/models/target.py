@@ -81,7 +81,7 @@ def target_config_to_hf(cfg: TargetConfig) -> dict:
     return d
 
 
-NATIVE_ATTENTION_MAX_TOKENS = 64  # decode and verify steps in C; prefills keep torch's blocked kernel
+NATIVE_ATTENTION_MAX_NEW = 16  # new tokens per sequence: decode and verify steps in C, prefills in torch's kernel
 
 
 @dataclass
@@ -126,7 +126,7 @@ class ForwardBatch:
         kernels (default: on CUDA only; CPU keeps the mask, whose kernel measured no slower there)."""
         fused = device.type == "cuda" if fused_causal is None else fused_causal
         positions, pages, offsets = cache.locate(slots, starts, counts, device)
-        if native.can_attend(cache.k, sum(counts), NATIVE_ATTENTION_MAX_TOKENS):
+        if native.can_attend(cache.k, counts, NATIVE_ATTENTION_MAX_NEW):
             return cls(positions, pages, offsets, [], cache, _run(cache, slots, starts, counts),
                        native.attention_batch([cache.tables[s] for s in slots], starts, counts))
         ragged = Ragged.build(counts, device)
@@ -369,7 +369,7 @@ class Transformer(nn.Module):
         order; about sixty calls fewer per layer)."""
         cfg = self.config
         scratch = native.LayerScratch(x.shape[0], cfg.hidden_size, cfg.intermediate_size, cfg.num_attention_heads,
-                                      cfg.num_key_value_heads, cfg.head_dim, fb.native.longest)
+                                      cfg.num_key_value_heads, cfg.head_dim)
         x = x.contiguous()
         for i, weights in enumerate(layers):
             native.decode_layer(x, weights, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim,

@@ -96,7 +96,6 @@ class AttentionBatch:
     first: Tensor  # int64 [B]: its first row among the packed new tokens
     starts: Tensor  # int64 [B]: the position of that row
     counts: Tensor  # int64 [B]: its new tokens
-    longest: int  # the most positions a query sees
 
 
 def attention_batch(tables: list[list[int]], starts: list[int], counts: list[int]) -> AttentionBatch:
@@ -106,13 +105,15 @@ def attention_batch(tables: list[list[int]], starts: list[int], counts: list[int
         first.append(first[-1] + c)
     return AttentionBatch(torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.int64),
                           torch.tensor(first, dtype=torch.int64), torch.tensor(starts, dtype=torch.int64),
-                          torch.tensor(counts, dtype=torch.int64), max(s + c for s, c in zip(starts, counts)))
+                          torch.tensor(counts, dtype=torch.int64))
 
 
-def can_attend(store: Tensor, tokens: int, max_tokens: int) -> bool:
-    """Whether `attend` takes a forward of `tokens` new tokens over caches like `store` [pages, KV, page, dim]."""
+def can_attend(store: Tensor, counts: list[int], max_new: int) -> bool:
+    """Whether `attend` takes a forward adding `counts[b]` tokens to each sequence (at most `max_new`: a decode or
+    verify step; a prefill keeps torch's blocked kernel) over caches like `store` [layers, pages, KV, page, dim]."""
     return (store.dtype == torch.float32 and store.device.type == "cpu" and store.is_contiguous()
-            and store.shape[-1] % 8 == 0 and 0 < tokens <= max_tokens and not torch.is_grad_enabled() and available())
+            and store.shape[-1] % 8 == 0 and 0 < max(counts) <= max_new and not torch.is_grad_enabled()
+            and available())
 
 
 def attend(q: Tensor, k: Tensor, v: Tensor, k_cache: Tensor, v_cache: Tensor, batch: AttentionBatch,
@@ -121,12 +122,10 @@ def attend(q: Tensor, k: Tensor, v: Tensor, k_cache: Tensor, v_cache: Tensor, ba
     causally with their queries q [T, H, dim] -> [T, H, dim]. q, k and v: heads side by side, rows any stride."""
     tokens, heads, dim = q.shape
     out = torch.empty((tokens, heads, dim), dtype=torch.float32)
-    scores = torch.empty(tokens * heads * (batch.longest + 7), dtype=torch.float32)
     _library().attend(q.data_ptr(), q.stride(0), k.data_ptr(), k.stride(0), v.data_ptr(), v.stride(0),
                       k_cache.data_ptr(), v_cache.data_ptr(), batch.table.data_ptr(), batch.table.shape[1],
                       batch.first.data_ptr(), batch.starts.data_ptr(), batch.counts.data_ptr(), batch.counts.shape[0],
-                      heads, k_cache.shape[1], k_cache.shape[2], dim, scale, out.data_ptr(), scores.data_ptr(),
-                      batch.longest, torch.get_num_threads())
+                      heads, k_cache.shape[1], k_cache.shape[2], dim, scale, out.data_ptr(), torch.get_num_threads())
     return out
 
 
@@ -150,12 +149,11 @@ class LayerWeights:
 class LayerScratch:
     """The buffers `decode_layer` works in, made once per forward and shared by its layers."""
 
-    def __init__(self, tokens: int, hidden: int, inter: int, heads: int, kv_heads: int, dim: int, longest: int):
+    def __init__(self, tokens: int, hidden: int, inter: int, heads: int, kv_heads: int, dim: int):
         empty = functools.partial(torch.empty, dtype=torch.float32)
         self.h, self.qkv = empty(tokens * hidden), empty(tokens * (heads + 2 * kv_heads) * dim)
         self.qk, self.att = empty(tokens * (heads + kv_heads) * dim), empty(tokens * heads * dim)
         self.gu, self.act = empty(tokens * 2 * inter), empty(tokens * inter)
-        self.scores, self.longest = empty(tokens * heads * (longest + 7)), longest
 
 
 def decode_layer(x: Tensor, w: LayerWeights, heads: int, kv_heads: int, dim: int, eps: float, cos: Tensor,
@@ -171,7 +169,7 @@ def decode_layer(x: Tensor, w: LayerWeights, heads: int, kv_heads: int, dim: int
         batch.table.data_ptr(), batch.table.shape[1], batch.first.data_ptr(), batch.starts.data_ptr(),
         batch.counts.data_ptr(), batch.counts.shape[0], k_cache.shape[2], scale, scratch.h.data_ptr(),
         scratch.qkv.data_ptr(), scratch.qk.data_ptr(), scratch.att.data_ptr(), scratch.gu.data_ptr(),
-        scratch.act.data_ptr(), scratch.scores.data_ptr(), scratch.longest, torch.get_num_threads())
+        scratch.act.data_ptr(), torch.get_num_threads())
 
 
 @functools.cache
@@ -189,9 +187,9 @@ def _library():
     library.rmsnorm.argtypes = [p, i64, p, i64, p, i64, i64, i64, ctypes.c_float, ctypes.c_int]
     library.norm_rope.argtypes = [p, i64, p, p, p, p, i64, i64, i64, ctypes.c_float, ctypes.c_int]
     library.attend.argtypes = [p, i64, p, i64, p, i64, p, p, p, i64, p, p, p, i64, i64, i64, i64, i64, ctypes.c_float,
-                               p, p, i64, ctypes.c_int]
+                               p, ctypes.c_int]
     library.decode_layer.argtypes = ([p, i64, i64, i64, i64, i64, i64, ctypes.c_float] + [p] * 12
-                                     + [i64, p, p, p, i64, i64, ctypes.c_float] + [p] * 7 + [i64, ctypes.c_int])
+                                     + [i64, p, p, p, i64, i64, ctypes.c_float] + [p] * 6 + [ctypes.c_int])
     for fn in (library.rowdot, library.rmsnorm, library.norm_rope, library.attend, library.decode_layer):
         fn.restype = None
     return library

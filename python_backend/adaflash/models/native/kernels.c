@@ -13,6 +13,7 @@ logits decoding them one at a time would. */
 #include <immintrin.h>
 #include <math.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 static inline float lanes(__m256 v) {
@@ -180,12 +181,12 @@ static inline __m256 exp_nonpositive(__m256 x) {
    Sequence b's `counts[b]` tokens lie from row `first[b]` of q [T, heads, dim] (rows `q_stride` floats apart, the
    heads side by side) at positions starts[b].., and its cache pages are table[b * width ..]; the caches are
    [pages, kv_heads, page, dim]. Query j of sequence b sees positions 0..starts[b] + j (causal); query head h reads
-   kv head h / (heads / kv_heads). out: [T, heads, dim]. `scores` holds (max_len + 7) floats per (token, head). A
-   (token, head) is computed the same whatever else is in the batch. dim is a multiple of 8. */
+   kv head h / (heads / kv_heads). out: [T, heads, dim]. A (token, head) is computed the same whatever else is in
+   the batch. dim is a multiple of 8. */
 void attend(const float *q, int64_t q_stride, const float *k, int64_t k_stride, const float *v, int64_t v_stride,
             float *kc, float *vc, const int64_t *table, int64_t width, const int64_t *first, const int64_t *starts,
             const int64_t *counts, int64_t seqs, int64_t heads, int64_t kv_heads, int64_t page, int64_t dim,
-            float scale, float *out, float *scores, int64_t max_len, int threads) {
+            float scale, float *out, int threads) {
     int64_t tasks = 0;
     for (int64_t b = 0; b < seqs; b++) tasks += counts[b] * heads;
     const int64_t group = heads / kv_heads, page_floats = kv_heads * page * dim;
@@ -206,7 +207,7 @@ void attend(const float *q, int64_t q_stride, const float *k, int64_t k_stride, 
         const int64_t head_off = (h / group) * page * dim;
         const int64_t *pages = table + b * width;
         const float *qv = q + t * q_stride + h * dim;
-        float *s = scores + task * (max_len + 7);
+        float *s = malloc((size_t)((len + 7) & ~(int64_t)7) * sizeof(float));
         __m256 mx = _mm256_set1_ps(-INFINITY);
         for (int64_t l = 0; l < len; l++) {
             const float *kl = kc + pages[l / page] * page_floats + head_off + (l % page) * dim;
@@ -235,6 +236,7 @@ void attend(const float *q, int64_t q_stride, const float *k, int64_t k_stride, 
         }
         for (int64_t d = 0; d < dim; d += 8) _mm256_storeu_ps(o + d, _mm256_mul_ps(_mm256_loadu_ps(o + d),
                                                                                  _mm256_set1_ps(inv)));
+        free(s);
     }
 }
 
@@ -275,15 +277,14 @@ void decode_layer(float *x, int64_t tokens, int64_t hidden, int64_t inter, int64
                   const float *o_w, const float *post_norm, const float *gate_up_w, const float *down_w,
                   const float *cos, const float *sin, float *kc, float *vc, const int64_t *table, int64_t width,
                   const int64_t *first, const int64_t *starts, const int64_t *counts, int64_t seqs, int64_t page,
-                  float scale, float *h, float *qkv, float *qk, float *att, float *gu, float *act, float *scores,
-                  int64_t max_len, int threads) {
+                  float scale, float *h, float *qkv, float *qk, float *att, float *gu, float *act, int threads) {
     const int64_t q_width = heads * dim, kv_width = kv_heads * dim, width_qkv = q_width + 2 * kv_width;
     const int64_t qk_width = q_width + kv_width;
     rmsnorm(x, hidden, in_norm, 0, h, tokens, 1, hidden, eps, threads);
     rowdot(h, qkv_w, qkv, tokens, width_qkv, hidden, threads);
     norm_rope(qkv, width_qkv, qk_norm, cos, sin, qk, tokens, heads + kv_heads, dim, eps, threads);
     attend(qk, qk_width, qk + q_width, qk_width, qkv + qk_width, width_qkv, kc, vc, table, width, first, starts,
-           counts, seqs, heads, kv_heads, page, dim, scale, att, scores, max_len, threads);
+           counts, seqs, heads, kv_heads, page, dim, scale, att, threads);
     rowdot(att, o_w, h, tokens, hidden, q_width, threads);
     add_into(x, h, tokens * hidden);
     rmsnorm(x, hidden, post_norm, 0, h, tokens, 1, hidden, eps, threads);
