@@ -205,6 +205,14 @@ def test_the_switch_turns_the_native_product_off():
 
 
 @needs_native
+def test_an_empty_cache_builds_the_kernels_once(tmp_path):
+    """What a new host does on its first forward: compile into the cache, then load what is there."""
+    for _ in range(2):
+        assert _available_in_subprocess({"ADAFLASH_CACHE_DIR": str(tmp_path)}).startswith("True")
+    assert [p.suffix for p in tmp_path.iterdir()] == [".so"]
+
+
+@needs_native
 def test_a_failed_build_leaves_torch_products(tmp_path):
     """A host without a working compiler keeps torch's products and says why."""
     out = _available_in_subprocess({"CC": "/bin/false", "ADAFLASH_CACHE_DIR": str(tmp_path)})
