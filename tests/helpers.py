@@ -134,3 +134,20 @@ class DeviceLog(TorchDispatchMode):
             if isinstance(t, torch.Tensor):
                 self.devices.setdefault(t.device, []).append(str(func))
         return out
+
+
+def joined_product_in(layout, rows: int):
+    """A 512 x 128 linear with bias through `Joined`: checks that `rows` rows take `layout` and give the plain
+    product; returns the holder module, its linear, the Joined and the rows for the caller's own checks."""
+    from torch import nn
+
+    from adaflash.models.layers import Joined, layout_for
+
+    lin = nn.Linear(128, 512)
+    holder = nn.Module()
+    holder.proj = lin
+    joined, x = Joined(["proj.weight"]), torch.randn(rows, 128)
+    with torch.inference_mode():
+        assert layout_for(x, lin.weight) is layout
+        assert torch.allclose(joined.linear(holder, x, lin.bias), lin(x), atol=1e-5)
+    return holder, lin, joined, x

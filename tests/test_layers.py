@@ -13,6 +13,7 @@ import copy
 import pytest
 
 from adaflash.models import native
+from helpers import joined_product_in
 from adaflash.models.layers import (MLP, Joined, Layout, layout_for, packed_linear, packed_weight, split_linear,
                                     split_rows)
 
@@ -72,13 +73,8 @@ def test_the_split_product_equals_the_plain_one(shape, parts):
 
 @pytest.mark.parametrize(("rows", "layout"), [(1, Layout.SPLIT), (2, Layout.SPLIT), (5, Layout.PACKED), (300, Layout.PLAIN)])
 def test_each_layout_adds_the_bias_and_follows_a_cast(rows, layout):
-    lin = nn.Linear(128, 512)
-    holder = nn.Module()
-    holder.proj = lin
-    joined, x = Joined(["proj.weight"]), torch.randn(rows, 128)
+    holder, lin, joined, x = joined_product_in(layout, rows)
     with torch.inference_mode():
-        assert layout_for(x, lin.weight) is layout
-        assert torch.allclose(joined.linear(holder, x, lin.bias), lin(x), atol=1e-5)
         assert list(joined._copies) == ([] if layout is Layout.PLAIN else [layout])
         holder.double()
         y = joined.linear(holder, x.double(), lin.bias)  # fp64: the plain product, not the stale fp32 copy

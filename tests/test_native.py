@@ -11,13 +11,13 @@ import sys
 import pytest
 import torch
 import torch.nn.functional as F
-from torch import nn
 
 from adaflash.models import native, target as target_module
 from adaflash.models.cache import Paging
-from adaflash.models.layers import (NATIVE_MAX_ROWS, Joined, Layout, RopeConfig, apply_rope, layout_for, rms_norm,
+from adaflash.models.layers import (NATIVE_MAX_ROWS, Layout, RopeConfig, apply_rope, rms_norm,
                                     rope_cos_sin)
 from adaflash.models.target import TargetConfig, Transformer
+from helpers import joined_product_in
 
 needs_native = pytest.mark.skipif(not native.available(), reason="no AVX2/FMA x86-64 CPU or no C compiler here")
 
@@ -59,13 +59,8 @@ def test_the_native_product_runs_on_any_thread_count():
 @pytest.mark.parametrize(("rows", "layout"), [(1, Layout.NATIVE), (NATIVE_MAX_ROWS, Layout.NATIVE),
                                               (NATIVE_MAX_ROWS + 1, Layout.PACKED)])
 def test_joined_multiplies_decode_and_verify_rows_natively(rows, layout):
-    lin = nn.Linear(128, 512)
-    holder = nn.Module()
-    holder.proj = lin
-    joined, x = Joined(["proj.weight"]), torch.randn(rows, 128)
+    holder, lin, joined, _ = joined_product_in(layout, rows)
     with torch.inference_mode():
-        assert layout_for(x, lin.weight) is layout
-        assert torch.allclose(joined.linear(holder, x, lin.bias), lin(x), atol=1e-5)
         if layout is Layout.NATIVE:
             assert not joined._copies  # the weight as it is: no second copy
             strided = torch.randn(rows, 256)[:, :128]  # rows 256 apart: made contiguous before the call
