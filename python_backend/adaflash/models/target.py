@@ -127,8 +127,8 @@ class ForwardBatch:
         fused = device.type == "cuda" if fused_causal is None else fused_causal
         positions, pages, offsets = cache.locate(slots, starts, counts, device)
         if native.can_attend(cache.k, counts, NATIVE_ATTENTION_MAX_NEW):
-            return cls(positions, pages, offsets, [], cache, _run(cache, slots, starts, counts),
-                       native.attention_batch([cache.tables[s] for s in slots], starts, counts))
+            return cls(positions, pages, offsets, [], cache,  # no writes here: `native.attend` stores the new tokens
+                       native=native.attention_batch([cache.tables[s] for s in slots], starts, counts))
         ragged = Ragged.build(counts, device)
         buckets: dict[int, list[int]] = {}
         for row, c in enumerate(counts):
@@ -348,7 +348,6 @@ class Transformer(nn.Module):
         logits = self.lm_head_weight.linear(self, self.model.norm(rows))
         hidden = torch.cat([captured[i] for i in capture_layers], dim=-1) if capture_layers else None
         return ForwardOutput(logits=logits, hidden=hidden)
-
 
     def _fused_layers(self, fb: ForwardBatch, tokens: int) -> list[native.LayerWeights] | None:
         """Each layer's weights for `native.decode_layer` when this forward can take it: a decode or verify step

@@ -2,9 +2,9 @@
 
 Why: a decode or verify step multiplies a few rows by every weight, a product bound by reading the weight, and
 the BLAS torch ships reads it at about half the speed two cores stream memory here (docs/results.md); its RMS
-norm is six small torch operations, each costing more than the arithmetic. The product sums every dot in one
-order whatever the row count, so a row's products are bitwise the same alone or batched with others; the norm
-treats every row alike too.
+norm is six small torch operations, each costing more than the arithmetic, and its attention pads, masks and
+gathers around a few queries. Every kernel (product, norms, attention, the whole layer) computes a token's row in
+one order whatever else is in the call, so a token's results are bitwise the same alone or batched with others.
 
 The library is compiled once per source and flags into a cache folder (`ADAFLASH_CACHE_DIR`, else
 `$XDG_CACHE_HOME/adaflash`, else `~/.cache/adaflash`; built files are renamed in whole, so processes starting
