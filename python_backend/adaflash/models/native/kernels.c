@@ -100,52 +100,46 @@ void rowdot(const float *x, const float *w, float *y, int64_t rows, int64_t out,
         for (int64_t r = 0; r < rows; r++) y[r * out + j] = dot(x + r * in, w + j * in, in);
 }
 
-/* y[t, h, :] = x[t, h, :] / sqrt(mean(x[t, h, :]^2) + eps) * w[h, :] for x [T, H, D] whose rows lie `stride` floats
-   apart (q and k are a slice of the joined q/k/v product), y contiguous, w [H, D] (w_stride D) or one row for all
-   heads (w_stride 0). The squares are summed in 8 lanes, then the lanes, then a scalar tail, for every row alike. */
+/* y = x / sqrt(mean(x^2) + eps) * w over one row of `dim`: the squares summed in 8 lanes, then the lanes, then a
+   scalar tail; each value (x * inv) * w. */
+static void norm_row(const float *x, const float *w, float *y, int64_t dim, float eps) {
+    __m256 acc = _mm256_setzero_ps();
+    int64_t k = 0;
+    for (; k + 8 <= dim; k += 8) {
+        __m256 v = _mm256_loadu_ps(x + k);
+        acc = _mm256_fmadd_ps(v, v, acc);
+    }
+    float ss = lanes(acc);
+    for (; k < dim; k++) ss += x[k] * x[k];
+    float inv = 1.0f / sqrtf(ss / (float)dim + eps);
+    __m256 iv = _mm256_set1_ps(inv);
+    for (k = 0; k + 8 <= dim; k += 8)
+        _mm256_storeu_ps(y + k, _mm256_mul_ps(_mm256_mul_ps(_mm256_loadu_ps(x + k), iv), _mm256_loadu_ps(w + k)));
+    for (; k < dim; k++) y[k] = x[k] * inv * w[k];
+}
+
+/* `norm_row` of x [T, H, D] whose rows lie `stride` floats apart (q and k are a slice of the joined q/k/v
+   product), y contiguous, w [H, D] (w_stride D) or one row for all heads (w_stride 0). */
 void rmsnorm(const float *x, int64_t stride, const float *w, int64_t w_stride, float *y, int64_t tokens,
              int64_t heads, int64_t dim, float eps, int threads) {
     #pragma omp parallel for schedule(static) num_threads(threads) if (tokens * heads * dim >= 65536)
-    for (int64_t r = 0; r < tokens * heads; r++) {
-        int64_t t = r / heads, h = r % heads;
-        const float *xr = x + t * stride + h * dim, *wr = w + h * w_stride;
-        float *yr = y + r * dim;
-        __m256 acc = _mm256_setzero_ps();
-        int64_t k = 0;
-        for (; k + 8 <= dim; k += 8) {
-            __m256 v = _mm256_loadu_ps(xr + k);
-            acc = _mm256_fmadd_ps(v, v, acc);
-        }
-        float ss = lanes(acc);
-        for (; k < dim; k++) ss += xr[k] * xr[k];
-        float inv = 1.0f / sqrtf(ss / (float)dim + eps);
-        __m256 iv = _mm256_set1_ps(inv);
-        for (k = 0; k + 8 <= dim; k += 8)
-            _mm256_storeu_ps(yr + k, _mm256_mul_ps(_mm256_mul_ps(_mm256_loadu_ps(xr + k), iv), _mm256_loadu_ps(wr + k)));
-        for (; k < dim; k++) yr[k] = xr[k] * inv * wr[k];
-    }
+    for (int64_t r = 0; r < tokens * heads; r++)
+        norm_row(x + (r / heads) * stride + (r % heads) * dim, w + (r % heads) * w_stride, y + r * dim, dim, eps);
 }
 
 /* rmsnorm of q and k heads [T, H, D] (rows `stride` floats apart, weight [H, D]) followed by the rotary embedding
    of each token's position: y = n * cos + roll(n, D / 2) * sin with cos and sin [T, D] (sin's first half
-   negated), rounded as torch's addcmul on x * cos does: the first product rounded, the second fused into the sum. */
+   negated), rounded as torch's addcmul on x * cos does: the first product rounded, the second fused into the sum.
+   D is a multiple of 16. */
 void norm_rope(const float *x, int64_t stride, const float *w, const float *cos, const float *sin, float *y,
                int64_t tokens, int64_t heads, int64_t dim, float eps, int threads) {
     const int64_t half = dim / 2;
     #pragma omp parallel for schedule(static) num_threads(threads) if (tokens * heads * dim >= 65536)
     for (int64_t r = 0; r < tokens * heads; r++) {
         int64_t t = r / heads, h = r % heads;
-        const float *xr = x + t * stride + h * dim, *wr = w + h * dim, *c = cos + t * dim, *sn = sin + t * dim;
+        const float *c = cos + t * dim, *sn = sin + t * dim;
         float n[dim], *yr = y + r * dim;
-        __m256 acc = _mm256_setzero_ps();
-        for (int64_t k = 0; k < dim; k += 8) {
-            __m256 v = _mm256_loadu_ps(xr + k);
-            acc = _mm256_fmadd_ps(v, v, acc);
-        }
-        float inv = 1.0f / sqrtf(lanes(acc) / (float)dim + eps);
-        __m256 iv = _mm256_set1_ps(inv);
-        for (int64_t k = 0; k < dim; k += 8)
-            _mm256_storeu_ps(n + k, _mm256_mul_ps(_mm256_mul_ps(_mm256_loadu_ps(xr + k), iv), _mm256_loadu_ps(wr + k)));
+        norm_row(x + t * stride + h * dim, w + h * dim, n, dim, eps);
         for (int64_t k = 0; k < dim; k += 8) {
             int64_t partner = k < half ? k + half : k - half;
             __m256 a = _mm256_mul_ps(_mm256_loadu_ps(n + k), _mm256_loadu_ps(c + k));
