@@ -254,8 +254,10 @@ def test_target_calls_and_results_round_trip():
     got, ms = protocol.decode_target_result(protocol.encode_target_result(results, 2.5))
     assert ms == 2.5 and [(r.committed, r.accepted, r.expected_accepted) for r in got] == [([4, 5], 1, 0.75), ([6], 0, 0.0)]
     assert all(torch.equal(g.features, r.features) for g, r in zip(got, results))
-    plain, _ = protocol.decode_target_result(protocol.encode_target_result([StepResult([4], 0, 0.0, None)], 1.0))
-    assert plain[0].features is None
+    wire = protocol.encode_target_result([StepResult([4], 0, 0.0, None)], 1.0)
+    assert sorted(wire) == ["accepted", "committed", "committed_lengths", "forward_ms"]  # nothing empty travels
+    plain, _ = protocol.decode_target_result(wire)
+    assert (plain[0].features, plain[0].log_probs, plain[0].expected_accepted) == (None, None, 0.0)
 
 
 def test_bad_target_calls_name_their_field():

@@ -48,8 +48,9 @@ class Models:
             if op is Op.RELEASE:
                 return {}
             result = protocol.encode_target_result(timed.value, timed.ms)
-            for key, rows in zip(call.keys, result["feature_rows"].tolist()):
-                self.feature_rows.setdefault(key, []).append(rows)
+            rows = result["feature_rows"].tolist() if "feature_rows" in result else [0] * len(call.keys)
+            for key, n in zip(call.keys, rows):
+                self.feature_rows.setdefault(key, []).append(n)
             return result
         if op is Op.RELEASE:
             for key in protocol.decode_keys(tensors):

@@ -19,12 +19,9 @@ from adaflash.serving import protocol
 from adaflash.serving.protocol import Op
 from adaflash.serving.slots import DrafterSlots, OccupancyReporter
 
-INPUTS, _ = protocol.MODEL_TENSORS[protocol.DRAFTER]
-
 
 def _inputs(request):
-    found = ((s.name, pb_utils.get_input_tensor_by_name(request, s.name)) for s in INPUTS)
-    return {name: t.as_numpy() for name, t in found if t is not None}
+    return {t.name(): t.as_numpy() for t in request.inputs()}
 
 
 def _response(tensors):

@@ -38,12 +38,10 @@ STEP_BUCKETS = [float(b) for b in range(17)]
 BATCH_BUCKETS = [1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0]
 WAIT_BUCKETS = [0.001, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0]
 CANCEL_CHECK_S = 0.25  # how often the loop asks Triton whether a running request's client went away
-INPUTS, _ = protocol.MODEL_TENSORS[protocol.ORCHESTRATOR]
 
 
 def _inputs(request):
-    found = ((s.name, pb_utils.get_input_tensor_by_name(request, s.name)) for s in INPUTS)
-    return {name: t.as_numpy() for name, t in found if t is not None}
+    return {t.name(): t.as_numpy() for t in request.inputs()}
 
 
 def _response(tensors):
@@ -316,7 +314,7 @@ class TritonPythonModel:
             raise BackendError(f"{model}: {exc}") from None
         if response.has_error():
             raise BackendError(f"{model}: {response.error().message()}")
-        return {name: pb_utils.get_output_tensor_by_name(response, name).as_numpy() for name in outputs}
+        return {t.name(): t.as_numpy() for t in response.output_tensors()}
 
     def _newest_drafter(self):
         """The newest loaded drafter (`drafter`, or a published `drafter_<n>`), None when none is ready."""

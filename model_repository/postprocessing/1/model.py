@@ -17,7 +17,6 @@ from adaflash.models.tokenizer import load_tokenizer
 from adaflash.serving import protocol
 from adaflash.serving.api import Detokenizer
 
-INPUTS, _ = protocol.MODEL_TENSORS["postprocessing"]
 CANCEL_CHECK_S = 0.25
 FORGET_AFTER_S = 60.0  # a stream not seen for this long ended without a final response here (error, cancel)
 
@@ -36,8 +35,7 @@ class TritonPythonModel:
     def execute(self, requests):
         responses = []
         for request in requests:
-            found = ((s.name, pb_utils.get_input_tensor_by_name(request, s.name)) for s in INPUTS)
-            tensors = {name: t.as_numpy() for name, t in found if t is not None}
+            tensors = {t.name(): t.as_numpy() for t in request.inputs()}
             step = protocol.decode_step_response(tensors)
             if self._departed(request, step):
                 self._cancel(step.sequence_id)

@@ -12,8 +12,6 @@ from adaflash.models.tokenizer import load_tokenizer
 from adaflash.serving import protocol
 from adaflash.serving.api import encode
 
-INPUTS, _ = protocol.MODEL_TENSORS["preprocessing"]
-
 
 class TritonPythonModel:
     def initialize(self, args):
@@ -31,10 +29,9 @@ class TritonPythonModel:
         return [self._one(r) for r in requests]
 
     def _one(self, request):
-        found = ((s.name, pb_utils.get_input_tensor_by_name(request, s.name)) for s in INPUTS)
         try:
             protocol.refuse_parameters(json.loads(request.parameters()))
-            values = protocol.parse_request({n: t.as_numpy() for n, t in found if t is not None}, self.limits)
+            values = protocol.parse_request({t.name(): t.as_numpy() for t in request.inputs()}, self.limits)
             encoded = encode(self.tokenizer, values, self.max_prompt_tokens, self.target_config.vocab_size,
                              self.target_config.eos_token_ids, self.chat)
         except ValueError as exc:

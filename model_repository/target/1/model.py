@@ -18,13 +18,11 @@ from adaflash.models.target import Transformer  # noqa: E402
 from adaflash.serving import protocol  # noqa: E402
 from adaflash.serving.slots import OccupancyReporter, TargetSlots  # noqa: E402
 
-INPUTS, _ = protocol.MODEL_TENSORS[protocol.TARGET]
 OPS = (protocol.Op.STEP, protocol.Op.RELEASE, protocol.Op.COSTS)
 
 
 def _inputs(request):
-    found = ((s.name, pb_utils.get_input_tensor_by_name(request, s.name)) for s in INPUTS)
-    return {name: t.as_numpy() for name, t in found if t is not None}
+    return {t.name(): t.as_numpy() for t in request.inputs()}
 
 
 def _response(tensors):

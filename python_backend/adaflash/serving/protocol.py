@@ -381,13 +381,14 @@ TARGET_CALL = (
     TensorSpec("token_lists", BYTES, (-1,), optional=True),  # per new sequence: JSON of its TOKEN_LISTS
 )
 TOKEN_LISTS = ("end_ids", "bad_words")  # the SamplingParams fields that are token lists
+# Optional outputs are left off a step's answer when they carry nothing (encode_target_result).
 TARGET_RESULT = (
     TensorSpec("committed_lengths", INT32, (-1,)),
     TensorSpec("committed", INT32, (-1,)),
-    TensorSpec("log_probs", FP32, (-1,)),  # per committed token; NaN for sequences that did not ask
+    TensorSpec("log_probs", FP32, (-1,), optional=True),  # per committed token; NaN for sequences that did not ask
     TensorSpec("accepted", INT32, (-1,)),
-    TensorSpec("expected_accepted", FP32, (-1,)),
-    *FEATURES,
+    TensorSpec("expected_accepted", FP32, (-1,), optional=True),
+    *(replace(s, optional=True) for s in FEATURES),
     TensorSpec("forward_ms", FP32),
 )
 COST_TABLE = TensorSpec("cost_table", BYTES)  # the target's answer to Op.COSTS: CostModel.to_json() as JSON
@@ -806,22 +807,33 @@ def _decode_features(tensors: Tensors) -> list[torch.Tensor | None]:
 
 
 def encode_target_result(results: list[StepResult], forward_ms: float) -> Tensors:
-    return {"committed_lengths": _flat([len(r.committed) for r in results], INT32),
-            "committed": _flat([t for r in results for t in r.committed], INT32),
-            "log_probs": _flat([p for r in results for p in (r.log_probs or [math.nan] * len(r.committed))], FP32),
-            "accepted": _flat([r.accepted for r in results], INT32),
-            "expected_accepted": _flat([r.expected_accepted for r in results], FP32),
-            **_encode_features([r.features for r in results]), "forward_ms": _flat(forward_ms, FP32)}
+    """Outputs that carry nothing stay off the wire: log_probs when no sequence asked for them,
+    expected_accepted when every sequence verified greedily, features when none drafts. Each tensor costs a
+    copy and a lookup on both sides of a call, and this call is on every step's path."""
+    out = {"committed_lengths": _flat([len(r.committed) for r in results], INT32),
+           "committed": _flat([t for r in results for t in r.committed], INT32),
+           "accepted": _flat([r.accepted for r in results], INT32), "forward_ms": _flat(forward_ms, FP32)}
+    if any(r.log_probs is not None for r in results):
+        out["log_probs"] = _flat([p for r in results for p in (r.log_probs or [math.nan] * len(r.committed))], FP32)
+    if any(r.expected_accepted for r in results):
+        out["expected_accepted"] = _flat([r.expected_accepted for r in results], FP32)
+    if any(r.features is not None for r in results):
+        out.update(_encode_features([r.features for r in results]))
+    return out
 
 
 def decode_target_result(tensors: Tensors) -> tuple[list[StepResult], float]:
-    """The results in call order, and the forward's milliseconds."""
+    """The results in call order, and the forward's milliseconds; an output left off reads as carrying nothing."""
     lengths = _list(tensors, "committed_lengths")
     committed = _split(_list(tensors, "committed"), lengths)
-    log_probs = [None if any(map(math.isnan, p)) else p for p in _split(_list(tensors, "log_probs"), lengths)]
-    return ([StepResult(c, a, e, f, p) for c, a, e, f, p in zip(committed, _list(tensors, "accepted"),
-                                                                _list(tensors, "expected_accepted"),
-                                                                _decode_features(tensors), log_probs)],
+    n = len(lengths)
+    log_probs = [None] * n
+    if tensors.get("log_probs") is not None:
+        log_probs = [None if any(map(math.isnan, p)) else p for p in _split(_list(tensors, "log_probs"), lengths)]
+    expected = _list(tensors, "expected_accepted") if tensors.get("expected_accepted") is not None else [0.0] * n
+    features = _decode_features(tensors) if tensors.get("features") is not None else [None] * n
+    return ([StepResult(c, a, e, f, p) for c, a, e, f, p in zip(committed, _list(tensors, "accepted"), expected,
+                                                                features, log_probs)],
             float(_scalar(tensors, "forward_ms")))
 
 
