@@ -160,7 +160,7 @@ def test_native_attention_equals_torch(target, paging, monkeypatch):
 
 @needs_native
 def test_a_layer_in_one_call_equals_the_layer_in_python(target, monkeypatch):
-    """`native.decode_layer` against `DecoderLayer` (whose pieces are the same kernels, silu aside): logits and the
+    """`native.decode_layers` against `DecoderLayer` (whose pieces are the same kernels, silu aside): logits and the
     captured hidden states a drafter reads."""
     prompts, steps = _prompts([30, 12]), _prompts([3, 1])
     results = []

@@ -278,6 +278,8 @@ class Transformer(nn.Module):
             self.lm_head.weight = self.model.embed_tokens.weight
         self.register_buffer("inv_freq", cfg.rope.inv_freq(), persistent=False)
         self.lm_head_weight = Joined(["lm_head.weight"])
+        self._layer_parameters: list[tuple[nn.Module, str]] | None = None  # what keys `_native_layers`
+        self._native_layers: tuple[list, native.Layers | None] | None = None
 
     @classmethod
     def from_pretrained(cls, path: str | Path, place: Placement = CPU) -> "Transformer":
@@ -349,33 +351,38 @@ class Transformer(nn.Module):
         hidden = torch.cat([captured[i] for i in capture_layers], dim=-1) if capture_layers else None
         return ForwardOutput(logits=logits, hidden=hidden)
 
-    def _fused_layers(self, fb: ForwardBatch, tokens: int) -> list[native.LayerWeights] | None:
-        """Each layer's weights for `native.decode_layer` when this forward can take it: a decode or verify step
+    def _fused_layers(self, fb: ForwardBatch, tokens: int) -> native.Layers | None:
+        """The layers' weights for `native.decode_layers` when this forward can take it: a decode or verify step
         whose attention runs in C, of at most NATIVE_MAX_ROWS tokens (batch-invariant products), through Qwen3
-        layers (q/k norms, no biases) with fp32 weights."""
+        layers (q/k norms, no biases) with fp32 weights. Gathered again only when a weight's storage or version
+        changed (a load, a cast, an in-place update)."""
         cfg = self.config
         if fb.native is None or tokens > NATIVE_MAX_ROWS or not cfg.qk_norm or cfg.attention_bias or cfg.head_dim % 16:
             return None
-        layers = [native.LayerWeights(layer.input_layernorm.weight, layer.self_attn.qkv_weight.of(layer.self_attn),
-                                      layer.self_attn.qk_norm_weight.of(layer.self_attn), layer.self_attn.o_proj.weight,
-                                      layer.post_attention_layernorm.weight, layer.mlp.gate_up.of(layer.mlp),
-                                      layer.mlp.down_proj.weight) for layer in self.model.layers]
-        return layers if all(w.usable() for w in layers) else None
+        if self._layer_parameters is None:
+            self._layer_parameters = [(m, n) for m in self.model.layers.modules()
+                                      for n, p in m._parameters.items() if p is not None]
+        key = [(m._parameters[n].data_ptr(), m._parameters[n]._version) for m, n in self._layer_parameters]
+        if self._native_layers is None or self._native_layers[0] != key:
+            self._native_layers = (key, self._gather_native_layers())
+        return self._native_layers[1]
+
+    def _gather_native_layers(self) -> native.Layers | None:
+        weights = [native.LayerWeights(layer.input_layernorm.weight, layer.self_attn.qkv_weight.of(layer.self_attn),
+                                       layer.self_attn.qk_norm_weight.of(layer.self_attn), layer.self_attn.o_proj.weight,
+                                       layer.post_attention_layernorm.weight, layer.mlp.gate_up.of(layer.mlp),
+                                       layer.mlp.down_proj.weight) for layer in self.model.layers]
+        return native.Layers(weights) if all(w.usable() for w in weights) else None
 
     def _decode_natively(self, x: Tensor, cos: Tensor, sin: Tensor, fb: ForwardBatch, cache: KVCache,
-                         layers: list[native.LayerWeights], wanted: set[int], captured: dict[int, Tensor]) -> Tensor:
-        """The decoder layers as one C call each (the same kernels `DecoderLayer` reaches through Python, in its
-        order; about sixty calls fewer per layer)."""
+                         layers: native.Layers, wanted: set[int], captured: dict[int, Tensor]) -> Tensor:
+        """The decoder layers in one C call (the same kernels `DecoderLayer` reaches through Python, in its order;
+        about sixty calls fewer per layer)."""
         cfg = self.config
-        scratch = native.LayerScratch(x.shape[0], cfg.hidden_size, cfg.intermediate_size, cfg.num_attention_heads,
-                                      cfg.num_key_value_heads, cfg.head_dim)
         x = x.contiguous()
-        for i, weights in enumerate(layers):
-            native.decode_layer(x, weights, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim,
-                                cfg.rms_norm_eps, cos, sin, cache.k[i], cache.v[i], fb.native, cfg.head_dim**-0.5,
-                                scratch)
-            if i in wanted:
-                captured[i] = x.clone()
+        captured.update({i: torch.empty_like(x) for i in wanted})
+        native.decode_layers(x, layers, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim,
+                             cfg.rms_norm_eps, cos, sin, cache.k, cache.v, fb.native, cfg.head_dim**-0.5, captured)
         return x
 
 

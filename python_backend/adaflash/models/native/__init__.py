@@ -131,7 +131,7 @@ def attend(q: Tensor, k: Tensor, v: Tensor, k_cache: Tensor, v_cache: Tensor, ba
 
 @dataclass(frozen=True)
 class LayerWeights:
-    """One decoder layer's weights as `decode_layer` reads them (fp32, contiguous)."""
+    """One decoder layer's weights as `decode_layers` reads them (fp32, contiguous)."""
 
     input_norm: Tensor  # [hidden]
     qkv: Tensor  # [(heads + 2 kv_heads) dim, hidden], q, k and v joined
@@ -141,13 +141,25 @@ class LayerWeights:
     gate_up: Tensor  # [2 inter, hidden], gate and up joined
     down: Tensor  # [hidden, inter]
 
+    def tensors(self) -> tuple[Tensor, ...]:
+        return (self.input_norm, self.qkv, self.qk_norm, self.o, self.post_norm, self.gate_up, self.down)
+
     def usable(self) -> bool:
-        return all(t.dtype == torch.float32 and t.device.type == "cpu" and t.is_contiguous()
-                   for t in (self.input_norm, self.qkv, self.qk_norm, self.o, self.post_norm, self.gate_up, self.down))
+        return all(t.dtype == torch.float32 and t.device.type == "cpu" and t.is_contiguous() for t in self.tensors())
+
+
+class Layers:
+    """Every layer's weights and their addresses, in `decode_layers`' order: made once per set of weights (the
+    caller keys it by them), since gathering them costs a forward of few tokens more than a layer's arithmetic."""
+
+    def __init__(self, weights: list[LayerWeights]) -> None:
+        self.weights = weights  # keeps the joined tensors the addresses point into
+        self.inter = weights[0].down.shape[1]
+        self.addresses = torch.tensor([[t.data_ptr() for t in w.tensors()] for w in weights], dtype=torch.int64)
 
 
 class LayerScratch:
-    """The buffers `decode_layer` works in, made once per forward and shared by its layers."""
+    """The buffers `decode_layers` works in, made once per forward and shared by its layers."""
 
     def __init__(self, tokens: int, hidden: int, inter: int, heads: int, kv_heads: int, dim: int):
         empty = functools.partial(torch.empty, dtype=torch.float32)
@@ -156,20 +168,23 @@ class LayerScratch:
         self.gu, self.act = empty(tokens * 2 * inter), empty(tokens * inter)
 
 
-def decode_layer(x: Tensor, w: LayerWeights, heads: int, kv_heads: int, dim: int, eps: float, cos: Tensor,
-                 sin: Tensor, k_cache: Tensor, v_cache: Tensor, batch: AttentionBatch, scale: float,
-                 scratch: LayerScratch) -> None:
-    """One Qwen3 decoder layer over the new tokens x [T, hidden] (contiguous, updated in place), storing their keys
-    and values in the caches: the native kernels in the order `target.DecoderLayer` calls them, in one call."""
+def decode_layers(x: Tensor, layers: Layers, heads: int, kv_heads: int, dim: int, eps: float, cos: Tensor,
+                  sin: Tensor, k_cache: Tensor, v_cache: Tensor, batch: AttentionBatch, scale: float,
+                  captures: dict[int, Tensor]) -> None:
+    """Every Qwen3 decoder layer over the new tokens x [T, hidden] (contiguous, updated in place), storing their keys
+    and values in the caches [layers, ...]: the native kernels in the order `target.DecoderLayer` calls them, in one
+    call. captures[i] [T, hidden] receives x after layer i."""
     tokens, hidden = x.shape
-    _library().decode_layer(
-        x.data_ptr(), tokens, hidden, w.down.shape[1], heads, kv_heads, dim, eps, w.input_norm.data_ptr(),
-        w.qkv.data_ptr(), w.qk_norm.data_ptr(), w.o.data_ptr(), w.post_norm.data_ptr(), w.gate_up.data_ptr(),
-        w.down.data_ptr(), cos.data_ptr(), sin.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(),
-        batch.table.data_ptr(), batch.table.shape[1], batch.first.data_ptr(), batch.starts.data_ptr(),
-        batch.counts.data_ptr(), batch.counts.shape[0], k_cache.shape[2], scale, scratch.h.data_ptr(),
-        scratch.qkv.data_ptr(), scratch.qk.data_ptr(), scratch.att.data_ptr(), scratch.gu.data_ptr(),
-        scratch.act.data_ptr(), torch.get_num_threads())
+    scratch = LayerScratch(tokens, hidden, layers.inter, heads, kv_heads, dim)
+    wanted = torch.tensor([captures[i].data_ptr() if i in captures else 0 for i in range(len(layers.weights))],
+                          dtype=torch.int64)
+    _library().decode_layers(
+        x.data_ptr(), tokens, hidden, layers.inter, heads, kv_heads, dim, eps, len(layers.weights),
+        layers.addresses.data_ptr(), wanted.data_ptr(), cos.data_ptr(), sin.data_ptr(), k_cache.data_ptr(),
+        v_cache.data_ptr(), k_cache.stride(0), batch.table.data_ptr(), batch.table.shape[1], batch.first.data_ptr(),
+        batch.starts.data_ptr(), batch.counts.data_ptr(), batch.counts.shape[0], k_cache.shape[3], scale,
+        scratch.h.data_ptr(), scratch.qkv.data_ptr(), scratch.qk.data_ptr(), scratch.att.data_ptr(),
+        scratch.gu.data_ptr(), scratch.act.data_ptr(), torch.get_num_threads())
 
 
 @functools.cache
@@ -188,9 +203,9 @@ def _library():
     library.norm_rope.argtypes = [p, i64, p, p, p, p, i64, i64, i64, ctypes.c_float, ctypes.c_int]
     library.attend.argtypes = [p, i64, p, i64, p, i64, p, p, p, i64, p, p, p, i64, i64, i64, i64, i64, ctypes.c_float,
                                p, ctypes.c_int]
-    library.decode_layer.argtypes = ([p, i64, i64, i64, i64, i64, i64, ctypes.c_float] + [p] * 12
-                                     + [i64, p, p, p, i64, i64, ctypes.c_float] + [p] * 6 + [ctypes.c_int])
-    for fn in (library.rowdot, library.rmsnorm, library.norm_rope, library.attend, library.decode_layer):
+    library.decode_layers.argtypes = ([p, i64, i64, i64, i64, i64, i64, ctypes.c_float, i64] + [p] * 6
+                                      + [i64, p, i64, p, p, p, i64, i64, ctypes.c_float] + [p] * 6 + [ctypes.c_int])
+    for fn in (library.rowdot, library.rmsnorm, library.norm_rope, library.attend, library.decode_layers):
         fn.restype = None
     return library
 

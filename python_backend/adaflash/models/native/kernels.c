@@ -265,8 +265,8 @@ static void add_into(float *x, const float *y, int64_t n) {
    x += o(attend(norm_rope(qkv(rmsnorm(x))))); x += down(silu(gate) * up)(rmsnorm(x)). The kernels above in the
    order the Python layer calls them, with scratch from the caller: h [T, max(hidden, ...)] holds each norm and each
    projection back to the hidden size, qkv [T, (heads + 2 kv_heads) dim], qk [T, heads + kv_heads, dim],
-   att [T, heads dim], gu [T, 2 inter], act [T, inter]. One call instead of about sixty from Python. */
-void decode_layer(float *x, int64_t tokens, int64_t hidden, int64_t inter, int64_t heads, int64_t kv_heads,
+   att [T, heads dim], gu [T, 2 inter], act [T, inter]. */
+static void decode_layer(float *x, int64_t tokens, int64_t hidden, int64_t inter, int64_t heads, int64_t kv_heads,
                   int64_t dim, float eps, const float *in_norm, const float *qkv_w, const float *qk_norm,
                   const float *o_w, const float *post_norm, const float *gate_up_w, const float *down_w,
                   const float *cos, const float *sin, float *kc, float *vc, const int64_t *table, int64_t width,
@@ -286,4 +286,24 @@ void decode_layer(float *x, int64_t tokens, int64_t hidden, int64_t inter, int64
     silu_mul(gu, act, tokens, inter);
     rowdot(act, down_w, h, tokens, hidden, inter, threads);
     add_into(x, h, tokens * hidden);
+}
+
+/* Every decoder layer in turn, in one call per forward: layer i reads the seven weights at weights[7 i ..]
+   (decode_layer's order, as addresses) and its caches at kc and vc plus i cache_stride; where captures[i] is not
+   0, x after layer i is copied there (the hidden states a drafter reads). */
+void decode_layers(float *x, int64_t tokens, int64_t hidden, int64_t inter, int64_t heads, int64_t kv_heads,
+                   int64_t dim, float eps, int64_t layers, const int64_t *weights, const int64_t *captures,
+                   const float *cos, const float *sin, float *kc, float *vc, int64_t cache_stride,
+                   const int64_t *table, int64_t width, const int64_t *first, const int64_t *starts,
+                   const int64_t *counts, int64_t seqs, int64_t page, float scale, float *h, float *qkv, float *qk,
+                   float *att, float *gu, float *act, int threads) {
+    for (int64_t i = 0; i < layers; i++) {
+        const int64_t *w = weights + 7 * i;
+        decode_layer(x, tokens, hidden, inter, heads, kv_heads, dim, eps, (const float *)(intptr_t)w[0],
+                     (const float *)(intptr_t)w[1], (const float *)(intptr_t)w[2], (const float *)(intptr_t)w[3],
+                     (const float *)(intptr_t)w[4], (const float *)(intptr_t)w[5], (const float *)(intptr_t)w[6],
+                     cos, sin, kc + i * cache_stride, vc + i * cache_stride, table, width, first, starts, counts,
+                     seqs, page, scale, h, qkv, qk, att, gu, act, threads);
+        if (captures[i]) memcpy((float *)(intptr_t)captures[i], x, (size_t)(tokens * hidden) * sizeof(float));
+    }
 }
