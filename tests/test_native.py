@@ -12,6 +12,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from adaflash.decoding.costs import measure_costs
 from adaflash.models import native, target as target_module
 from adaflash.models.cache import Paging
 from adaflash.models.layers import (NATIVE_MAX_ROWS, Layout, RopeConfig, apply_rope, rms_norm,
@@ -186,6 +187,37 @@ def test_a_verify_gives_the_logits_of_decoding_bitwise(target):
             decoded = torch.cat([target.forward(one_by_one, [0], [[t]]).logits for t in blocks[0]])
             verified = target.forward(_prefilled(target, prompts), [0, 1][:len(blocks)], blocks).logits
         assert torch.equal(verified[:len(blocks[0])], decoded)
+
+
+@needs_native
+def test_layers_changed_in_place_are_gathered_again(monkeypatch):
+    """The fused layers' weights are gathered once, then again when one changes: a forward after an in-place update
+    of a joined part (q's projection) equals the Python layers on the updated weights."""
+    torch.manual_seed(1)
+    cfg = TargetConfig(vocab_size=1024, hidden_size=256, intermediate_size=768, num_hidden_layers=2,
+                       num_attention_heads=4, num_key_value_heads=2, head_dim=64, rope=RopeConfig(64, 10000.0))
+    model = Transformer(cfg).eval()
+    prompts, steps = _prompts([20, 9]), _prompts([2, 1])
+    with torch.inference_mode():
+        model.forward(_prefilled(model, prompts), [0, 1], steps)  # gathers the layers
+    with torch.no_grad():
+        model.model.layers[1].self_attn.q_proj.weight.mul_(-1.5)
+    with torch.inference_mode():
+        fused = model.forward(_prefilled(model, prompts), [0, 1], steps).logits
+        monkeypatch.setattr(Transformer, "_fused_layers", lambda self, fb, tokens: None)
+        python = model.forward(_prefilled(model, prompts), [0, 1], steps).logits
+    assert torch.allclose(fused, python, atol=1e-4, rtol=1e-4)
+
+
+@needs_native
+def test_the_cost_table_times_a_verify_just_past_the_fused_layers(target):
+    """One token past `fused_rows()` a forward leaves the native layers and costs markedly more: the table measures
+    that size too wherever a batch's measured sizes straddle it, so the policy does not interpolate across it."""
+    assert target.fused_rows() == NATIVE_MAX_ROWS
+    cost = measure_costs(target, None, 4, context=8, reps=1, max_len=64)
+    totals = {b: [n for n, _ in points] for b, points in cost.verify.items()}
+    assert totals[4] == [4, 8, 16, NATIVE_MAX_ROWS, NATIVE_MAX_ROWS + 1, 64]
+    assert NATIVE_MAX_ROWS + 1 not in totals[1]  # one sequence never verifies that many
 
 
 def _available_in_subprocess(env: dict[str, str]) -> str:

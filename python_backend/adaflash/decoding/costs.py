@@ -213,10 +213,13 @@ def measure_costs(
     batches = sorted({1, max_batch} | {2**i for i in range(20) if 2**i < max_batch})
     model = CostModel()
     points: list[tuple[dict, int, int, Callable[[], None]]] = []  # (its table, batch, tokens or block length, run)
+    past_fused = target.fused_rows() + 1
     for b in batches:
-        points += [(model.verify, b, b * k, _verify_fn(target, cache, slots[:b], context,
-                                                       torch.randint(0, vocab, (b, k), generator=g).tolist()))
-                   for k in tokens_per_seq]
+        totals = [b * k for k in tokens_per_seq]
+        if totals[0] < past_fused < totals[-1]:
+            totals.append(past_fused)  # where the cost jumps: linear interpolation across it would miss the jump
+        points += [(model.verify, b, n, _verify_fn(target, cache, slots[:b], context, _ragged(n, b, vocab, g)))
+                   for n in sorted(set(totals))]
         if drafter is not None:
             points += [(model.draft, b, n, _draft_fn(drafter, target, drafter_cache, slots[:b], n))
                        for n in block_lengths(drafter.config.block_size)]
@@ -234,6 +237,12 @@ def _verify_fn(target: "Transformer", cache, slots: list[int], context: int,
         for s in slots:
             cache.truncate(s, context)
     return verify
+
+
+def _ragged(total: int, batch: int, vocab: int, g: torch.Generator) -> list[list[int]]:
+    """`total` random tokens over `batch` sequences, the first ones one token longer where it does not divide."""
+    k, extra = divmod(total, batch)
+    return [torch.randint(0, vocab, (k + (i < extra),), generator=g).tolist() for i in range(batch)]
 
 
 def _draft_fn(drafter: "DFlashDrafter", target: "Transformer", cache, slots: list[int],

@@ -50,8 +50,10 @@ class LocalBackend:
         return Timed((results[:len(prefill)], results[len(prefill):]), ms)
 
     async def draft(self, seqs: list[Sequence], block_length: int) -> Timed[Draft]:
-        self.flush_context(seqs)
+        """Timed with the context the sequences committed since their last draft, which only a draft needs, as
+        the served drafter model times its calls."""
         t0 = time.perf_counter()
+        self.flush_context(seqs)
         draft = self.drafter.draft(self.target, self.context, [s.slot for s in seqs], [s.tokens[-1] for s in seqs],
                                    block_length)
         self.place.synchronize()

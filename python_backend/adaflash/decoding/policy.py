@@ -67,11 +67,6 @@ def _pooled(stats: list[AcceptanceStats]) -> AcceptanceStats:
     return out
 
 
-def upper_bound(rates: list[float], tries: list[float]) -> list[float]:
-    """One standard error above each rate, the error of a rate estimated from `tries` Bernoulli trials."""
-    return [min(1.0, r + math.sqrt(r * (1 - r) / (t + 1))) for r, t in zip(rates, tries)]
-
-
 def _products(rates: list[float]) -> list[float]:
     """np.cumprod in Python floats: the same products in the same order."""
     return list(accumulate(rates, mul))
@@ -260,16 +255,12 @@ class LengthController:
         """How much of each copy proposal to verify (cost-aware, nothing to draft), and the tokens each
         is expected to commit. A sequence whose copies have been declined or cut short for `probe_every` steps
         verifies its copy whole: positions past the cut are tried only then, so a few early misses there would
-        otherwise cut every later copy for good.
-
-        The lengths are chosen from an upper confidence bound of the estimates over every sequence's tries of each
-        position: a position is tried only when a copy is verified past it, so a pessimistic estimate drawn from a
-        try or two would keep the policy from ever verifying there again, and so from learning otherwise. (Whether
-        to copy rather than draft is decided on the estimates themselves; drafted lengths follow the drafter's
-        head.)"""
+        otherwise cut every later copy for good. That whole copy is how positions rarely verified get learnt; the
+        lengths themselves follow the estimates, not an optimistic bound of them: under load every verified token
+        costs time, and a bound's optimism, paid on every copy of the batch, cost more than it learnt
+        (docs/results.md, engine speed round 8)."""
         rates = self._copy_rows(seqs, matched)
-        optimistic = [upper_bound(r, self.global_copy[n].tries) for r, n in zip(rates, matched)]
-        ks, _ = choose_lengths(optimistic, proposal_lens, self.cost, batch, other_tokens, draft_ms=0.0,
+        ks, _ = choose_lengths(rates, proposal_lens, self.cost, batch, other_tokens, draft_ms=0.0,
                                other_expected=other_expected)
         for i, s in enumerate(seqs):
             if ks[i] < proposal_lens[i]:

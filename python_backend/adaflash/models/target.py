@@ -351,13 +351,21 @@ class Transformer(nn.Module):
         hidden = torch.cat([captured[i] for i in capture_layers], dim=-1) if capture_layers else None
         return ForwardOutput(logits=logits, hidden=hidden)
 
+    def fused_rows(self) -> int:
+        """The most new tokens a decode or verify forward may carry with each layer in one native call (0: this
+        model never takes that path). One token more costs a step markedly more (the Python layers and oneDNN's
+        products take over), a jump the cost table measures (`costs.measure_costs`)."""
+        cfg = self.config
+        if not native.available() or not cfg.qk_norm or cfg.attention_bias or cfg.head_dim % 16:
+            return 0
+        return NATIVE_MAX_ROWS
+
     def _fused_layers(self, fb: ForwardBatch, tokens: int) -> native.Layers | None:
         """The layers' weights for `native.decode_layers` when this forward can take it: a decode or verify step
-        whose attention runs in C, of at most NATIVE_MAX_ROWS tokens (batch-invariant products), through Qwen3
-        layers (q/k norms, no biases) with fp32 weights. Gathered again only when a weight's storage or version
+        whose attention runs in C, of at most `fused_rows()` tokens (batch-invariant products), with fp32 weights.
+        Gathered again only when a weight's storage or version
         changed (a load, a cast, an in-place update)."""
-        cfg = self.config
-        if fb.native is None or tokens > NATIVE_MAX_ROWS or not cfg.qk_norm or cfg.attention_bias or cfg.head_dim % 16:
+        if fb.native is None or tokens > self.fused_rows():
             return None
         if self._layer_parameters is None:
             self._layer_parameters = [(m, n) for m in self.model.layers.modules()
