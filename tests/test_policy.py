@@ -272,7 +272,8 @@ def test_copies_are_preferred_when_they_do_as_well_and_probed_when_they_do_not_p
     """A copy of the context needs no drafter forward, so it is taken whenever it is expected to commit
     as many tokens as a draft; copies that never pay are still verified whole every `probe_every` steps.
     Estimates are kept per n-gram length matched: a 3-gram match copies far better than a 1-gram one."""
-    controller = LengthController(fixed_costs(), block_size=16, probe_every=4)
+    clock = itertools.count(step=1000.0)  # seconds between calls: probes never wait for their time share
+    controller = LengthController(fixed_costs(), block_size=16, probe_every=4, clock=lambda: next(clock))
     seq = controller.new_sequence()
     for _ in range(50):
         seq.stats.update(draft_len=15, accepted=0)
@@ -289,6 +290,30 @@ def test_copies_are_preferred_when_they_do_as_well_and_probed_when_they_do_not_p
     assert controller.copy_lengths([seq], [3], [15], batch=16, other_tokens=15)[0] == [15]
     fresh = controller.new_sequence()  # the other sequences' copies are its prior
     assert controller.copy_lengths([fresh, fresh], [3, 1], [15, 15], batch=16, other_tokens=14)[0] == [15, 0]
+
+
+def test_copies_verified_whole_past_the_cut_keep_to_the_probe_share_too():
+    """A copy cut short for `probe_every` steps is verified whole: a probe of the positions past the cut. Under load
+    a batch's sequences come due in turn, and seen at c=32 on HumanEval (round 8) about four whole copies a step
+    took a batch of 32 from 32 to ~66 verified tokens; so they share the probes' time budget, and due ones wait."""
+    now = [0.0]
+    controller = LengthController(fixed_costs(), block_size=16, probe_every=2, probe_share=0.1, clock=lambda: now[0])
+    seqs = [controller.new_sequence() for _ in range(2)]
+    for s in seqs:
+        for _ in range(40):
+            controller.observe(s, draft_len=15, accepted=0, matched=1)
+
+    def lengths() -> list[int]:
+        return controller.copy_lengths(seqs, [1, 1], [15, 15], batch=32, other_tokens=30)[0]
+
+    assert lengths() == [0, 0] and lengths() == [15, 15]  # due on the second cut: both probe in one step
+    cost = fixed_costs()
+    window = (cost.verify_ms(32, 62) - cost.verify_ms(32, 32)) / 1000 / 0.1
+    for _ in range(3):
+        now[0] += window / 10
+        assert lengths() == [0, 0]  # due again, but the budget is spent
+    now[0] += window
+    assert lengths() == [15, 15]
 
 
 def test_probes_keep_to_their_share_of_the_time():
@@ -324,7 +349,8 @@ def test_one_early_miss_past_the_first_token_does_not_stop_long_copies():
     `probe_every` steps, so the position is tried again and learnt; a position tried often and missed stays cut
     between those probes."""
     cost = CostModel(verify={1: [(1, 7.0), (2, 10.0), (4, 16.0), (8, 16.0), (16, 16.5)]})
-    controller = LengthController(cost, block_size=16, probe_every=4)
+    clock = itertools.count(step=1000.0)  # seconds between calls: probes never wait for their time share
+    controller = LengthController(cost, block_size=16, probe_every=4, clock=lambda: next(clock))
     seq = controller.new_sequence()
     for _ in range(19):
         controller.observe(seq, draft_len=1, accepted=1, matched=3)
@@ -345,7 +371,8 @@ def test_copies_cut_short_are_verified_whole_every_probe_every_steps():
     three tokens, so the 4th was never tried again and never learnt, while the copies so cut would have
     committed 5 to 15 tokens. A copy cut short counts toward a probe, which verifies it whole."""
     cost = CostModel(verify={1: [(1, 7.0), (2, 10.0), (4, 12.0), (8, 14.0), (16, 16.0)]})
-    controller = LengthController(cost, block_size=16, probe_every=4)
+    clock = itertools.count(step=1000.0)  # seconds between calls: probes never wait for their time share
+    controller = LengthController(cost, block_size=16, probe_every=4, clock=lambda: next(clock))
     seq = controller.new_sequence()
     for _ in range(20):
         controller.observe(seq, draft_len=15, accepted=3, matched=3)

@@ -262,11 +262,17 @@ class LengthController:
         rates = self._copy_rows(seqs, matched)
         ks, _ = choose_lengths(rates, proposal_lens, self.cost, batch, other_tokens, draft_ms=0.0,
                                other_expected=other_expected)
+        due = []
         for i, s in enumerate(seqs):
             if ks[i] < proposal_lens[i]:
                 s.copy_skipped += 1
                 if s.copy_skipped >= self.probe_every:
-                    ks[i] = proposal_lens[i]
+                    due.append(i)
+        if due and self._may_probe(batch, other_tokens + len(seqs) + sum(ks),
+                                   sum(proposal_lens[i] - ks[i] for i in due), draft_ms=0.0):
+            for i in due:
+                ks[i] = proposal_lens[i]
+        for i, s in enumerate(seqs):
             if proposal_lens[i] and ks[i] == proposal_lens[i]:
                 s.copy_skipped = 0
         return ks, [1.0 + sum(_products(r[:k])) for r, k in zip(rates, ks)]
@@ -303,14 +309,20 @@ class LengthController:
         due = [s.skipped >= s.probe_interval for s in seqs]
         if not any(due):
             return due
+        n = sum(due)
+        return due if self._may_probe(batch, tokens, n, self.cost.draft_ms(n, block_length)) else [False] * len(seqs)
+
+    def _may_probe(self, batch: int, tokens: int, extra_tokens: int, draft_ms: float) -> bool:
+        """Whether probes (drafter probes, and copies verified whole past the cut) may run now, keeping together to
+        `probe_share` of the time: each is charged what it adds to the step, a drafter forward and the verify of
+        `extra_tokens` beside the step's `tokens`. Under load a batch's sequences would otherwise each come due in
+        turn and probe on nearly every step."""
         now = self.clock()
         if now < self._probe_after:
-            return [False] * len(seqs)
-        n = sum(due)
-        probe_ms = self.cost.draft_ms(n, block_length) + float(self.cost.verify_ms(batch, tokens + n)
-                                                             - self.cost.verify_ms(batch, tokens))
+            return False
+        probe_ms = draft_ms + float(self.cost.verify_ms(batch, tokens + extra_tokens) - self.cost.verify_ms(batch, tokens))
         self._probe_after = now + probe_ms / 1000 / self.probe_share
-        return due
+        return True
 
     def _plan(self, rates: np.ndarray, caps: list[int], batch: int, other_tokens: int,
               n_drafting: int, other_expected: float | None) -> tuple[bool, int]:
