@@ -363,8 +363,7 @@ class Transformer(nn.Module):
     def _fused_layers(self, fb: ForwardBatch, tokens: int) -> native.Layers | None:
         """The layers' weights for `native.decode_layers` when this forward can take it: a decode or verify step
         whose attention runs in C, of at most `fused_rows()` tokens (batch-invariant products), with fp32 weights.
-        Gathered again only when a weight's storage or version
-        changed (a load, a cast, an in-place update)."""
+        Gathered again only when a weight's storage or version changed (a load, a cast, an in-place update)."""
         if fb.native is None or tokens > self.fused_rows():
             return None
         if self._layer_parameters is None:
