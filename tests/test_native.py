@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from adaflash.decoding.costs import measure_costs
 from adaflash.models import native, target as target_module
 from adaflash.models.cache import Paging
-from adaflash.models.layers import (NATIVE_MAX_ROWS, Layout, RopeConfig, apply_rope, rms_norm,
+from adaflash.models.layers import (FUSED_MAX_ROWS, NATIVE_MAX_ROWS, Layout, RopeConfig, apply_rope, rms_norm,
                                     rope_cos_sin)
 from adaflash.models.target import TargetConfig, Transformer
 from helpers import joined_product_in
@@ -176,17 +176,24 @@ def test_a_layer_in_one_call_equals_the_layer_in_python(target, monkeypatch):
 
 
 @needs_native
-def test_a_verify_gives_the_logits_of_decoding_bitwise(target):
-    """With the native kernels a forward of up to NATIVE_MAX_ROWS tokens, each sequence adding at most a block, is
-    batch-invariant: verifying a block (alone, or beside another sequence) gives, bit for bit, the logits of decoding
-    its tokens one at a time, so greedy speculative decoding commits exactly what plain decoding would."""
-    prompts, block = _prompts([60, 23]), target_module.NATIVE_ATTENTION_MAX_NEW
-    for blocks in (_prompts([block]), _prompts([block, NATIVE_MAX_ROWS - block])):
-        one_by_one = _prefilled(target, prompts)
+def test_a_verify_gives_the_logits_of_decoding_bitwise(target, monkeypatch):
+    """With the native kernels a forward of up to FUSED_MAX_ROWS tokens, each sequence adding at most a block, is
+    batch-invariant: verifying a block (alone, or beside others, past the products' own NATIVE_MAX_ROWS too) gives,
+    bit for bit, the logits of decoding its tokens one at a time, so greedy speculative decoding commits exactly what
+    plain decoding would."""
+    prompts, block = _prompts([60, 23, 31, 45]), target_module.NATIVE_ATTENTION_MAX_NEW
+    assert 3 * block < FUSED_MAX_ROWS <= 4 * block and NATIVE_MAX_ROWS < FUSED_MAX_ROWS
+    fused_calls = []
+    decode_layers = native.decode_layers
+    monkeypatch.setattr(native, "decode_layers", lambda x, *a: fused_calls.append(x.shape[0]) or decode_layers(x, *a))
+    for blocks in (_prompts([block]), _prompts([block, NATIVE_MAX_ROWS - block]),
+                   _prompts([block, block, block, FUSED_MAX_ROWS - 3 * block])):
+        one_by_one = _prefilled(target, prompts[:1])
         with torch.inference_mode():
             decoded = torch.cat([target.forward(one_by_one, [0], [[t]]).logits for t in blocks[0]])
-            verified = target.forward(_prefilled(target, prompts), [0, 1][:len(blocks)], blocks).logits
-        assert torch.equal(verified[:len(blocks[0])], decoded)
+            verified = target.forward(_prefilled(target, prompts[:len(blocks)]), list(range(len(blocks))), blocks)
+        assert fused_calls[-1] == sum(map(len, blocks))  # the verify ran the fused layers
+        assert torch.equal(verified.logits[:len(blocks[0])], decoded)
 
 
 @needs_native
@@ -213,11 +220,11 @@ def test_layers_changed_in_place_are_gathered_again(monkeypatch):
 def test_the_cost_table_times_a_verify_just_past_the_fused_layers(target):
     """One token past `fused_rows()` a forward leaves the native layers and costs markedly more: the table measures
     that size too wherever a batch's measured sizes straddle it, so the policy does not interpolate across it."""
-    assert target.fused_rows() == NATIVE_MAX_ROWS
-    cost = measure_costs(target, None, 4, context=8, reps=1, max_len=64)
+    assert target.fused_rows() == FUSED_MAX_ROWS
+    cost = measure_costs(target, None, 8, context=8, reps=1, max_len=64)
     totals = {b: [n for n, _ in points] for b, points in cost.verify.items()}
-    assert totals[4] == [4, 8, 16, NATIVE_MAX_ROWS, NATIVE_MAX_ROWS + 1, 64]
-    assert NATIVE_MAX_ROWS + 1 not in totals[1]  # one sequence never verifies that many
+    assert totals[8] == [8, 16, 32, FUSED_MAX_ROWS, FUSED_MAX_ROWS + 1, 128]
+    assert FUSED_MAX_ROWS + 1 not in totals[4]  # four sequences never verify that many
 
 
 def _available_in_subprocess(env: dict[str, str]) -> str:

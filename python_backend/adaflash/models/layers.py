@@ -54,6 +54,10 @@ COPY_MAX_BYTES = 64 << 20
 COPY_MIN_BYTES = 256 << 10
 SPLIT_MAX_ROWS = 2
 NATIVE_MAX_ROWS = 32  # clients/bench_layout.py: equal to oneDNN's packed product at 32 rows, slower above
+# A target's decode or verify forward runs every layer in C up to this many new tokens (`Transformer.fused_rows`),
+# its LM head too: slower products than oneDNN's above 32 rows, but a faster forward than the Python layers, and
+# batch-invariant (docs/results.md, engine speed round 9).
+FUSED_MAX_ROWS = 64
 PACKED_MAX_ROWS = 256  # measured faster up to here; larger prefills are compute-bound
 PACKED_FOR_ROWS = 16  # the row count oneDNN lays the packed weight out for
 
@@ -82,10 +86,10 @@ def _copyable(w: Tensor) -> bool:
             and COPY_MIN_BYTES <= w.nbytes <= COPY_MAX_BYTES)
 
 
-def _layout(rows: int, copyable: bool) -> Layout:
+def _layout(rows: int, copyable: bool, native_rows: int = NATIVE_MAX_ROWS) -> Layout:
     if not copyable or rows > PACKED_MAX_ROWS or torch.is_grad_enabled() or torch.compiler.is_compiling():
         return Layout.PLAIN
-    if rows <= NATIVE_MAX_ROWS and native.available():
+    if rows <= native_rows and native.available():
         return Layout.NATIVE
     if rows <= SPLIT_MAX_ROWS:
         return Layout.SPLIT
@@ -150,10 +154,12 @@ class Joined:
     def of(self, module: nn.Module) -> Tensor:
         return self._joined([_part(module, n) for n in self._names])
 
-    def linear(self, module: nn.Module, x: Tensor, bias: Tensor | None = None) -> Tensor:
-        """x @ W.T (+ bias) with the joined weight W, from the copy of it that multiplies x fastest."""
+    def linear(self, module: nn.Module, x: Tensor, bias: Tensor | None = None,
+               native_rows: int = NATIVE_MAX_ROWS) -> Tensor:
+        """x @ W.T (+ bias) with the joined weight W, from the copy of it that multiplies x fastest; up to
+        `native_rows` rows through the C product (a caller needing batch-invariant rows raises it)."""
         w = self._joined([_part(module, n) for n in self._names])
-        layout = _layout(x.numel() // x.shape[-1], self._copyable)
+        layout = _layout(x.numel() // x.shape[-1], self._copyable, native_rows)
         if layout is Layout.PLAIN:
             return F.linear(x, w, bias)
         if layout is Layout.NATIVE:

@@ -18,8 +18,8 @@ from torch.nn.attention.bias import CausalBias, causal_lower_right
 from adaflash.models import native
 from adaflash.models.cache import KVCache, Paging
 from adaflash.models.checkpoint import load_weights, read_config, save_checkpoint
-from adaflash.models.layers import (MLP, NATIVE_MAX_ROWS, Joined, Ragged, RMSNorm, RopeConfig, apply_rope, attend,
-                                    rms_norm, rope_cos_sin)
+from adaflash.models.layers import (FUSED_MAX_ROWS, MLP, NATIVE_MAX_ROWS, Joined, Ragged, RMSNorm, RopeConfig,
+                                    apply_rope, attend, rms_norm, rope_cos_sin)
 from adaflash.models.placement import CPU, Placement, empty_on, place_of
 
 
@@ -347,7 +347,8 @@ class Transformer(nn.Module):
         for s, st, c in zip(slots, starts, counts):
             cache.lengths[s] = st + c
         rows = x if logit_rows is None else x[logit_rows]
-        logits = self.lm_head_weight.linear(self, self.model.norm(rows))
+        logits = self.lm_head_weight.linear(self, self.model.norm(rows),
+                                            native_rows=NATIVE_MAX_ROWS if fused is None else FUSED_MAX_ROWS)
         hidden = torch.cat([captured[i] for i in capture_layers], dim=-1) if capture_layers else None
         return ForwardOutput(logits=logits, hidden=hidden)
 
@@ -358,7 +359,7 @@ class Transformer(nn.Module):
         cfg = self.config
         if not native.available() or not cfg.qk_norm or cfg.attention_bias or cfg.head_dim % 16:
             return 0
-        return NATIVE_MAX_ROWS
+        return FUSED_MAX_ROWS
 
     def _fused_layers(self, fb: ForwardBatch, tokens: int) -> native.Layers | None:
         """The layers' weights for `native.decode_layers` when this forward can take it: a decode or verify step
