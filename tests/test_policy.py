@@ -9,7 +9,7 @@ import pytest
 import torch
 from helpers import fixed_costs
 
-from adaflash.decoding.costs import CostModel, _typical_ms
+from adaflash.decoding.costs import CostModel, _typical_ms, block_lengths
 from adaflash.decoding.engine import Engine
 from adaflash.decoding.sequence import Request
 from adaflash.models.placement import CPU
@@ -127,6 +127,36 @@ def test_one_sequence_chooses_as_a_batch_of_one_would():
         args = (cost, batch, int(rng.integers(0, 3 * batch)), float(rng.uniform(0, 3)), float(rng.uniform(0, 2)),
                 None if i % 2 else float(rng.uniform(0, batch)))
         assert _choose_one(rates[0].tolist(), cap, *args) == _choose_many(rates, [cap], *args)
+
+
+def test_the_block_search_chooses_as_choose_lengths_does_for_each_block_length():
+    """Under load the block length is searched with one sort for every length (a plan per step must cost far less
+    than the step): it must pick exactly what `choose_lengths` per length picks, ties, unequal caps and the load
+    of others included, drafting or not."""
+    rng = np.random.default_rng(11)
+    cost = CostModel(verify={4: [(4, 9.0), (8, 12.5), (16, 19.0), (64, 30.0)],
+                             16: [(16, 14.0), (32, 20.0), (64, 31.0), (65, 36.0), (256, 90.0)]},
+                     draft={4: [(2, 1.0), (4, 1.5), (8, 2.5), (16, 4.5)], 16: [(2, 2.0), (4, 3.5), (8, 6.5), (16, 12.0)]})
+    controller = LengthController(cost, block_size=16)
+    outcomes = set()
+    for i in range(600):
+        n = int(rng.integers(2, 20))
+        rates = rng.uniform(0.0, 1.0, size=(n, 15)) ** float(rng.uniform(0.05, 2))
+        if i % 3 == 0:
+            rates = np.round(rates, 1)  # ties
+        caps = rng.integers(0, 16, size=n).tolist()
+        cost.step_ms = float(rng.uniform(0, 3))
+        batch, others, drafting = n + int(rng.integers(0, 12)), int(rng.integers(0, 40)), int(rng.integers(1, 24))
+        expected = None if i % 2 else float(rng.uniform(0, 30))
+        best_rate, best = 0.0, None
+        for length in block_lengths(16):
+            ks, rate = choose_lengths(rates, [min(c, length - 1) for c in caps], cost, batch, others,
+                                      draft_ms=cost.draft_ms(drafting, length), other_expected=expected)
+            if any(ks) and rate > best_rate:
+                best_rate, best = rate, length
+        assert controller._plan(rates, caps, batch, others, drafting, expected) == (best is not None, best or 2)
+        outcomes.add(best)
+    assert outcomes == {None, 2, 4, 8, 16}  # every answer was met
 
 
 def test_the_cost_table_is_timed_in_rounds_over_all_its_points():

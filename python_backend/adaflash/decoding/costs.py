@@ -42,6 +42,7 @@ class CostModel:
     step_ms: float = 0.0  # a step's time outside the model forwards (planning, commits, transport), learnt live
     _curves: dict[int, np.ndarray] = field(default_factory=dict, init=False, repr=False, compare=False)
     _bounds: dict[int, tuple[int, int]] = field(default_factory=dict, init=False, repr=False, compare=False)
+    _drafts: dict[tuple[int, int | None], float] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def observe_step(self, ms: float) -> None:
         """Fold a step's time outside its forwards into `step_ms`. Every option of a step pays it alike, so it
@@ -135,17 +136,23 @@ class CostModel:
         return self._curves[batch]
 
     def _table_draft_ms(self, n: int, length: int | None) -> float:
+        """Interpolated in the block length, then across the measured batch sizes; every plan reads it for each
+        block length, so each answer is kept (a table is complete before it is used)."""
         if n == 0 or not self.draft:
             return 0.0
-        sizes = sorted(self.draft)
+        key = (n, length)
+        if key not in self._drafts:
+            sizes = sorted(self.draft)
 
-        def at(b: int) -> float:
-            xs, ys = np.array(self.draft[b], dtype=float).T
-            return float(np.interp(xs[-1] if length is None else length, xs, ys))
+            def at(b: int) -> float:
+                xs, ys = np.array(self.draft[b], dtype=float).T
+                return float(np.interp(xs[-1] if length is None else length, xs, ys))
 
-        if n > sizes[-1]:
-            return at(sizes[-1]) * n / sizes[-1]
-        return float(np.interp(n, sizes, [at(b) for b in sizes]))
+            if n > sizes[-1]:
+                self._drafts[key] = at(sizes[-1]) * n / sizes[-1]
+            else:
+                self._drafts[key] = float(np.interp(n, sizes, [at(b) for b in sizes]))
+        return self._drafts[key]
 
     def to_json(self) -> dict:
         return {"verify_ms": {str(b): pts for b, pts in self.verify.items()}, "draft_ms": {str(b): v for b, v in self.draft.items()}}

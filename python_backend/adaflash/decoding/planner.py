@@ -154,7 +154,12 @@ class Planner:
 
     def _copy(self, plan: Plan, seqs: list[Candidate], chosen: list[Candidate],
               proposals: dict[Hashable, tuple[list[int], int]], caps: dict[Hashable, int], outside: Load) -> None:
-        """`chosen` verify their copy proposal as far as that pays (nothing to draft)."""
+        """`chosen` verify their copy proposal as far as that pays (nothing to draft); those without one verify
+        nothing, and are the others' load."""
+        for s in chosen:
+            if not proposals[s.key][0]:
+                plan.proposals[s.key] = []
+        chosen = [s for s in chosen if proposals[s.key][0]]
         if not chosen:
             return
         load = self._load(seqs, {s.key for s in chosen}, caps, plan) + outside

@@ -132,6 +132,34 @@ def _choose_many(rates: np.ndarray, caps: list[int], cost: CostModel, batch: int
     return ks.tolist(), float(rates_per_ms[best])
 
 
+def _best_block(rates: np.ndarray, caps: list[int], cost: CostModel, batch: int, other_tokens: int,
+                lengths: list[int], drafts: list[float], other_expected: float | None) -> int | None:
+    """The block length, of `lengths` (drafter forwards costing `drafts`), whose best choice (`_choose_many`, with
+    each cap lowered to the block) promises the highest rate with something drafted; None when none drafts. One
+    sort serves every length: a shorter block's gains are the longer one's with later positions left out, in the
+    same order, so each length's sums, and choice, are `_choose_many`'s."""
+    n = len(caps)
+    gains = np.cumprod(rates, axis=1)
+    positions = np.broadcast_to(np.arange(gains.shape[1]), gains.shape)
+    kept = positions < np.asarray(caps, dtype=int)[:, None]
+    value, position = gains[kept], positions[kept]  # row-major, as `_choose_many` orders ties
+    order = np.argsort(-value, kind="stable")
+    value, position = value[order], position[order]
+    others = batch - n if other_expected is None else other_expected
+    s = np.arange(len(value) + 1)
+    times = cost.verify_ms(batch, other_tokens + n + s) + cost.step_ms
+    best, best_rate = None, 0.0
+    for length, draft_ms in zip(lengths, drafts):
+        chosen = value[position < length - 1]
+        m = len(chosen) + 1
+        rates_per_ms = (others + n + np.concatenate([[0.0], np.cumsum(chosen)])) / (
+            times[:m] + np.where(s[:m] > 0, draft_ms, 0.0))
+        i = int(np.argmax(rates_per_ms))
+        if i > 0 and rates_per_ms[i] > best_rate:
+            best, best_rate = length, float(rates_per_ms[i])
+    return best
+
+
 def _choose_one(rates: list[float], cap: int, cost: CostModel, batch: int, other_tokens: int, draft_ms: float,
                 sunk_ms: float, other_expected: float | None) -> tuple[list[int], float]:
     """`_choose_many` for one sequence in Python floats, the same sums in the same order (so the same choice): a
@@ -241,10 +269,10 @@ class LengthController:
         no drafter forward, so it wins whenever it is expected to commit at least as many tokens, except
         for sequences due for a drafter probe (else a drafter never tried would never be learnt). A
         sequence that copies counts the step as one without drafting, toward its next probe."""
-        prior = self._priors()[0]
+        prior, copy_priors = self._priors()
         out = []
-        for s, rates, n, cap in zip(seqs, self._copy_rows(seqs, matched), proposal_lens, caps):
-            better = n > 0 and (sum(_products(rates[:n]))
+        for s, m, n, cap in zip(seqs, matched, proposal_lens, caps):
+            better = n > 0 and (sum(_products(s.copy[m].rates(copy_priors[m], self.prior_weight)[:n]))
                                 >= sum(_products(s.stats.rates(prior, self.prior_weight)[:max(cap, 1)])))
             out.append(better and s.skipped < s.probe_interval)
             s.skipped += out[-1]
@@ -329,14 +357,20 @@ class LengthController:
         """Whether drafting beats plain decoding, and the block_length that does best: the drafter's
         cost grows with the block, so under load a short block can pay where a full one cannot.
         When nothing pays, probes draft the shortest block."""
-        best_rate, best_length = 0.0, None
-        for block_length in block_lengths(self.block_size):
-            ks, rate = choose_lengths(rates, [min(c, block_length - 1) for c in caps], self.cost, batch, other_tokens,
-                                      other_expected=other_expected,
-                                      draft_ms=self.cost.draft_ms(n_drafting, block_length))
-            if any(ks) and rate > best_rate:
-                best_rate, best_length = rate, block_length
-        return best_length is not None, best_length or min(block_lengths(self.block_size))
+        lengths = block_lengths(self.block_size)
+        drafts = [self.cost.draft_ms(n_drafting, length) for length in lengths]
+        if len(caps) > 1:
+            best = _best_block(np.asarray(rates, dtype=float), caps, self.cost, batch, other_tokens, lengths, drafts,
+                               other_expected)
+        else:
+            best = None
+            best_rate = 0.0
+            for block_length, draft_ms in zip(lengths, drafts):
+                ks, rate = choose_lengths(rates, [min(caps[0], block_length - 1)], self.cost, batch, other_tokens,
+                                          other_expected=other_expected, draft_ms=draft_ms)
+                if any(ks) and rate > best_rate:
+                    best_rate, best = rate, block_length
+        return best is not None, best or lengths[0]
 
     def draft_lens(self, rates: np.ndarray, caps: list[int], batch: int, other_tokens: int, n_drafting: int,
                    other_expected: float | None = None) -> list[int]:
