@@ -68,3 +68,21 @@ def test_contenders_take_turns_on_each_round_and_outputs_stay_in_prompt_order():
     assert [reqs[0].mode for reqs, _ in calls] == ["ar", "ngram", "adaflash", "ar", "adaflash", "ngram"]
     assert [r.prompt_ids for reqs, _ in calls if reqs[0].mode == "ngram" for r in reqs] == prompts
     assert all(r["output_tokens"] == rows[0]["output_tokens"] for r in rows)
+
+
+def test_passes_repeat_every_round_check_each_and_sum_them():
+    """With two passes every round runs twice per contender, each pass's outputs are checked against the
+    reference's, and the row's figures cover both passes, each pass's own speed beside them."""
+    bundle = tiny_random_bundle(seed=0)
+    engine = Engine(bundle.target, bundle.drafter, num_slots=2, max_len=256)
+    prompts = random_prompts(4, seed=5)
+    calls = record_generate(engine)
+    contenders = [Contender(m, m, engine) for m in ("ar", "ngram")]
+    rows, ok = compare(contenders, prompts, ["a", "a", "b", "b"], [1], 8, SamplingParams(), progress=False, passes=2)
+    assert ok and [reqs[0].mode for reqs, _ in calls] == ["ar", "ngram"] * 2
+    ar_tokens = [len(s.output) for reqs, done in calls if reqs[0].mode == "ar" for s in done]
+    assert len(ar_tokens) == 8 and ar_tokens[:4] == ar_tokens[4:]  # greedy: each pass decodes the same
+    for row in rows:
+        assert row["num_requests"] == 8 and row["output_tokens"] == sum(ar_tokens)
+        assert len(row["output_tokens_per_s_per_pass"]) == 2
+        assert row["per_domain"]["a"]["num_requests"] == 4

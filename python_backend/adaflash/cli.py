@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from adaflash.cli_args import DEFAULT_MODEL_DIR, add_placement_args, csv_list, json_object
+from adaflash.cli_args import DEFAULT_MODEL_DIR, add_placement_args, csv_list, json_object, positive_int
 from adaflash.cli_memory import add_plan_memory
 from adaflash.decoding.engine import Engine
 from adaflash.decoding.modes import MODE_NAMES, get_mode
@@ -132,13 +132,15 @@ def cmd_bench(args: argparse.Namespace) -> int:
     engine = Engine(bundle.target, bundle.drafter if needs_drafter else None, num_slots=max(args.concurrency),
                     max_len=max_len, copies=not args.no_copies)
     sampling = SamplingParams(args.temperature, args.top_k, args.top_p, args.seed)
-    rows, ok = run_bench(engine, ids, [p.domain for p in prompts], args.modes, args.concurrency, args.max_tokens, sampling)
+    rows, ok = run_bench(engine, ids, [p.domain for p in prompts], args.modes, args.concurrency, args.max_tokens, sampling,
+                         passes=args.passes)
     report = {
         "model": "tiny-random" if args.tiny_random else str(args.model_dir),
         "drafter": None if args.tiny_random else args.drafter,
         "drafter_backend": args.drafter_backend if needs_drafter else None,
         "num_prompts": len(prompts),
         "max_tokens": args.max_tokens,
+        "passes": args.passes,
         "adaflash_copies": not args.no_copies,
         "chat": chat is not None,
         "chat_kwargs": args.chat_kwargs,
@@ -214,6 +216,8 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--per-domain", type=int, default=8)
     bench.add_argument("--max-prompt-tokens", type=int, default=512)
     bench.add_argument("--json", required=True, help="where to write the report")
+    bench.add_argument("--passes", type=positive_int, default=1,
+                       help="run every prompt this many times per mode (interleaved); the figures sum the passes")
     bench.add_argument("--no-copies", action="store_true",
                        help="adaflash drafts only with the drafter (no copies of the context): an ablation")
     _add_chat_args(bench)

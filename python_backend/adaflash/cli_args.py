@@ -70,6 +70,17 @@ def byte_size(text: str) -> int:
     return int(float(match.group(1)) * UNITS[match.group(2)])
 
 
+def positive_int(text: str) -> int:
+    """An argparse type for a count that must be at least 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of at least 1")
+    return value
+
+
 def add_placement_args(p: argparse.ArgumentParser) -> None:
     """--device and --dtype, read by `adaflash.models.placement.placement` (which checks them)."""
     p.add_argument("--device", default="auto",

@@ -63,10 +63,12 @@ def run_bench(
     max_tokens: int,
     sampling: SamplingParams,
     progress: bool = True,
+    passes: int = 1,
 ) -> tuple[list[dict], bool]:
     """Rows per (mode, concurrency); returns (rows, ok) where ok is False if any greedy output differed from ar."""
     contenders = [Contender(m, m, engine) for m in [REFERENCE_MODE] + [m for m in modes if m != REFERENCE_MODE]]
-    return compare(contenders, prompt_ids, domains, concurrencies, max_tokens, sampling, progress, label="mode")
+    return compare(contenders, prompt_ids, domains, concurrencies, max_tokens, sampling, progress, label="mode",
+                   passes=passes)
 
 
 def compare(
@@ -78,6 +80,7 @@ def compare(
     sampling: SamplingParams,
     progress: bool = True,
     label: str = "mode",
+    passes: int = 1,
 ) -> tuple[list[dict], bool]:
     """Rows per (contender, concurrency), the contender's name under `label`; returns (rows, ok), ok False
     if any greedy output differed from ar's.
@@ -85,29 +88,39 @@ def compare(
     The first contender must be plain `ar`: it is the reference for equality and speedups. All prompts run as one
     mixed workload; per-domain figures are read from that same run. The prompts run in rounds (`rounds`), every
     contender on each round before the next, so that a machine whose speed drifts over minutes (a shared one)
-    weighs on every contender alike instead of on whichever ran during a slow spell.
+    weighs on every contender alike instead of on whichever ran during a slow spell. With `passes` > 1 all the
+    rounds run that many times, each pass checked for equality, and the figures sum the passes: where the prompts
+    fit in one round (a concurrency near their count) a single pass is one sample of a noisy machine; each pass's
+    speed is kept beside the sum (`output_tokens_per_s_per_pass`).
     """
     assert contenders[0].mode == REFERENCE_MODE, "the reference mode comes first"
     rows, ok = [], True
     for c in concurrencies:
         seqs: dict[str, list[Sequence]] = {ct.name: [] for ct in contenders}
-        walls = dict.fromkeys(seqs, 0.0)
+        walls = {ct.name: [0.0] * passes for ct in contenders}
         others = contenders[1:]
-        for i, part in enumerate(rounds(len(prompt_ids), c)):
+        parts = [(p, part) for p in range(passes) for part in rounds(len(prompt_ids), c)]
+        for i, (p, part) in enumerate(parts):
             turn = i % len(others) if others else 0  # who follows the reference rotates from round to round
             for ct in [contenders[0], *others[turn:], *others[:turn]]:
                 reqs = [Request(prompt_ids[j], max_tokens, mode=ct.mode, sampling=sampling) for j in part]
                 t0 = time.perf_counter()
                 seqs[ct.name] += ct.engine.generate(reqs, concurrency=c)
-                walls[ct.name] += time.perf_counter() - t0
+                walls[ct.name][p] += time.perf_counter() - t0
         reference = [s.output for s in seqs[contenders[0].name]]
+        all_domains = domains * passes
         for ct in contenders:
             ref = reference if sampling.greedy else None
-            row = {label: ct.name, "concurrency": c, **summarize(seqs[ct.name], walls[ct.name], ref)}
+            row = {label: ct.name, "concurrency": c, **summarize(seqs[ct.name], sum(walls[ct.name]), ref)}
+            if passes > 1:
+                n = len(prompt_ids)
+                row["output_tokens_per_s_per_pass"] = [
+                    round(sum(len(s.output) for s in seqs[ct.name][p * n:(p + 1) * n]) / wall, 2)
+                    for p, wall in enumerate(walls[ct.name])]
             if any(d is not None for d in domains):
                 row["per_domain"] = {
-                    d: summarize_domain([s for s, sd in zip(seqs[ct.name], domains) if sd == d],
-                                        None if ref is None else [r for r, sd in zip(ref, domains) if sd == d])
+                    d: summarize_domain([s for s, sd in zip(seqs[ct.name], all_domains) if sd == d],
+                                        None if ref is None else [r for r, sd in zip(ref, all_domains) if sd == d])
                     for d in sorted({d for d in domains if d is not None})
                 }
             if row["greedy_equal_to_ar"] is False:
