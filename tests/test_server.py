@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
-from helpers import fixed_costs
+from helpers import fixed_costs, wait_until
 
 from adaflash.decoding.engine import Engine
 from adaflash.decoding.modes import MODE_NAMES
@@ -447,18 +447,41 @@ def test_the_locust_users_records_leave_the_figures_a_stock_contract_lacks_blank
     assert cells[0]["requests"] == "2" and cells[0]["ttft_p50_ms"] != "" and cells[0]["latency_p50_ms"] != ""
 
 
+def _dflash_series(text: str, name: str, label: str | None = None) -> dict[str, float]:
+    """The dflash series of a family: by the value of `label`, or the one unlabelled beside spec_mode ('')."""
+    out = {}
+    for labels, value in re.findall(rf'^{name}\{{([^}}]*)\}} (\S+)$', text, re.M):
+        pairs = dict(re.findall(r'(\w+)="([^"]*)"', labels))
+        if pairs.pop("spec_mode", None) == "dflash":
+            key = pairs.get(label, "") if label else ""
+            out[key] = out.get(key, 0.0) + float(value)
+    return out
+
+
 def test_metrics_count_requests_tokens_and_steps(served):
+    """Every finished request's steps are counted by the tokens they verified and accepted, consistently: the
+    steps by either count add up to the forwards less one prefill per request, and the token totals to the
+    counts weighed by their values."""
     server = served[0]
     with _client(served) as client:
-        client.generate_streaming("metrics", GenerationParams(max_tokens=6, spec_mode="dflash"))
-    text = urllib.request.urlopen(server.metrics_url).read().decode()
-    tokens = re.findall(r'^adaflash_tokens_total\{spec_mode="dflash"\} (\S+)$', text, re.M)
-    assert tokens and float(tokens[0]) >= 6
-    assert re.search(r'^adaflash_requests_total\{[^}]*spec_mode="dflash"[^}]*\} \S+$', text, re.M)
-    assert re.search(r'^adaflash_accepted_tokens_count\{spec_mode="dflash"\} \S+$', text, re.M)
-    assert re.search(r'^adaflash_verified_draft_len_bucket\{[^}]*spec_mode="dflash"[^}]*\} \S+$', text, re.M)
-    forwards = float(re.findall(r'^adaflash_target_forwards_total\{spec_mode="dflash"\} (\S+)$', text, re.M)[0])
-    assert forwards >= 1
+        completion = client.generate_streaming("metrics", GenerationParams(max_tokens=6, spec_mode="dflash"))
+
+    def consistent() -> bool:
+        text = urllib.request.urlopen(server.metrics_url).read().decode()
+        tokens = _dflash_series(text, "adaflash_tokens_total").get("", 0.0)
+        requests = sum(_dflash_series(text, "adaflash_requests_total", "finish_reason").values())
+        forwards = _dflash_series(text, "adaflash_target_forwards_total").get("", 0.0)
+        by_accepted = _dflash_series(text, "adaflash_verify_steps_total", "accepted")
+        by_draft_len = _dflash_series(text, "adaflash_verify_steps_by_draft_len_total", "draft_len")
+        accepted = _dflash_series(text, "adaflash_accepted_tokens_total").get("", 0.0)
+        drafted = _dflash_series(text, "adaflash_verified_draft_tokens_total").get("", 0.0)
+        steps = sum(by_accepted.values())
+        return (tokens >= 6 and requests >= 1 and steps >= len(completion.accepted_per_step) > 0
+                and steps == sum(by_draft_len.values()) == forwards - requests
+                and accepted == sum(int(k) * n for k, n in by_accepted.items())
+                and drafted == sum(int(k) * n for k, n in by_draft_len.items()) >= accepted)
+
+    wait_until(consistent, 30, "the finished request's metrics")  # metrics are sent after the final response
 
 
 def test_a_burst_beyond_max_active_waits_in_the_queue_and_completes(served, prompts, reference):

@@ -13,6 +13,7 @@ import os
 import queue
 import threading
 import time
+from collections import Counter
 from dataclasses import dataclass
 from functools import partial
 
@@ -34,7 +35,6 @@ from adaflash.serving.protocol import Op
 from adaflash.serving.remote import RemoteBackend
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
-STEP_BUCKETS = [float(b) for b in range(17)]
 BATCH_BUCKETS = [1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0]
 WAIT_BUCKETS = [0.001, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0]
 CANCEL_CHECK_S = 0.25  # how often the loop asks Triton whether a running request's client went away
@@ -74,8 +74,14 @@ class Metrics:
         self.tokens = fam("adaflash_tokens_total", "Tokens committed to outputs", fam.COUNTER)
         self.forwards = fam("adaflash_target_forwards_total", "Target forward passes (prefill and verify)", fam.COUNTER)
         self.active = fam("adaflash_active_sequences", "Sequences being generated", fam.GAUGE)
-        self.accepted = fam("adaflash_accepted_tokens", "Accepted draft tokens per verify step", fam.HISTOGRAM)
-        self.drafted = fam("adaflash_verified_draft_len", "Draft tokens sent to verification per step", fam.HISTOGRAM)
+        # Per verify step, counted by value (at most one update per value a request met, not one per step: each
+        # update is a round trip to the server process, and per-step histograms took the step loop's time).
+        self.steps_by_accepted = fam("adaflash_verify_steps_total",
+                                     "Verify steps, by the draft tokens they accepted (accepted)", fam.COUNTER)
+        self.steps_by_draft_len = fam("adaflash_verify_steps_by_draft_len_total",
+                                      "Verify steps, by the draft tokens they verified (draft_len)", fam.COUNTER)
+        self.accepted = fam("adaflash_accepted_tokens_total", "Accepted draft tokens", fam.COUNTER)
+        self.drafted = fam("adaflash_verified_draft_tokens_total", "Draft tokens sent to verification", fam.COUNTER)
         self.queued_family = fam("adaflash_queued_requests", "Requests waiting for a sequence slot", fam.GAUGE)
         self.queued = self.queued_family.Metric(labels={})
         self.queue_wait_family = fam("adaflash_queue_wait_seconds", "Time admitted requests waited for a sequence slot",
@@ -83,7 +89,7 @@ class Metrics:
         self.queue_wait = self.queue_wait_family.Metric(labels={}, buckets=WAIT_BUCKETS)
         self.calls = fam("adaflash_model_call_sequences", "Sequences per call to the target and drafter models",
                          fam.HISTOGRAM)
-        self._buckets = {id(self.accepted): STEP_BUCKETS, id(self.drafted): STEP_BUCKETS, id(self.calls): BATCH_BUCKETS}
+        self._buckets = {id(self.calls): BATCH_BUCKETS}
         self._series = {}
 
     def series(self, family, **labels):
@@ -104,9 +110,12 @@ class Metrics:
         self.series(self.requests, spec_mode=mode, finish_reason=seq.finish_reason or "").increment(1)
         self.series(self.tokens, spec_mode=mode).increment(len(seq.output))
         self.series(self.forwards, spec_mode=mode).increment(1 + len(seq.steps))
-        for s in seq.steps:
-            self.series(self.accepted, spec_mode=mode).observe(s.accepted)
-            self.series(self.drafted, spec_mode=mode).observe(s.draft_len)
+        self.series(self.accepted, spec_mode=mode).increment(sum(s.accepted for s in seq.steps))
+        self.series(self.drafted, spec_mode=mode).increment(sum(s.draft_len for s in seq.steps))
+        for accepted, n in Counter(s.accepted for s in seq.steps).items():
+            self.series(self.steps_by_accepted, spec_mode=mode, accepted=str(accepted)).increment(n)
+        for draft_len, n in Counter(s.draft_len for s in seq.steps).items():
+            self.series(self.steps_by_draft_len, spec_mode=mode, draft_len=str(draft_len)).increment(n)
 
     def called(self, model, op, sequences):
         self.series(self.calls, model=model, op=op).observe(sequences)
