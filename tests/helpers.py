@@ -3,7 +3,9 @@ continuations, a fixed cost model, an independent copy of a target, and polling 
 
 from __future__ import annotations
 
+import re
 import time
+import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
@@ -62,6 +64,30 @@ def wait_until(condition: Callable[[], object], timeout_s: float, what: str, int
         if time.monotonic() > deadline:
             pytest.fail(f"timed out after {timeout_s:g} s waiting for {what}")
         time.sleep(interval_s)
+
+
+Sample = tuple[str, dict[str, str], float]  # a Prometheus sample: name, labels, value
+
+
+def scrape(metrics_url: str) -> list[Sample]:
+    """Every sample on a server's Prometheus page."""
+    text = urllib.request.urlopen(metrics_url, timeout=10).read().decode()
+    return [(name, dict(re.findall(r'(\w+)="([^"]*)"', labels)), float(value))
+            for name, labels, value in re.findall(r"^([A-Za-z_:][\w:]*)(?:\{([^}]*)\})? (\S+)$", text, re.M)]
+
+
+def metric_total(samples: list[Sample], name: str, **labels: str) -> float:
+    """The sum of `name`'s series whose labels include `labels`."""
+    return sum(value for n, have, value in samples if n == name and labels.items() <= have.items())
+
+
+def metric_by(samples: list[Sample], name: str, label: str, **labels: str) -> dict[str, float]:
+    """`metric_total` per value of `label`."""
+    out: dict[str, float] = {}
+    for n, have, value in samples:
+        if n == name and label in have and labels.items() <= have.items():
+            out[have[label]] = out.get(have[label], 0.0) + value
+    return out
 
 
 def modes_equal_up_to_ties(target: Transformer, drafter, prompts: list[list[int]], max_tokens: int,

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import re
 import shutil
 import urllib.error
 import urllib.request
@@ -15,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import openai
 import pytest
-from helpers import fixed_costs, wait_until
+from helpers import fixed_costs, metric_total, scrape, wait_until
 
 from adaflash.models.bundle import load_bundle, save_bundle, tiny_random_bundle
 from adaflash.models.chat_template import CONFIG_FILE
@@ -63,8 +62,7 @@ def _grpc(served, prompt: str, params: GenerationParams):
 
 
 def _active_sequences(server) -> float:
-    text = urllib.request.urlopen(server.metrics_url).read().decode()
-    return sum(float(v) for v in re.findall(r"^adaflash_active_sequences\{[^}]*\} (\S+)$", text, re.M))
+    return metric_total(scrape(server.metrics_url), "adaflash_active_sequences")
 
 
 def test_models_lists_the_served_target(sdk):
@@ -230,9 +228,7 @@ def test_a_stream_closed_mid_way_cancels_its_request_and_frees_its_sequence(serv
 
 
 def _cancelled_requests(server) -> float:
-    text = urllib.request.urlopen(server.metrics_url).read().decode()
-    return sum(float(v) for v in re.findall(r'^adaflash_requests_total\{[^}]*finish_reason="cancelled"[^}]*\} (\S+)$',
-                                            text, re.M))
+    return metric_total(scrape(server.metrics_url), "adaflash_requests_total", finish_reason="cancelled")
 
 
 BAD = {

@@ -16,7 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-from helpers import fixed_costs, wait_until
+from helpers import fixed_costs, metric_total, scrape, wait_until
 
 from adaflash.models.bundle import save_bundle, tiny_random_bundle
 from adaflash_build.repository import RepositoryConfig, build_repository
@@ -41,8 +41,7 @@ def server(tmp_path_factory):
 
 
 def _metric(server, name: str) -> float:
-    text = urllib.request.urlopen(server.metrics_url).read().decode()
-    return sum(float(v) for v in re.findall(rf"^{name}(?:{{[^}}]*}})? (\S+)$", text, re.M))
+    return metric_total(scrape(server.metrics_url), name)
 
 
 def test_beyond_the_queue_and_its_longest_wait_requests_are_refused_by_name(server):
@@ -179,6 +178,5 @@ def _http_status(port: int, path: str) -> int | None:
 
 
 def _cancelled(metrics_port: int) -> float:
-    text = urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics").read().decode()
-    return sum(float(v) for v in re.findall(r'^adaflash_requests_total{[^}]*finish_reason="cancelled"[^}]*} (\S+)$',
-                                             text, re.M))
+    return metric_total(scrape(f"http://127.0.0.1:{metrics_port}/metrics"), "adaflash_requests_total",
+                        finish_reason="cancelled")

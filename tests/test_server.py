@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
-from helpers import fixed_costs, wait_until
+from helpers import fixed_costs, metric_by, metric_total, scrape, wait_until
 
 from adaflash.decoding.engine import Engine
 from adaflash.decoding.modes import MODE_NAMES
@@ -74,8 +74,7 @@ def _client(served) -> AdaFlashClient:
 
 
 def _active_sequences(server) -> float:
-    text = urllib.request.urlopen(server.metrics_url).read().decode()
-    return sum(float(v) for v in re.findall(r"^adaflash_active_sequences\{[^}]*\} (\S+)$", text, re.M))
+    return metric_total(scrape(server.metrics_url), "adaflash_active_sequences")
 
 
 def _wait_until_idle(server, timeout_s: float = 60.0) -> float:
@@ -133,9 +132,7 @@ def test_request_with_only_text_input_and_max_tokens(served):
 
 
 def _cancelled(server, mode: str) -> float:
-    text = urllib.request.urlopen(server.metrics_url).read().decode()
-    return sum(float(v) for labels, v in re.findall(r'^adaflash_requests_total\{([^}]*)\} (\S+)$', text, re.M)
-               if 'finish_reason="cancelled"' in labels and f'spec_mode="{mode}"' in labels)
+    return metric_total(scrape(server.metrics_url), "adaflash_requests_total", finish_reason="cancelled", spec_mode=mode)
 
 
 def test_cancelled_streams_free_their_sequences(served, prompts):
@@ -455,17 +452,6 @@ def test_the_locust_users_records_leave_the_figures_a_stock_contract_lacks_blank
     assert cells[0]["requests"] == "2" and cells[0]["ttft_p50_ms"] != "" and cells[0]["latency_p50_ms"] != ""
 
 
-def _dflash_series(text: str, name: str, label: str | None = None) -> dict[str, float]:
-    """The dflash series of a family: by the value of `label`, or the one unlabelled beside spec_mode ('')."""
-    out = {}
-    for labels, value in re.findall(rf'^{name}\{{([^}}]*)\}} (\S+)$', text, re.M):
-        pairs = dict(re.findall(r'(\w+)="([^"]*)"', labels))
-        if pairs.pop("spec_mode", None) == "dflash":
-            key = pairs.get(label, "") if label else ""
-            out[key] = out.get(key, 0.0) + float(value)
-    return out
-
-
 def test_metrics_count_requests_tokens_and_steps(served):
     """Every finished request's steps are counted by the tokens they verified and accepted, consistently: the
     steps by either count add up to the forwards less one prefill per request, and the token totals to the
@@ -475,14 +461,14 @@ def test_metrics_count_requests_tokens_and_steps(served):
         completion = client.generate_streaming("metrics", GenerationParams(max_tokens=6, spec_mode="dflash"))
 
     def consistent() -> bool:
-        text = urllib.request.urlopen(server.metrics_url).read().decode()
-        tokens = _dflash_series(text, "adaflash_tokens_total").get("", 0.0)
-        requests = sum(_dflash_series(text, "adaflash_requests_total", "finish_reason").values())
-        forwards = _dflash_series(text, "adaflash_target_forwards_total").get("", 0.0)
-        by_accepted = _dflash_series(text, "adaflash_verify_steps_total", "accepted")
-        by_draft_len = _dflash_series(text, "adaflash_verify_steps_by_draft_len_total", "draft_len")
-        accepted = _dflash_series(text, "adaflash_accepted_tokens_total").get("", 0.0)
-        drafted = _dflash_series(text, "adaflash_verified_draft_tokens_total").get("", 0.0)
+        samples = scrape(server.metrics_url)
+        tokens = metric_total(samples, "adaflash_tokens_total", spec_mode="dflash")
+        requests = metric_total(samples, "adaflash_requests_total", spec_mode="dflash")
+        forwards = metric_total(samples, "adaflash_target_forwards_total", spec_mode="dflash")
+        by_accepted = metric_by(samples, "adaflash_verify_steps_total", "accepted", spec_mode="dflash")
+        by_draft_len = metric_by(samples, "adaflash_verify_steps_by_draft_len_total", "draft_len", spec_mode="dflash")
+        accepted = metric_total(samples, "adaflash_accepted_tokens_total", spec_mode="dflash")
+        drafted = metric_total(samples, "adaflash_verified_draft_tokens_total", spec_mode="dflash")
         steps = sum(by_accepted.values())
         return (tokens >= 6 and requests >= 1 and steps >= len(completion.accepted_per_step) > 0
                 and steps == sum(by_draft_len.values()) == forwards - requests
