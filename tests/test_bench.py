@@ -86,3 +86,27 @@ def test_passes_repeat_every_round_check_each_and_sum_them():
         assert row["num_requests"] == 8 and row["output_tokens"] == sum(ar_tokens)
         assert len(row["output_tokens_per_s_per_pass"]) == 2
         assert row["per_domain"]["a"]["num_requests"] == 4
+
+
+def test_each_domain_runs_as_a_workload_of_its_own():
+    """In a mixed run the domains share each verify forward, so a domain's slice says how it did beside the others;
+    with `each_domain` every domain runs alone: its requests never share a step with another domain's, and
+    concurrencies above its prompt count are left out."""
+    bundle = tiny_random_bundle(seed=0)
+    engine = Engine(bundle.target, bundle.drafter, num_slots=4, max_len=256)
+    prompts = random_prompts(6, seed=9)
+    domains = ["b", "a", "b", "a", "a", "b"]
+    calls = record_generate(engine)
+    rows, ok = run_bench(engine, prompts, domains, ["ar", "ngram"], [1, 3, 4], 8, SamplingParams(), progress=False,
+                         each_domain=True)
+    assert ok
+    assert [(r["workload"], r["mode"], r["concurrency"]) for r in rows] == [
+        (w, m, c) for w in ("a", "b") for c in (1, 3) for m in ("ar", "ngram")]
+    for reqs, _ in calls:
+        assert len({domains[prompts.index(r.prompt_ids)] for r in reqs}) == 1
+    assert all(r["num_requests"] == 3 and "per_domain" not in r for r in rows)
+    by_workload = {w: [p for p, d in zip(prompts, domains) if d == w] for w in ("a", "b")}
+    for w, mine in by_workload.items():
+        ran = [r.prompt_ids for reqs, _ in calls if reqs[0].mode == "ar"
+               and domains[prompts.index(reqs[0].prompt_ids)] == w for r in reqs]
+        assert ran == mine * 2  # once per concurrency, in order

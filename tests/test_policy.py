@@ -13,8 +13,8 @@ from adaflash.decoding.costs import CostModel, _typical_ms, block_lengths
 from adaflash.decoding.engine import Engine
 from adaflash.decoding.sequence import Request
 from adaflash.models.placement import CPU
-from adaflash.decoding.policy import (LengthController, _choose_many, _choose_one, choose_lengths, published_length,
-                                      ratio_to_rates)
+from adaflash.decoding.policy import (PROBE_SHARE_FLOOR, LengthController, PolicyState, _choose_many, _choose_one,
+                                      choose_lengths, published_length, ratio_to_rates)
 
 
 def flat_costs(batch: int) -> CostModel:
@@ -450,3 +450,34 @@ def test_a_probe_is_charged_its_verify_too():
     assert not probes()
     now[0] = 0.095
     assert probes()
+
+
+def test_drafter_probes_that_find_nothing_come_ever_more_rarely_until_drafting_pays():
+    """Where the drafter never pays (multilingual at c=1, chat at c=8 on the default models) a fixed share of the
+    time in probes was a fixed loss against the best fixed mode. Each probe halves the share left to the next,
+    down to `PROBE_SHARE_FLOOR` of it; once drafting pays the whole share returns."""
+    now = [0.0]
+    cost = CostModel(verify={1: [(1, 7.0), (2, 10.0), (4, 16.0), (8, 16.0), (16, 16.5)]},
+                     draft={1: [(2, 6.0), (4, 9.0), (8, 9.0), (16, 9.5)]})
+    controller = LengthController(cost, block_size=16, probe_every=1, probe_share=0.1, clock=lambda: now[0])
+    hopeless, promising = controller.new_sequence(), controller.new_sequence()
+    for _ in range(50):
+        hopeless.stats.update(draft_len=15, accepted=0)
+    for _ in range(60):
+        promising.stats.update(draft_len=15, accepted=15)
+
+    def drafts(seq: PolicyState, at: float) -> bool:
+        now[0] = at
+        seq.skipped = seq.probe_interval = 1
+        return controller.choose_drafters([seq], [15], batch=1, other_tokens=0, n_drafting=1)[0] == [True]
+
+    probe_s = 0.009  # a 2-position draft (6 ms) and a second verified token (3 ms)
+    t = 0.0
+    for share in [0.1, 0.05, 0.025, 0.0125, 0.1 * PROBE_SHARE_FLOOR, 0.1 * PROBE_SHARE_FLOOR]:
+        assert drafts(hopeless, t)
+        assert not drafts(hopeless, t + 0.99 * probe_s / share)
+        t += probe_s / share
+    assert drafts(promising, t)  # drafting pays: the whole share is back
+    assert drafts(hopeless, t + 0.001)
+    assert not drafts(hopeless, t + 0.001 + 0.99 * probe_s / 0.1)
+    assert drafts(hopeless, t + 0.001 + probe_s / 0.1)

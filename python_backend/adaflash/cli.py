@@ -127,13 +127,15 @@ def cmd_bench(args: argparse.Namespace) -> int:
         prompts = eval_set_prompts(args.eval_data, args.per_domain, training_template=chat is None)
     else:
         prompts = load_prompts(args.prompts, args.num_prompts, args.split)
+    if args.each_domain and all(p.domain is None for p in prompts):
+        raise SystemExit("error: --each-domain: the prompts name no domain")
     ids = encode_prompts(bundle.tokenizer, prompts, args.max_prompt_tokens, chat)
     max_len = context_length([len(i) for i in ids], args.max_tokens, block_size_of(bundle.drafter))
     engine = Engine(bundle.target, bundle.drafter if needs_drafter else None, num_slots=max(args.concurrency),
                     max_len=max_len, copies=not args.no_copies)
     sampling = SamplingParams(args.temperature, args.top_k, args.top_p, args.seed)
     rows, ok = run_bench(engine, ids, [p.domain for p in prompts], args.modes, args.concurrency, args.max_tokens, sampling,
-                         passes=args.passes)
+                         passes=args.passes, each_domain=args.each_domain)
     report = {
         "model": "tiny-random" if args.tiny_random else str(args.model_dir),
         "drafter": None if args.tiny_random else args.drafter,
@@ -141,6 +143,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         "num_prompts": len(prompts),
         "max_tokens": args.max_tokens,
         "passes": args.passes,
+        "each_domain": args.each_domain,
         "adaflash_copies": not args.no_copies,
         "chat": chat is not None,
         "chat_kwargs": args.chat_kwargs,
@@ -218,6 +221,8 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--json", required=True, help="where to write the report")
     bench.add_argument("--passes", type=positive_int, default=1,
                        help="run every prompt this many times per mode (interleaved); the figures sum the passes")
+    bench.add_argument("--each-domain", action="store_true",
+                       help="run every domain as a workload of its own (rows per domain) instead of one mixed workload")
     bench.add_argument("--no-copies", action="store_true",
                        help="adaflash drafts only with the drafter (no copies of the context): an ablation")
     _add_chat_args(bench)

@@ -198,6 +198,33 @@ def published_length(ratio: float, block_size: int, cap: int, min_candidate: int
     return min(cap, candidate - 1)
 
 
+PROBE_SHARE_FLOOR = 1 / 16  # of the full share: drafter probes that keep finding nothing shrink their share to this
+
+
+class ProbeBudget:
+    """A share of the time for one kind of exploration: after a probe charged `ms`, the next waits until that is
+    the share's part of the time since. Drafter probes' share shrinks while they keep finding that drafting does not
+    pay (`shrink`, down to `PROBE_SHARE_FLOOR` of it): where the drafter never pays, a fixed share was a fixed loss
+    against the best fixed mode (docs/results.md, engine speed round 9). Copies verified whole keep theirs: they cost
+    no drafter forward, and they are how long copies, prompt lookup's strength, are learnt."""
+
+    def __init__(self, share: float, clock: Callable[[], float]) -> None:
+        self.full, self.share, self.clock = share, share, clock
+        self._after = -math.inf  # clock time before which no probe may run
+
+    def open(self) -> bool:
+        return self.clock() >= self._after
+
+    def charge(self, ms: float) -> None:
+        self._after = self.clock() + ms / 1000 / self.share
+
+    def shrink(self) -> None:
+        self.share = max(self.share / 2, self.full * PROBE_SHARE_FLOOR)
+
+    def restore(self) -> None:
+        self.share = self.full
+
+
 @dataclass
 class PolicyState:
     """What the controller remembers of one sequence."""
@@ -224,8 +251,8 @@ class LengthController:
                  probe_share: float = 0.05, clock: Callable[[], float] = time.perf_counter) -> None:
         self.cost, self.block_size = cost, block_size
         self.prior_weight, self.probe_every = prior_weight, probe_every
-        self.probe_share, self.clock = probe_share, clock
-        self._probe_after = -np.inf  # clock time before which no probe may run
+        self._drafter_probes = ProbeBudget(probe_share, clock)
+        self._copy_probes = ProbeBudget(probe_share, clock)
         self.global_stats = AcceptanceStats(block_size - 1)
         self.global_copy = [AcceptanceStats(block_size - 1) for _ in range(ngram.MAX_N + 1)]
         self._decision: tuple[tuple, bool] | None = None  # (inputs, whether drafting pays) of the last choice
@@ -296,7 +323,7 @@ class LengthController:
                 s.copy_skipped += 1
                 if s.copy_skipped >= self.probe_every:
                     due.append(i)
-        if due and self._may_probe(batch, other_tokens + len(seqs) + sum(ks),
+        if due and self._may_probe(self._copy_probes, batch, other_tokens + len(seqs) + sum(ks),
                                    sum(proposal_lens[i] - ks[i] for i in due), draft_ms=0.0):
             for i in due:
                 ks[i] = proposal_lens[i]
@@ -320,6 +347,8 @@ class LengthController:
             self._decision = (key, *self._plan(self.estimated_rates(seqs), caps, batch, other_tokens, n_drafting,
                                                other_expected))
         _, pays, block_length = self._decision
+        if pays:
+            self._drafter_probes.restore()
         chosen = [True] * len(seqs) if pays else self._probes(seqs, block_length, batch, other_tokens + len(seqs))
         for s, c in zip(seqs, chosen):
             s.skipped = 0 if c else s.skipped + 1
@@ -330,26 +359,29 @@ class LengthController:
         return chosen, block_length
 
     def _probes(self, seqs: list[PolicyState], block_length: int, batch: int, tokens: int) -> list[bool]:
-        """Sequences due for a probe, if probing keeps to `probe_share` of the time: every probe costs a
-        drafter forward and the verify of what it drafted (at least a token each, beside the step's `tokens`),
-        and under load the sequences' schedules would together run one every step.
-        Due sequences that have to wait probe together later, in one forward."""
+        """Sequences due for a probe, if drafter probes keep to their share of the time (`ProbeBudget`): every
+        probe costs a drafter forward and the verify of what it drafted (at least a token each, beside the step's
+        `tokens`), and under load the sequences' schedules would together run one every step. Due sequences that
+        have to wait probe together later, in one forward. Each probe runs while drafting does not pay, so it
+        halves the share left to the next ones; the whole share returns once drafting pays."""
         due = [s.skipped >= s.probe_interval for s in seqs]
         if not any(due):
             return due
         n = sum(due)
-        return due if self._may_probe(batch, tokens, n, self.cost.draft_ms(n, block_length)) else [False] * len(seqs)
+        if not self._may_probe(self._drafter_probes, batch, tokens, n, self.cost.draft_ms(n, block_length)):
+            return [False] * len(seqs)
+        self._drafter_probes.shrink()
+        return due
 
-    def _may_probe(self, batch: int, tokens: int, extra_tokens: int, draft_ms: float) -> bool:
-        """Whether probes (drafter probes, and copies verified whole past the cut) may run now, keeping together to
-        `probe_share` of the time: each is charged what it adds to the step, a drafter forward and the verify of
-        `extra_tokens` beside the step's `tokens`. Under load a batch's sequences would otherwise each come due in
-        turn and probe on nearly every step."""
-        now = self.clock()
-        if now < self._probe_after:
+    def _may_probe(self, budget: ProbeBudget, batch: int, tokens: int, extra_tokens: int, draft_ms: float) -> bool:
+        """Whether probes (drafter probes, or copies verified whole past the cut) may run now within `budget`: each
+        is charged what it adds to the step, a drafter forward and the verify of `extra_tokens` beside the step's
+        `tokens`. Under load a batch's sequences would otherwise each come due in turn and probe on nearly every
+        step."""
+        if not budget.open():
             return False
-        probe_ms = draft_ms + float(self.cost.verify_ms(batch, tokens + extra_tokens) - self.cost.verify_ms(batch, tokens))
-        self._probe_after = now + probe_ms / 1000 / self.probe_share
+        budget.charge(draft_ms + float(self.cost.verify_ms(batch, tokens + extra_tokens)
+                                       - self.cost.verify_ms(batch, tokens)))
         return True
 
     def _plan(self, rates: np.ndarray, caps: list[int], batch: int, other_tokens: int,
