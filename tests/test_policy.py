@@ -177,6 +177,22 @@ def test_the_table_read_for_one_total_equals_the_read_for_many():
             assert cost._at_scalar(4, total) == float(cost._at(4, np.asarray(total, dtype=float)))
 
 
+def test_the_table_read_for_whole_totals_equals_the_interpolated_read():
+    """The planner's reads of whole numbers of tokens come from a curve worked out once per batch size; it grows
+    when a read goes past it, and gives what interpolating each read gives, bit for bit."""
+    rng = np.random.default_rng(6)
+    for _ in range(50):
+        sizes = sorted(rng.choice([1, 2, 4, 8, 16, 32], size=int(rng.integers(1, 4)), replace=False).tolist())
+        cost = CostModel(verify={b: [(b * t, float(ms)) for t, ms in zip((1, 2, 4, 8, 16),
+                                                                      np.sort(rng.uniform(1, 50, size=5)))]
+                                 for b in sizes}, verify_scale=float(rng.uniform(0.5, 2)))
+        for batch in rng.integers(1, 40, size=4).tolist():
+            for top in (10, 100, 600):
+                totals = np.sort(rng.integers(0, top, size=30))
+                expected = cost._table_verify_ms(batch, totals.astype(float)) * cost.verify_scale
+                assert np.array_equal(cost.verify_ms(batch, totals), expected)
+
+
 @pytest.mark.parametrize("block_size", [8, 16])
 def test_ratio_to_rates_solves_the_geometric_sum(block_size):
     ratios = torch.tensor([1.0 / block_size, 0.15, 0.25, 0.5, 0.75, 0.9])

@@ -43,6 +43,7 @@ class CostModel:
     _curves: dict[int, np.ndarray] = field(default_factory=dict, init=False, repr=False, compare=False)
     _bounds: dict[int, tuple[int, int]] = field(default_factory=dict, init=False, repr=False, compare=False)
     _drafts: dict[tuple[int, int | None], float] = field(default_factory=dict, init=False, repr=False, compare=False)
+    _by_total: dict[int, np.ndarray] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def observe_step(self, ms: float) -> None:
         """Fold a step's time outside its forwards into `step_ms`. Every option of a step pays it alike, so it
@@ -73,7 +74,19 @@ class CostModel:
                 round(math.log(self.draft_scale) / _LOG_5_PERCENT), round(self.step_ms))
 
     def verify_ms(self, batch: int, total_tokens: float | np.ndarray) -> float | np.ndarray:
+        if isinstance(total_tokens, np.ndarray) and total_tokens.dtype.kind in "iu":
+            return self._whole_totals(batch, int(total_tokens.max(initial=0)))[total_tokens] * self.verify_scale
         return self._table_verify_ms(batch, total_tokens) * self.verify_scale
+
+    def _whole_totals(self, batch: int, most: int) -> np.ndarray:
+        """`_table_verify_ms` of `batch` at every whole number of tokens up to `most` at least, worked out once: the
+        planner reads runs of consecutive totals at every step, right after a forward, when interpolating them
+        cost more than the decision it served (the same figures: numpy computes each element alike)."""
+        curve = self._by_total.get(batch)
+        if curve is None or len(curve) <= most:
+            curve = self._table_verify_ms(batch, np.arange(max(2 * most, 64) + 1))
+            self._by_total[batch] = curve
+        return curve
 
     def draft_ms(self, n: int, length: int | None = None) -> float:
         """n sequences drafting blocks of `length` positions (None: the longest measured)."""
