@@ -49,6 +49,15 @@ def fixed_costs(num_slots: int = 16) -> CostModel:
     return CostModel(verify=verify, draft=draft)
 
 
+def cheap_drafter_costs(num_slots: int = 16) -> CostModel:
+    """`fixed_costs` with a drafter that costs next to nothing: drafting pays wherever a drafted token may be
+    accepted, so adaflash drafts on nearly every step, whatever a tiny drafter's acceptance (its probes alone, where
+    drafting does not pay, find accepted tokens only by chance)."""
+    cost = fixed_costs(num_slots)
+    cost.draft = {b: [(n, 0.001) for n, _ in points] for b, points in cost.draft.items()}
+    return cost
+
+
 def clone_target(target: Transformer) -> Transformer:
     """A separate target with the same weights (its own cache), for independent references."""
     twin = Transformer(target.config)

@@ -243,7 +243,7 @@ def test_probes_back_off_while_drafting_does_not_pay():
     controller.observe(seq, 3, 3)  # a probe that finds text does not by itself bring probes back
     assert steps_until_probe() == 64
     for _ in range(200):
-        seq.stats.update(draft_len=15, accepted=15)
+        controller.observe(seq, draft_len=15, accepted=15)
     assert controller.choose_drafters([seq], [15], batch=16, other_tokens=15, n_drafting=1)[0] == [True]
     assert seq.probe_interval == 4
 
@@ -471,7 +471,8 @@ def test_a_probe_is_charged_its_verify_too():
 def test_drafter_probes_that_find_nothing_come_ever_more_rarely_until_drafting_pays():
     """Where the drafter never pays (multilingual at c=1, chat at c=8 on the default models) a fixed share of the
     time in probes was a fixed loss against the best fixed mode. Each probe halves the share left to the next,
-    down to `PROBE_SHARE_FLOOR` of it; once drafting pays the whole share returns."""
+    down to `PROBE_SHARE_FLOOR` of it; each drafted token accepted doubles it back; once drafting pays the whole
+    share returns."""
     now = [0.0]
     cost = CostModel(verify={1: [(1, 7.0), (2, 10.0), (4, 16.0), (8, 16.0), (16, 16.5)]},
                      draft={1: [(2, 6.0), (4, 9.0), (8, 9.0), (16, 9.5)]})
@@ -493,6 +494,10 @@ def test_drafter_probes_that_find_nothing_come_ever_more_rarely_until_drafting_p
         assert drafts(hopeless, t)
         assert not drafts(hopeless, t + 0.99 * probe_s / share)
         t += probe_s / share
+    controller.observe(hopeless, draft_len=1, accepted=1)  # a probe found a token
+    assert drafts(hopeless, t)
+    assert not drafts(hopeless, t + 0.99 * probe_s / (0.2 * PROBE_SHARE_FLOOR))
+    t += probe_s / (0.2 * PROBE_SHARE_FLOOR)
     assert drafts(promising, t)  # drafting pays: the whole share is back
     assert drafts(hopeless, t + 0.001)
     assert not drafts(hopeless, t + 0.001 + 0.99 * probe_s / 0.1)

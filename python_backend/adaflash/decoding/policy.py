@@ -203,10 +203,12 @@ PROBE_SHARE_FLOOR = 1 / 16  # of the full share: drafter probes that keep findin
 
 class ProbeBudget:
     """A share of the time for one kind of exploration: after a probe charged `ms`, the next waits until that is
-    the share's part of the time since. Drafter probes' share shrinks while they keep finding that drafting does not
-    pay (`shrink`, down to `PROBE_SHARE_FLOOR` of it): where the drafter never pays, a fixed share was a fixed loss
-    against the best fixed mode (docs/results.md, engine speed round 9). Copies verified whole keep theirs: they cost
-    no drafter forward, and they are how long copies, prompt lookup's strength, are learnt."""
+    the share's part of the time since. Drafter probes' share halves with each probe (`shrink`, down to
+    `PROBE_SHARE_FLOOR` of it) and doubles back with each drafted token accepted (`grow`, up to the whole), and is
+    whole again once drafting pays: it settles where the probes find little, since where the drafter never pays a
+    fixed share was a fixed loss against the best fixed mode (docs/results.md, engine speed round 9). Copies verified
+    whole keep theirs: they cost no drafter forward, and they are how long copies, prompt lookup's strength, are
+    learnt."""
 
     def __init__(self, share: float, clock: Callable[[], float]) -> None:
         self.full, self.share, self.clock = share, share, clock
@@ -220,6 +222,9 @@ class ProbeBudget:
 
     def shrink(self) -> None:
         self.share = max(self.share / 2, self.full * PROBE_SHARE_FLOOR)
+
+    def grow(self) -> None:
+        self.share = min(self.share * 2, self.full)
 
     def restore(self) -> None:
         self.share = self.full
@@ -430,9 +435,9 @@ class LengthController:
         return published_length(ratio_from_rates(rates, self.block_size), self.block_size, cap, ESTIMATED_MIN_CANDIDATE)
 
     def observe(self, seq: PolicyState, draft_len: int, accepted: int, matched: int = 0) -> None:
-        """Record a verified draft: drafted, or copied after a lookup that `matched` tokens. (adaflash
-        probes back off in `choose_drafters`: what they find matters only once the estimates say
-        drafting pays, which resets them.)"""
+        """Record a verified draft: drafted, or copied after a lookup that `matched` tokens. (A sequence's own
+        probes back off in `choose_drafters` whatever they find, until the estimates say drafting pays; the time
+        share of all drafter probes grows back with what they find, see `ProbeBudget`.)"""
         if draft_len == 0:
             return
         if matched:
@@ -441,3 +446,5 @@ class LengthController:
             return
         seq.stats.update(draft_len, accepted)
         self.global_stats.update(draft_len, accepted)
+        if accepted:
+            self._drafter_probes.grow()
