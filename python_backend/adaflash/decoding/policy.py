@@ -116,20 +116,44 @@ def choose_lengths(
 
 def _choose_many(rates: np.ndarray, caps: list[int], cost: CostModel, batch: int, other_tokens: int, draft_ms: float,
                  sunk_ms: float, other_expected: float | None) -> tuple[list[int], float]:
+    """In Python floats over lists, like `_choose_one`: a step plans right after its forward, when numpy's code has
+    left the CPU's caches, and its dozen calls on a few hundred numbers cost twice this loop (docs/results.md,
+    engine speed round 10)."""
     n = len(caps)
-    gains = np.cumprod(rates, axis=1)
-    caps_a = np.asarray(caps, dtype=int)
-    owner = np.repeat(np.arange(n), caps_a)
-    value = gains[np.arange(gains.shape[1])[None, :] < caps_a[:, None]]  # row-major: matches `owner`
-    order = np.argsort(-value, kind="stable")
+    value, owner, _ = _sorted_gains(rates, caps)
     others = batch - n if other_expected is None else other_expected
-    expected = others + n + np.concatenate([[0.0], np.cumsum(value[order])])
-    s = np.arange(len(order) + 1)
-    times = cost.verify_ms(batch, other_tokens + n + s) + cost.step_ms + sunk_ms + np.where(s > 0, draft_ms, 0.0)
-    rates_per_ms = expected / times
-    best = int(np.argmax(rates_per_ms))  # the first maximum: fewer tokens on ties
-    ks = np.bincount(owner[order[:best]], minlength=n)
-    return ks.tolist(), float(rates_per_ms[best])
+    base = others + n
+    times = _verify_times(cost, batch, other_tokens + n, len(value))
+    step_ms = cost.step_ms
+    best, best_rate, committed = 0, base / (times[0] + step_ms + sunk_ms), 0.0
+    for s, gain in enumerate(value, 1):
+        committed += gain
+        rate = (base + committed) / (times[s] + step_ms + sunk_ms + draft_ms)
+        if rate > best_rate:  # the first maximum: fewer tokens on ties
+            best, best_rate = s, rate
+    ks = [0] * n
+    for i in owner[:best]:
+        ks[i] += 1
+    return ks, float(best_rate)
+
+
+def _sorted_gains(rates: np.ndarray, caps: list[int]) -> tuple[list[float], list[int], list[int]]:
+    """Every draftable position's gain (the product of the rates up to it) within the caps, largest first, ties in
+    row-major order, with the row and the position each came from. Gains never rise along a row, so the S largest
+    are the best S positions to verify."""
+    gains, rows, positions = [], [], []
+    for i, (row, cap) in enumerate(zip(rates.tolist(), caps)):
+        row_gains = _products(row[:cap])
+        gains += row_gains
+        rows += [i] * len(row_gains)
+        positions += range(len(row_gains))
+    order = sorted(range(len(gains)), key=lambda j: -gains[j])
+    return [gains[j] for j in order], [rows[j] for j in order], [positions[j] for j in order]
+
+
+def _verify_times(cost: CostModel, batch: int, first: int, count: int) -> list[float]:
+    """Verify milliseconds of `batch` sequences at `first` tokens in all and at each of the `count` totals after."""
+    return cost.verify_ms(batch, np.arange(first, first + count + 1)).tolist()
 
 
 def _best_block(rates: np.ndarray, caps: list[int], cost: CostModel, batch: int, other_tokens: int,
@@ -139,24 +163,23 @@ def _best_block(rates: np.ndarray, caps: list[int], cost: CostModel, batch: int,
     sort serves every length: a shorter block's gains are the longer one's with later positions left out, in the
     same order, so each length's sums, and choice, are `_choose_many`'s."""
     n = len(caps)
-    gains = np.cumprod(rates, axis=1)
-    positions = np.broadcast_to(np.arange(gains.shape[1]), gains.shape)
-    kept = positions < np.asarray(caps, dtype=int)[:, None]
-    value, position = gains[kept], positions[kept]  # row-major, as `_choose_many` orders ties
-    order = np.argsort(-value, kind="stable")
-    value, position = value[order], position[order]
+    value, _, position = _sorted_gains(rates, caps)
     others = batch - n if other_expected is None else other_expected
-    s = np.arange(len(value) + 1)
-    times = cost.verify_ms(batch, other_tokens + n + s) + cost.step_ms
+    base = others + n
+    times = _verify_times(cost, batch, other_tokens + n, len(value))
+    step_ms = cost.step_ms
     best, best_rate = None, 0.0
     for length, draft_ms in zip(lengths, drafts):
-        chosen = value[position < length - 1]
-        m = len(chosen) + 1
-        rates_per_ms = (others + n + np.concatenate([[0.0], np.cumsum(chosen)])) / (
-            times[:m] + np.where(s[:m] > 0, draft_ms, 0.0))
-        i = int(np.argmax(rates_per_ms))
-        if i > 0 and rates_per_ms[i] > best_rate:
-            best, best_rate = length, float(rates_per_ms[i])
+        top, top_rate, committed, s = 0, base / (times[0] + step_ms), 0.0, 0
+        for gain, at in zip(value, position):
+            if at < length - 1:
+                s += 1
+                committed += gain
+                rate = (base + committed) / (times[s] + step_ms + draft_ms)
+                if rate > top_rate:
+                    top, top_rate = s, rate
+        if top and top_rate > best_rate:
+            best, best_rate = length, top_rate
     return best
 
 
