@@ -12,6 +12,7 @@ from adaflash.decoding.engine import Engine
 from adaflash.decoding.modes import DRAFTER_MODE_NAMES, MODE_NAMES
 from adaflash.decoding.sampling import SamplingParams
 from adaflash.decoding.sequence import Request
+from adaflash.models.bundle import tiny_random_bundle
 from adaflash.models.drafter import DFlashDrafter
 from adaflash.models.target import Transformer
 from adaflash.models.tokenizer import byte_tokenizer
@@ -459,3 +460,22 @@ def test_engine_caches_follow_the_committed_tokens(trained_tiny, prompts):
             assert torch.equal(got.tokens, ref.tokens)
             checked += 1
     assert checked > 50
+
+
+def test_a_verify_with_a_prefill_riding_along_does_not_teach_the_verify_scale():
+    """New sequences are prefilled in the verify call of the step that admits them; that call's time is mostly the
+    prefill's. Folded into the live verify scale (as it was), it priced every verify as if a prefill rode along:
+    adaflash, whose sequences end at different steps, admits a few at a time in ~100 of its calls at c=32."""
+    bundle = tiny_random_bundle(seed=0)
+    engine = Engine(bundle.target, bundle.drafter, num_slots=2, max_len=MAX_LEN, cost_model=fixed_costs(2))
+    first, second = random_prompts(2, seed=31)
+    engine.submit(Request(first, 8, mode="ar", stop_ids=()))
+    engine.step()  # the prefill alone
+    engine.step()
+    learnt = engine.cost.verify_scale
+    assert learnt != 1.0  # a verify alone is learnt from
+    engine.submit(Request(second, 8, mode="ar", stop_ids=()))
+    engine.step()  # the second prefill rides in the first sequence's verify
+    assert engine.cost.verify_scale == learnt
+    engine.step()
+    assert engine.cost.verify_scale != learnt

@@ -205,7 +205,7 @@ class Scheduler:
         for seq, res in zip(admitted, prefilled):
             self._queue_context(seq, res)
             seq.commit(res.committed, res.log_probs)
-        if active and self.cost is not None:
+        if active and not admitted and self.cost is not None:  # a prefill riding in the call is not the verify's
             self.cost.observe_verify(len(active), sum(map(len, feeds)), timed.ms)
         for seq, feed, res in zip(active, feeds, verified):
             self._queue_context(seq, res)
