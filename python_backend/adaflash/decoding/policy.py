@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from itertools import accumulate
 from operator import mul
 from dataclasses import dataclass
@@ -122,19 +122,27 @@ def _choose_many(rates: np.ndarray, caps: list[int], cost: CostModel, batch: int
     n = len(caps)
     value, owner, _ = _sorted_gains(rates, caps)
     others = batch - n if other_expected is None else other_expected
-    base = others + n
     times = _verify_times(cost, batch, other_tokens + n, len(value))
-    step_ms = cost.step_ms
-    best, best_rate, committed = 0, base / (times[0] + step_ms + sunk_ms), 0.0
-    for s, gain in enumerate(value, 1):
-        committed += gain
-        rate = (base + committed) / (times[s] + step_ms + sunk_ms + draft_ms)
-        if rate > best_rate:  # the first maximum: fewer tokens on ties
-            best, best_rate = s, rate
+    best, best_rate = _best_count(value, times, others + n, cost.step_ms, sunk_ms, draft_ms)
     ks = [0] * n
     for i in owner[:best]:
         ks[i] += 1
-    return ks, float(best_rate)
+    return ks, best_rate
+
+
+def _best_count(gains: Iterable[float], times: list[float], base: float, step_ms: float, sunk_ms: float,
+                draft_ms: float) -> tuple[int, float]:
+    """How many of `gains` (largest first) to verify, and the rate that promises: (base + their sum) over the verify
+    time of that many more tokens (`times[s]`) plus the step's time and what is sunk, and `draft_ms` once any is
+    verified, added in this order by every length choice, so theirs are the same sums. The first maximum: fewer
+    tokens on ties."""
+    best, best_rate, committed = 0, base / (times[0] + step_ms + sunk_ms), 0.0
+    for s, gain in enumerate(gains, 1):
+        committed += gain
+        rate = (base + committed) / (times[s] + step_ms + sunk_ms + draft_ms)
+        if rate > best_rate:
+            best, best_rate = s, rate
+    return best, float(best_rate)
 
 
 def _sorted_gains(rates: np.ndarray, caps: list[int]) -> tuple[list[float], list[int], list[int]]:
@@ -165,19 +173,11 @@ def _best_block(rates: np.ndarray, caps: list[int], cost: CostModel, batch: int,
     n = len(caps)
     value, _, position = _sorted_gains(rates, caps)
     others = batch - n if other_expected is None else other_expected
-    base = others + n
     times = _verify_times(cost, batch, other_tokens + n, len(value))
-    step_ms = cost.step_ms
     best, best_rate = None, 0.0
     for length, draft_ms in zip(lengths, drafts):
-        top, top_rate, committed, s = 0, base / (times[0] + step_ms), 0.0, 0
-        for gain, at in zip(value, position):
-            if at < length - 1:
-                s += 1
-                committed += gain
-                rate = (base + committed) / (times[s] + step_ms + draft_ms)
-                if rate > top_rate:
-                    top, top_rate = s, rate
+        kept = (gain for gain, at in zip(value, position) if at < length - 1)
+        top, top_rate = _best_count(kept, times, others + n, cost.step_ms, 0.0, draft_ms)
         if top and top_rate > best_rate:
             best, best_rate = length, top_rate
     return best
@@ -187,16 +187,12 @@ def _choose_one(rates: list[float], cap: int, cost: CostModel, batch: int, other
                 sunk_ms: float, other_expected: float | None) -> tuple[list[int], float]:
     """`_choose_many` for one sequence in Python floats, the same sums in the same order (so the same choice): a
     sequence's gains never rise along its block, so its S largest are its first S. At concurrency 1 every step
-    plans so."""
-    base = (batch - 1 if other_expected is None else other_expected) + 1
-    committed, best, best_rate = 0.0, 0, -math.inf
-    for s, gain in enumerate([0.0, *_products(rates[:cap])]):
-        committed += gain
-        ms = cost.verify_ms(batch, other_tokens + 1 + s) + cost.step_ms + sunk_ms + (draft_ms if s else 0.0)
-        rate = (base + committed) / ms
-        if rate > best_rate:  # the first maximum: fewer tokens on ties
-            best, best_rate = s, rate
-    return [best], float(best_rate)
+    plans so; its verify times are read one by one, without numpy."""
+    gains = _products(rates[:cap])
+    times = [cost.verify_ms(batch, other_tokens + 1 + s) for s in range(len(gains) + 1)]
+    best, best_rate = _best_count(gains, times, (batch - 1 if other_expected is None else other_expected) + 1,
+                                  cost.step_ms, sunk_ms, draft_ms)
+    return [best], best_rate
 
 
 def ratio_from_rates(rates: np.ndarray, block_size: int) -> float:
