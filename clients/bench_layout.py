@@ -1,7 +1,7 @@
 """Which weight layout a product of a few rows reads fastest on this CPU: `F.linear(x, W)`, `x @ W.T` kept
 contiguous, W split by output rows into one transposed part per thread multiplied as one batched product
 (`layers.split_linear`), W packed by oneDNN (`layers.packed_linear`), and W as it is through the C kernel
-(`native.rowdot`, where it builds), for the default target's weight shapes, each weight cycled from memory (more
+(`native.product` over `native.panels(W)`, where it builds), for the default target's weight shapes, each weight cycled from memory (more
 copies than the last-level cache holds, as in a forward) rather than hot in cache.
 
 Why: a decode or verify step multiplies a few rows by every weight, so its speed is the speed of reading the
@@ -49,13 +49,14 @@ def main() -> int:
         transposed = [w.t().contiguous() for w in weights]
         split = [split_rows(w, torch.get_num_threads()) for w in weights]
         packed = [packed_weight(w) for w in weights]
+        panelled = [native.panels(w) for w in weights] if native.available() else []
         for m in map(int, args.rows.split(",")):
             x = torch.randn(m, k)
             linear = per_call_us(lambda w: F.linear(x, w), weights)
             copy = per_call_us(lambda w: x @ w, transposed)
             parts = per_call_us(lambda w: split_linear(x, w), split)
             onednn = per_call_us(lambda w: packed_linear(x, w, None), packed)
-            c = per_call_us(lambda w: native.rowdot(x, w), weights) if native.available() else None
+            c = per_call_us(lambda w: native.product(x, w, n), panelled) if native.available() else None
             rows.append({"weight": name, "shape": [n, k], "rows": m, "linear_us": round(linear, 1),
                          "transposed_us": round(copy, 1), "split_us": round(parts, 1), "packed_us": round(onednn, 1),
                          "native_us": None if c is None else round(c, 1)})

@@ -12,60 +12,63 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from adaflash.decoding.costs import measure_costs
 from adaflash.models import native, target as target_module
 from adaflash.models.cache import Paging
-from adaflash.models.layers import (FUSED_MAX_ROWS, NATIVE_MAX_ROWS, Layout, RopeConfig, apply_rope, rms_norm,
-                                    rope_cos_sin)
+from adaflash.models.layers import Layout, RopeConfig, apply_rope, rms_norm, rope_cos_sin
 from adaflash.models.target import TargetConfig, Transformer
 from helpers import joined_product_in
 
 needs_native = pytest.mark.skipif(not native.available(), reason="no AVX2/FMA x86-64 CPU or no C compiler here")
 
 
+def _product(x: torch.Tensor, w: torch.Tensor, wide: bool | None = None) -> torch.Tensor:
+    return native.product(x, native.panels(w), w.shape[0], wide)
+
+
 @needs_native
-@pytest.mark.parametrize("rows", [1, 2, 3, 16])
+@pytest.mark.parametrize("rows", [1, 2, 3, 7, 16, 70])
 @pytest.mark.parametrize(("out", "inner"), [(1, 8), (3, 20), (48, 37), (513, 384), (64, 1152)])
 def test_the_native_product_equals_torch(rows, out, inner):
     torch.manual_seed(rows * out + inner)
     x, w = torch.randn(rows, inner), torch.randn(out, inner)
-    assert torch.allclose(native.rowdot(x, w), F.linear(x, w), rtol=1e-5, atol=1e-4)
+    assert torch.allclose(_product(x, w), F.linear(x, w), rtol=1e-5, atol=1e-4)
 
 
 @needs_native
-@pytest.mark.parametrize(("out", "inner"), [(513, 384), (48, 37), (7, 70)])
-def test_a_row_is_summed_alike_alone_or_among_others(out, inner):
-    """Bitwise: one and two rows stream the weight, more take it in pairs of outputs; all sum in one order."""
+@pytest.mark.parametrize(("out", "inner"), [(513, 384), (48, 37), (7, 70), (384, 1152)])
+def test_a_row_is_summed_alike_alone_or_among_others_at_either_width(out, inner):
+    """Bitwise: tiles of one to six rows and of one or four panels, 16 lanes wide or 8, all sum in one order."""
     torch.manual_seed(out)
-    x, w = torch.randn(16, inner), torch.randn(out, inner)
-    alone = torch.cat([native.rowdot(x[i:i + 1].contiguous(), w) for i in range(16)])
-    for rows in (2, 3, 16):
-        assert torch.equal(native.rowdot(x[:rows].contiguous(), w), alone[:rows])
+    x, w = torch.randn(70, inner), torch.randn(out, inner)
+    alone = torch.cat([_product(x[i:i + 1].contiguous(), w, wide=False) for i in range(70)])
+    for rows in (2, 3, 5, 6, 7, 16, 70):
+        assert torch.equal(_product(x[:rows].contiguous(), w, wide=False), alone[:rows])
+        if native.WIDE:
+            assert torch.equal(_product(x[:rows].contiguous(), w, wide=True), alone[:rows])
 
 
 @needs_native
 def test_the_native_product_runs_on_any_thread_count():
     torch.manual_seed(3)
-    x, w, threads = torch.randn(3, 64), torch.randn(100, 64), torch.get_num_threads()
-    expected = native.rowdot(x, w)
+    x, w, threads = torch.randn(9, 64), torch.randn(100, 64), torch.get_num_threads()
+    expected = _product(x, w)
     try:
         for n in (1, 3):
             torch.set_num_threads(n)
-            assert torch.equal(native.rowdot(x, w), expected)
+            assert torch.equal(_product(x, w), expected)
     finally:
         torch.set_num_threads(threads)
 
 
 @needs_native
-@pytest.mark.parametrize(("rows", "layout"), [(1, Layout.NATIVE), (NATIVE_MAX_ROWS, Layout.NATIVE),
-                                              (NATIVE_MAX_ROWS + 1, Layout.PACKED)])
-def test_joined_multiplies_decode_and_verify_rows_natively(rows, layout):
-    holder, lin, joined, _ = joined_product_in(layout, rows)
+@pytest.mark.parametrize("rows", [1, 16, 300, 3000])
+def test_joined_multiplies_every_row_count_natively(rows):
+    """Decode, verify and prefill rows alike: the C product is as fast as oneDNN's from one row to thousands."""
+    holder, lin, joined, _ = joined_product_in(Layout.NATIVE, rows)
     with torch.inference_mode():
-        if layout is Layout.NATIVE:
-            assert not joined._copies  # the weight as it is: no second copy
-            strided = torch.randn(rows, 256)[:, :128]  # rows 256 apart: made contiguous before the call
-            assert torch.allclose(joined.linear(holder, strided, lin.bias), lin(strided), atol=1e-5)
+        strided = torch.randn(rows, 256)[:, :128]  # rows 256 apart: made contiguous before the call
+        assert torch.allclose(joined.linear(holder, strided, lin.bias), lin(strided), atol=1e-5)
+    assert set(joined._copies) == {Layout.NATIVE}  # one copy, in panels
 
 
 def _reference_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -167,7 +170,7 @@ def test_a_layer_in_one_call_equals_the_layer_in_python(target, monkeypatch):
     results = []
     for fused in (True, False):
         if not fused:
-            monkeypatch.setattr(Transformer, "_fused_layers", lambda self, fb, tokens: None)
+            monkeypatch.setattr(Transformer, "_fused_layers", lambda self, fb: None)
         cache = _prefilled(target, prompts)
         with torch.inference_mode():
             results.append(target.forward(cache, [0, 1], steps, capture_layers=[1, 0]))
@@ -177,17 +180,15 @@ def test_a_layer_in_one_call_equals_the_layer_in_python(target, monkeypatch):
 
 @needs_native
 def test_a_verify_gives_the_logits_of_decoding_bitwise(target, monkeypatch):
-    """With the native kernels a forward of up to FUSED_MAX_ROWS tokens, each sequence adding at most a block, is
-    batch-invariant: verifying a block (alone, or beside others, past the products' own NATIVE_MAX_ROWS too) gives,
-    bit for bit, the logits of decoding its tokens one at a time, so greedy speculative decoding commits exactly what
-    plain decoding would."""
-    prompts, block = _prompts([60, 23, 31, 45]), target_module.NATIVE_ATTENTION_MAX_NEW
-    assert 3 * block < FUSED_MAX_ROWS <= 4 * block and NATIVE_MAX_ROWS < FUSED_MAX_ROWS
+    """With the native kernels a decode or verify forward, each sequence adding at most a block, is batch-invariant:
+    verifying a block (alone, or beside others, up to hundreds of tokens in the call) gives, bit for bit, the logits
+    of decoding its tokens one at a time, so greedy speculative decoding commits exactly what plain decoding would."""
+    block = target_module.NATIVE_ATTENTION_MAX_NEW
+    prompts = _prompts([60, 23, 31, 45] * 5)
     fused_calls = []
     decode_layers = native.decode_layers
     monkeypatch.setattr(native, "decode_layers", lambda x, *a: fused_calls.append(x.shape[0]) or decode_layers(x, *a))
-    for blocks in (_prompts([block]), _prompts([block, NATIVE_MAX_ROWS - block]),
-                   _prompts([block, block, block, FUSED_MAX_ROWS - 3 * block])):
+    for blocks in (_prompts([block]), _prompts([block, 5, 11]), _prompts([block] * 20)):
         one_by_one = _prefilled(target, prompts[:1])
         with torch.inference_mode():
             decoded = torch.cat([target.forward(one_by_one, [0], [[t]]).logits for t in blocks[0]])
@@ -211,20 +212,9 @@ def test_layers_changed_in_place_are_gathered_again(monkeypatch):
         model.model.layers[1].self_attn.q_proj.weight.mul_(-1.5)
     with torch.inference_mode():
         fused = model.forward(_prefilled(model, prompts), [0, 1], steps).logits
-        monkeypatch.setattr(Transformer, "_fused_layers", lambda self, fb, tokens: None)
+        monkeypatch.setattr(Transformer, "_fused_layers", lambda self, fb: None)
         python = model.forward(_prefilled(model, prompts), [0, 1], steps).logits
     assert torch.allclose(fused, python, atol=1e-4, rtol=1e-4)
-
-
-@needs_native
-def test_the_cost_table_times_a_verify_just_past_the_fused_layers(target):
-    """One token past `fused_rows()` a forward leaves the native layers and costs markedly more: the table measures
-    that size too wherever a batch's measured sizes straddle it, so the policy does not interpolate across it."""
-    assert target.fused_rows() == FUSED_MAX_ROWS
-    cost = measure_costs(target, None, 8, context=8, reps=1, max_len=64)
-    totals = {b: [n for n, _ in points] for b, points in cost.verify.items()}
-    assert totals[8] == [8, 16, 32, FUSED_MAX_ROWS, FUSED_MAX_ROWS + 1, 128]
-    assert FUSED_MAX_ROWS + 1 not in totals[4]  # four sequences never verify that many
 
 
 def _available_in_subprocess(env: dict[str, str]) -> str:

@@ -233,13 +233,9 @@ def measure_costs(
     batches = sorted({1, max_batch} | {2**i for i in range(20) if 2**i < max_batch})
     model = CostModel()
     points: list[tuple[dict, int, int, Callable[[], None]]] = []  # (its table, batch, tokens or block length, run)
-    past_fused = target.fused_rows() + 1
     for b in batches:
-        totals = [b * k for k in tokens_per_seq]
-        if totals[0] < past_fused < totals[-1]:
-            totals.append(past_fused)  # where the cost jumps: linear interpolation across it would miss the jump
-        points += [(model.verify, b, n, _verify_fn(target, cache, slots[:b], context, _ragged(n, b, vocab, g)))
-                   for n in sorted(set(totals))]
+        points += [(model.verify, b, b * k, _verify_fn(target, cache, slots[:b], context, _ragged(b * k, b, vocab, g)))
+                   for k in tokens_per_seq]
         if drafter is not None:
             points += [(model.draft, b, n, _draft_fn(drafter, target, drafter_cache, slots[:b], n))
                        for n in block_lengths(drafter.config.block_size)]

@@ -41,23 +41,18 @@ class RMSNorm(nn.Module):
         return rms_norm(x, self.weight, self.eps)
 
 
-# On CPU, MKL multiplies a few rows by a weight slowly: one or two rows on one thread, however many the machine
-# has (the product is bound by reading the weight, and one core reads at about half the machine's bandwidth), and
-# 3 to 256 rows well below the bandwidth too. Up to NATIVE_MAX_ROWS rows, small fp32 weights are multiplied by
-# the C kernel of `adaflash.models.native` where it builds (all threads, the weight as it is, every row summed
-# alike). Without it `Joined` keeps a copy that multiplies faster: one or two rows through the weight split by
-# output rows into one transposed part per thread, multiplied as one batched product, which runs the parts on all
-# threads; more rows through a oneDNN-packed copy (clients/bench_layout.py, docs/results.md). Copies are kept only
-# for weights this small, so a large model is never held three times, and this large: a tiny weight sits in
-# cache, and oneDNN's call costs more than it reads.
+# On CPU, MKL's product of a weight by up to thousands of rows runs at a third to a half of what the machine can
+# (clients/bench_layout.py, docs/results.md): for a few rows it reads the weight slowly, for many it computes
+# slowly. Small fp32 weights are therefore multiplied by the C product of `adaflash.models.native` where it builds,
+# from a copy laid out in panels: as fast as oneDNN's packed product from one row to thousands, and a row's sums do
+# not depend on the other rows of the call (oneDNN's do). Without it `Joined` keeps a copy that multiplies faster
+# than MKL: one or two rows through the weight split by output rows into one transposed part per thread,
+# multiplied as one batched product, which runs the parts on all threads; more rows through a oneDNN-packed copy.
+# Copies are kept only for weights this small, so a large model is never held twice over, and this large: a tiny
+# weight sits in cache, and oneDNN's call costs more than it reads.
 COPY_MAX_BYTES = 64 << 20
 COPY_MIN_BYTES = 256 << 10
 SPLIT_MAX_ROWS = 2
-NATIVE_MAX_ROWS = 32  # clients/bench_layout.py: equal to oneDNN's packed product at 32 rows, slower above
-# A target's decode or verify forward runs every layer in C up to this many new tokens (`Transformer.fused_rows`),
-# its LM head too: slower products than oneDNN's above 32 rows, but a faster forward than the Python layers, and
-# batch-invariant (docs/results.md, engine speed round 9).
-FUSED_MAX_ROWS = 64
 PACKED_MAX_ROWS = 256  # measured faster up to here; larger prefills are compute-bound
 PACKED_FOR_ROWS = 16  # the row count oneDNN lays the packed weight out for
 
@@ -86,11 +81,13 @@ def _copyable(w: Tensor) -> bool:
             and COPY_MIN_BYTES <= w.nbytes <= COPY_MAX_BYTES)
 
 
-def _layout(rows: int, copyable: bool, native_rows: int = NATIVE_MAX_ROWS) -> Layout:
-    if not copyable or rows > PACKED_MAX_ROWS or torch.is_grad_enabled() or torch.compiler.is_compiling():
+def _layout(rows: int, copyable: bool) -> Layout:
+    if not copyable or torch.is_grad_enabled() or torch.compiler.is_compiling():
         return Layout.PLAIN
-    if rows <= native_rows and native.available():
+    if native.available():
         return Layout.NATIVE
+    if rows > PACKED_MAX_ROWS:
+        return Layout.PLAIN
     if rows <= SPLIT_MAX_ROWS:
         return Layout.SPLIT
     return Layout.PACKED if MKLDNN else Layout.PLAIN
@@ -154,27 +151,34 @@ class Joined:
     def of(self, module: nn.Module) -> Tensor:
         return self._joined([_part(module, n) for n in self._names])
 
-    def linear(self, module: nn.Module, x: Tensor, bias: Tensor | None = None,
-               native_rows: int = NATIVE_MAX_ROWS) -> Tensor:
-        """x @ W.T (+ bias) with the joined weight W, from the copy of it that multiplies x fastest; up to
-        `native_rows` rows through the C product (a caller needing batch-invariant rows raises it)."""
+    def linear(self, module: nn.Module, x: Tensor, bias: Tensor | None = None) -> Tensor:
+        """x @ W.T (+ bias) with the joined weight W, from the copy of it that multiplies x fastest."""
         w = self._joined([_part(module, n) for n in self._names])
-        layout = _layout(x.numel() // x.shape[-1], self._copyable, native_rows)
+        layout = _layout(x.numel() // x.shape[-1], self._copyable)
         if layout is Layout.PLAIN:
             return F.linear(x, w, bias)
+        if layout is Layout.SPLIT and w.shape[0] % torch.get_num_threads():
+            return F.linear(x, w, bias)
+        copy = self._copy(w, layout)
+        if layout is Layout.PACKED:
+            return packed_linear(x, copy, bias)
         if layout is Layout.NATIVE:
-            y = native.rowdot(x.reshape(-1, x.shape[-1]).contiguous(), w).reshape(x.shape[:-1] + (-1,))
-            return y if bias is None else y + bias
+            y = native.product(x.reshape(-1, x.shape[-1]).contiguous(), copy, w.shape[0]).reshape(x.shape[:-1] + (-1,))
+        else:
+            y = split_linear(x, copy)
+        return y if bias is None else y + bias
+
+    def panels(self, module: nn.Module) -> Tensor:
+        """The joined weight as the C product reads it (`native.panels`), the copy `linear` multiplies by too."""
+        return self._copy(self._joined([_part(module, n) for n in self._names]), Layout.NATIVE)
+
+    def _copy(self, w: Tensor, layout: Layout) -> Tensor:
+        """The copy of the joined weight `w` in `layout`, made again when a part changed."""
         key = (self._key, torch.get_num_threads() if layout is Layout.SPLIT else 0)  # a part per thread
         held = self._copies.get(layout)
         if held is None or held[0] != key:
-            if layout is Layout.SPLIT and w.shape[0] % key[1]:
-                return F.linear(x, w, bias)
             held = self._copies[layout] = (key, _copy_of(w, layout))
-        if layout is Layout.PACKED:
-            return packed_linear(x, held[1], bias)
-        y = split_linear(x, held[1])
-        return y if bias is None else y + bias
+        return held[1]
 
     def _joined(self, tensors: list[Tensor]) -> Tensor:
         """The joined weight, remade when a part's storage or version changed (`_key`, which `linear` then keys
@@ -191,6 +195,8 @@ class Joined:
 
 
 def _copy_of(w: Tensor, layout: Layout) -> Tensor:
+    if layout is Layout.NATIVE:
+        return native.panels(w)
     return split_rows(w, torch.get_num_threads()) if layout is Layout.SPLIT else packed_weight(w)
 
 

@@ -18,8 +18,7 @@ from torch.nn.attention.bias import CausalBias, causal_lower_right
 from adaflash.models import native
 from adaflash.models.cache import KVCache, Paging
 from adaflash.models.checkpoint import load_weights, read_config, save_checkpoint
-from adaflash.models.layers import (FUSED_MAX_ROWS, MLP, NATIVE_MAX_ROWS, Joined, Ragged, RMSNorm, RopeConfig,
-                                    apply_rope, attend, rms_norm, rope_cos_sin)
+from adaflash.models.layers import MLP, Joined, Ragged, RMSNorm, RopeConfig, apply_rope, attend, rms_norm, rope_cos_sin
 from adaflash.models.placement import CPU, Placement, empty_on, place_of
 
 
@@ -336,7 +335,7 @@ class Transformer(nn.Module):
         cos, sin = cos.to(x.dtype), sin.to(x.dtype)
         wanted = set(capture_layers or [])
         captured: dict[int, Tensor] = {}
-        fused = self._fused_layers(fb, len(ids))
+        fused = self._fused_layers(fb)
         if fused is not None:
             x = self._decode_natively(x, cos, sin, fb, cache, fused, wanted, captured)
         else:
@@ -347,25 +346,15 @@ class Transformer(nn.Module):
         for s, st, c in zip(slots, starts, counts):
             cache.lengths[s] = st + c
         rows = x if logit_rows is None else x[logit_rows]
-        logits = self.lm_head_weight.linear(self, self.model.norm(rows),
-                                            native_rows=NATIVE_MAX_ROWS if fused is None else FUSED_MAX_ROWS)
+        logits = self.lm_head_weight.linear(self, self.model.norm(rows))
         hidden = torch.cat([captured[i] for i in capture_layers], dim=-1) if capture_layers else None
         return ForwardOutput(logits=logits, hidden=hidden)
 
-    def fused_rows(self) -> int:
-        """The most new tokens a decode or verify forward may carry with each layer in one native call (0: this
-        model never takes that path). One token more costs a step markedly more (the Python layers and oneDNN's
-        products take over), a jump the cost table measures (`costs.measure_costs`)."""
-        cfg = self.config
-        if not native.available() or not cfg.qk_norm or cfg.attention_bias or cfg.head_dim % 16:
-            return 0
-        return FUSED_MAX_ROWS
-
-    def _fused_layers(self, fb: ForwardBatch, tokens: int) -> native.Layers | None:
+    def _fused_layers(self, fb: ForwardBatch) -> native.Layers | None:
         """The layers' weights for `native.decode_layers` when this forward can take it: a decode or verify step
-        whose attention runs in C, of at most `fused_rows()` tokens (batch-invariant products), with fp32 weights.
-        Gathered again only when a weight's storage or version changed (a load, a cast, an in-place update)."""
-        if fb.native is None or tokens > self.fused_rows():
+        whose attention runs in C, through Qwen3 layers (q/k norms, no biases) with fp32 weights. Gathered again only
+        when a weight's storage or version changed (a load, a cast, an in-place update)."""
+        if fb.native is None or not self.config.qk_norm or self.config.attention_bias or self.config.head_dim % 16:
             return None
         if self._layer_parameters is None:
             self._layer_parameters = [(m, n) for m in self.model.layers.modules()
@@ -376,10 +365,15 @@ class Transformer(nn.Module):
         return self._native_layers[1]
 
     def _gather_native_layers(self) -> native.Layers | None:
-        weights = [native.LayerWeights(layer.input_layernorm.weight, layer.self_attn.qkv_weight.of(layer.self_attn),
-                                       layer.self_attn.qk_norm_weight.of(layer.self_attn), layer.self_attn.o_proj.weight,
-                                       layer.post_attention_layernorm.weight, layer.mlp.gate_up.of(layer.mlp),
-                                       layer.mlp.down_proj.weight) for layer in self.model.layers]
+        if any(p.dtype != torch.float32 or p.device.type != "cpu" for p in self.model.layers.parameters()):
+            return None
+        weights = []
+        for layer in self.model.layers:
+            attention, mlp = layer.self_attn, layer.mlp
+            weights.append(native.LayerWeights(
+                layer.input_layernorm.weight, attention.qkv_weight.panels(attention),
+                attention.qk_norm_weight.of(attention), attention.o_weight.panels(attention),
+                layer.post_attention_layernorm.weight, mlp.gate_up.panels(mlp), mlp.down.panels(mlp)))
         return native.Layers(weights) if all(w.usable() for w in weights) else None
 
     def _decode_natively(self, x: Tensor, cos: Tensor, sin: Tensor, fb: ForwardBatch, cache: KVCache,

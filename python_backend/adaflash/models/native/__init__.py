@@ -44,11 +44,24 @@ def available() -> bool:
     return _library() is not None and not torch.compiler.is_compiling()
 
 
-def rowdot(x: Tensor, w: Tensor) -> Tensor:
-    """x [rows, in] @ w.T for contiguous fp32 CPU tensors, w [out, in]; only when `available()`."""
-    rows, out = x.shape[0], w.shape[0]
+PANEL = 16  # outputs side by side in `panels`, as kernels.c reads them
+
+
+def panels(w: Tensor) -> Tensor:
+    """w [out, in] (fp32, CPU) as `product` reads it: [ceil(out / PANEL), in, PANEL], outputs past `out` zero."""
+    out, width = w.shape
+    padded = torch.zeros((-(-out // PANEL) * PANEL, width), dtype=torch.float32)
+    padded[:out] = w.detach()
+    return padded.view(-1, PANEL, width).transpose(1, 2).contiguous()
+
+
+def product(x: Tensor, panelled: Tensor, out: int, wide: bool | None = None) -> Tensor:
+    """x [rows, in] @ w.T for contiguous fp32 CPU x and `panels(w)`, w [out, in]; only when `available()`.
+    `wide`: with AVX-512 (None: where the host has it); the results are the same either way."""
+    rows = x.shape[0]
     y = torch.empty((rows, out), dtype=torch.float32)
-    _library().rowdot(x.data_ptr(), w.data_ptr(), y.data_ptr(), rows, out, w.shape[1], torch.get_num_threads())
+    _library().product(x.data_ptr(), panelled.data_ptr(), y.data_ptr(), rows, out, panelled.shape[1],
+                       torch.get_num_threads(), WIDE if wide is None else wide)
     return y
 
 
@@ -131,15 +144,15 @@ def attend(q: Tensor, k: Tensor, v: Tensor, k_cache: Tensor, v_cache: Tensor, ba
 
 @dataclass(frozen=True)
 class LayerWeights:
-    """One decoder layer's weights as `decode_layers` reads them (fp32, contiguous)."""
+    """One decoder layer's weights as `decode_layers` reads them (fp32, contiguous; the products' as `panels`)."""
 
     input_norm: Tensor  # [hidden]
-    qkv: Tensor  # [(heads + 2 kv_heads) dim, hidden], q, k and v joined
+    qkv: Tensor  # panels of [(heads + 2 kv_heads) dim, hidden], q, k and v joined
     qk_norm: Tensor  # [heads + kv_heads, dim], q's and k's norm weight per head
-    o: Tensor  # [hidden, heads dim]
+    o: Tensor  # panels of [hidden, heads dim]
     post_norm: Tensor  # [hidden]
-    gate_up: Tensor  # [2 inter, hidden], gate and up joined
-    down: Tensor  # [hidden, inter]
+    gate_up: Tensor  # panels of [2 inter, hidden], gate and up joined
+    down: Tensor  # panels of [hidden, inter]
 
     def tensors(self) -> tuple[Tensor, ...]:
         return (self.input_norm, self.qkv, self.qk_norm, self.o, self.post_norm, self.gate_up, self.down)
@@ -184,7 +197,7 @@ def decode_layers(x: Tensor, layers: Layers, heads: int, kv_heads: int, dim: int
         v_cache.data_ptr(), k_cache.stride(0), batch.table.data_ptr(), batch.table.shape[1], batch.first.data_ptr(),
         batch.starts.data_ptr(), batch.counts.data_ptr(), batch.counts.shape[0], k_cache.shape[3], scale,
         scratch.h.data_ptr(), scratch.qkv.data_ptr(), scratch.qk.data_ptr(), scratch.att.data_ptr(),
-        scratch.gu.data_ptr(), scratch.act.data_ptr(), torch.get_num_threads())
+        scratch.gu.data_ptr(), scratch.act.data_ptr(), torch.get_num_threads(), WIDE)
 
 
 @functools.cache
@@ -198,27 +211,30 @@ def _library():
         log.warning("native kernels unavailable, torch's operations are used: %s %s", exc, detail)
         return None
     p, i64 = ctypes.c_void_p, ctypes.c_int64
-    library.rowdot.argtypes = [p, p, p, i64, i64, i64, ctypes.c_int]
+    library.product.argtypes = [p, p, p, i64, i64, i64, ctypes.c_int, ctypes.c_int]
     library.rmsnorm.argtypes = [p, i64, p, i64, p, i64, i64, i64, ctypes.c_float, ctypes.c_int]
     library.norm_rope.argtypes = [p, i64, p, p, p, p, i64, i64, i64, ctypes.c_float, ctypes.c_int]
     library.attend.argtypes = [p, i64, p, i64, p, i64, p, p, p, i64, p, p, p, i64, i64, i64, i64, i64, ctypes.c_float,
                                p, ctypes.c_int]
     library.decode_layers.argtypes = ([p, i64, i64, i64, i64, i64, i64, ctypes.c_float, i64] + [p] * 6
-                                      + [i64, p, i64, p, p, p, i64, i64, ctypes.c_float] + [p] * 6 + [ctypes.c_int])
-    for fn in (library.rowdot, library.rmsnorm, library.norm_rope, library.attend, library.decode_layers):
+                                      + [i64, p, i64, p, p, p, i64, i64, ctypes.c_float] + [p] * 6 + [ctypes.c_int] * 2)
+    for fn in (library.product, library.rmsnorm, library.norm_rope, library.attend, library.decode_layers):
         fn.restype = None
     return library
 
 
 def _cpu_supports() -> bool:
-    if platform.machine() not in ("x86_64", "AMD64"):
-        return False
+    return platform.machine() in ("x86_64", "AMD64") and CPU_FLAGS <= _cpu_flags()
+
+
+@functools.cache
+def _cpu_flags() -> frozenset[str]:
     try:
         info = Path("/proc/cpuinfo").read_text()
     except OSError:
-        return False
-    flags = next((line.split(":", 1)[1].split() for line in info.splitlines() if line.startswith("flags")), [])
-    return CPU_FLAGS <= set(flags)
+        return frozenset()
+    return frozenset(next((line.split(":", 1)[1].split() for line in info.splitlines() if line.startswith("flags")),
+                          []))
 
 
 def _built() -> Path:
@@ -249,3 +265,6 @@ def _cache_dir() -> Path:
         return Path(given)
     base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"  # RuntimeError without a home
     return Path(base) / "adaflash"
+
+
+WIDE = "avx512f" in _cpu_flags()  # `product` runs 16 lanes wide here (AVX-512), with the same sums as 8 lanes

@@ -1,8 +1,9 @@
 /* The fp32 kernels of a decode or verify step on CPU: products of a few rows by a weight, RMS norms, attention.
 
-rowdot: y[r, j] = sum_k x[r, k] * w[j, k] for x [rows, in] and w [out, in], both row-major. Why: a decode step
-multiplies one to a few rows by every weight, and the product is bound by reading the weight; MKL's few-row
-products read it at about half the speed two cores stream memory on this kind of host.
+product: y[r, j] = sum_k x[r, k] * w[j, k] for x [rows, in] and w [out, in] laid out in panels of 16 outputs.
+Why: a decode step multiplies one to a few rows by every weight, a verify step a few dozen; MKL's few-row products
+read the weight at about half the speed two cores stream memory, and oneDNN's blocked product, fast from about
+eight rows, is not batch-invariant.
 rmsnorm: one call instead of torch's six operations per norm (about 19 norms a step in a small model).
 attend: a step's few queries over their cached keys, without the padding, masks and views torch's attention
 needs around them.
@@ -23,7 +24,7 @@ static inline float lanes(__m256 v) {
     return _mm_cvtss_f32(s);
 }
 
-/* A dot in the one order every product uses: the 8-lane chunks of k alternate between two accumulators (even and
+/* A dot (attention's scores) in one order: the 8-lane chunks of k alternate between two accumulators (even and
    odd chunks), then the accumulators are added, then their lanes, then the scalar tail. */
 static float dot(const float *x, const float *w, int64_t in) {
     __m256 a0 = _mm256_setzero_ps(), a1 = a0;
@@ -40,64 +41,87 @@ static float dot(const float *x, const float *w, int64_t in) {
     for (; k < in; k++) s += x[k] * w[k];
     return s;
 }
-/* rows r0, r1 by outputs w0, w1, w2: six dots, each in `dot`'s order */
-static void tile(const float *x0, const float *x1, const float *w, int64_t in, float *y0, float *y1) {
-    const float *w0 = w, *w1 = w + in, *w2 = w + 2 * in;
-    __m256 a00 = _mm256_setzero_ps(), a01 = a00, a02 = a00, a10 = a00, a11 = a00, a12 = a00;
-    __m256 b00 = a00, b01 = a00, b02 = a00, b10 = a00, b11 = a00, b12 = a00;
-    int64_t k = 0;
-    for (; k + 16 <= in; k += 16) {
-        __m256 p = _mm256_loadu_ps(x0 + k), q = _mm256_loadu_ps(x1 + k), v;
-        v = _mm256_loadu_ps(w0 + k); a00 = _mm256_fmadd_ps(p, v, a00); a10 = _mm256_fmadd_ps(q, v, a10);
-        v = _mm256_loadu_ps(w1 + k); a01 = _mm256_fmadd_ps(p, v, a01); a11 = _mm256_fmadd_ps(q, v, a11);
-        v = _mm256_loadu_ps(w2 + k); a02 = _mm256_fmadd_ps(p, v, a02); a12 = _mm256_fmadd_ps(q, v, a12);
-        p = _mm256_loadu_ps(x0 + k + 8); q = _mm256_loadu_ps(x1 + k + 8);
-        v = _mm256_loadu_ps(w0 + k + 8); b00 = _mm256_fmadd_ps(p, v, b00); b10 = _mm256_fmadd_ps(q, v, b10);
-        v = _mm256_loadu_ps(w1 + k + 8); b01 = _mm256_fmadd_ps(p, v, b01); b11 = _mm256_fmadd_ps(q, v, b11);
-        v = _mm256_loadu_ps(w2 + k + 8); b02 = _mm256_fmadd_ps(p, v, b02); b12 = _mm256_fmadd_ps(q, v, b12);
+/* The weights of `product` lie in panels of PANEL outputs: w [out, in] as [ceil(out / PANEL), in, PANEL], zero
+   past `out`, so that one load reads an input's weights for PANEL outputs side by side. */
+#define PANEL 16
+
+/* Rows r.. by panels p..: R x P accumulators of 16 outputs, each output summed over k = 0, 1, .. in order, one
+   fused multiply-add each, from zero. That order does not depend on R, P or the vector width, so an output is
+   bitwise the same whichever tile, batch or host (AVX-512 or AVX2) computed it. */
+#define TILE512(R, P)                                                                                              \
+    __attribute__((target("avx512f"))) static void tile512_##R##_##P(const float *x, int64_t in, const float *w, \
+                                                                      float *y, int64_t y_stride) {             \
+        __m512 acc[R][P], v[P];                                                                                   \
+        for (int r = 0; r < R; r++)                                                                               \
+            for (int p = 0; p < P; p++) acc[r][p] = _mm512_setzero_ps();                                          \
+        for (int64_t k = 0; k < in; k++) {                                                                        \
+            for (int p = 0; p < P; p++) v[p] = _mm512_loadu_ps(w + (p * in + k) * PANEL);                         \
+            for (int r = 0; r < R; r++) {                                                                         \
+                __m512 b = _mm512_set1_ps(x[r * in + k]);                                                         \
+                for (int p = 0; p < P; p++) acc[r][p] = _mm512_fmadd_ps(b, v[p], acc[r][p]);                      \
+            }                                                                                                     \
+        }                                                                                                         \
+        for (int r = 0; r < R; r++)                                                                               \
+            for (int p = 0; p < P; p++) _mm512_storeu_ps(y + r * y_stride + p * PANEL, acc[r][p]);                \
     }
-    if (k + 8 <= in) {
-        __m256 p = _mm256_loadu_ps(x0 + k), q = _mm256_loadu_ps(x1 + k), v;
-        v = _mm256_loadu_ps(w0 + k); a00 = _mm256_fmadd_ps(p, v, a00); a10 = _mm256_fmadd_ps(q, v, a10);
-        v = _mm256_loadu_ps(w1 + k); a01 = _mm256_fmadd_ps(p, v, a01); a11 = _mm256_fmadd_ps(q, v, a11);
-        v = _mm256_loadu_ps(w2 + k); a02 = _mm256_fmadd_ps(p, v, a02); a12 = _mm256_fmadd_ps(q, v, a12);
-        k += 8;
+#define TILE256(R)                                                                                                 \
+    static void tile256_##R(const float *x, int64_t in, const float *w, float *y, int64_t y_stride) {             \
+        __m256 lo[R], hi[R];                                                                                      \
+        for (int r = 0; r < R; r++) lo[r] = hi[r] = _mm256_setzero_ps();                                          \
+        for (int64_t k = 0; k < in; k++) {                                                                        \
+            __m256 a = _mm256_loadu_ps(w + k * PANEL), c = _mm256_loadu_ps(w + k * PANEL + 8);                   \
+            for (int r = 0; r < R; r++) {                                                                         \
+                __m256 b = _mm256_set1_ps(x[r * in + k]);                                                         \
+                lo[r] = _mm256_fmadd_ps(b, a, lo[r]);                                                             \
+                hi[r] = _mm256_fmadd_ps(b, c, hi[r]);                                                             \
+            }                                                                                                     \
+        }                                                                                                         \
+        for (int r = 0; r < R; r++) {                                                                             \
+            _mm256_storeu_ps(y + r * y_stride, lo[r]);                                                            \
+            _mm256_storeu_ps(y + r * y_stride + 8, hi[r]);                                                        \
+        }                                                                                                         \
     }
-    float s[6] = {lanes(_mm256_add_ps(a00, b00)), lanes(_mm256_add_ps(a01, b01)), lanes(_mm256_add_ps(a02, b02)),
-                  lanes(_mm256_add_ps(a10, b10)), lanes(_mm256_add_ps(a11, b11)), lanes(_mm256_add_ps(a12, b12))};
-    for (; k < in; k++) {
-        s[0] += x0[k] * w0[k]; s[1] += x0[k] * w1[k]; s[2] += x0[k] * w2[k];
-        s[3] += x1[k] * w0[k]; s[4] += x1[k] * w1[k]; s[5] += x1[k] * w2[k];
-    }
-    y0[0] = s[0]; y0[1] = s[1]; y0[2] = s[2];
-    y1[0] = s[3]; y1[1] = s[4]; y1[2] = s[5];
-}
-/* One or two rows stream the weight a row at a time (bandwidth-bound). More rows take the weight three rows at a
-   time and multiply the input rows by them two at a time while they sit in L1 (a 2 x 3 tile: 12 accumulators,
-   5 loads per 6 FMAs), fetching the next three weight rows meanwhile (the hardware's prefetcher alone left the
-   product below the bandwidth at 4 to 16 rows). */
-void rowdot(const float *x, const float *w, float *y, int64_t rows, int64_t out, int64_t in, int threads) {
-    if (rows <= 2) {
-        #pragma omp parallel for schedule(static) num_threads(threads)
-        for (int64_t j = 0; j < out; j++)
-            for (int64_t r = 0; r < rows; r++) y[r * out + j] = dot(x + r * in, w + j * in, in);
-        return;
-    }
-    int64_t triples = out / 3;
-    #pragma omp parallel for schedule(static) num_threads(threads)
-    for (int64_t p = 0; p < triples; p++) {
-        const float *wp = w + 3 * p * in;
-        if (p + 1 < triples) {
-            const char *next = (const char *)(wp + 3 * in);
-            for (int64_t b = 0; b < 3 * in * (int64_t)sizeof(float); b += 64) _mm_prefetch(next + b, _MM_HINT_T0);
+TILE512(1, 1) TILE512(2, 1) TILE512(3, 1) TILE512(4, 1) TILE512(5, 1) TILE512(6, 1)
+TILE512(1, 4) TILE512(2, 4) TILE512(3, 4) TILE512(4, 4) TILE512(5, 4) TILE512(6, 4)
+TILE256(1) TILE256(2) TILE256(3) TILE256(4)
+
+typedef void (*tile_fn)(const float *, int64_t, const float *, float *, int64_t);
+#define GROUP 4 /* panels a thread takes at a time: their weights (4 x in x 16 floats) stay in L2 for every row */
+#define MAX_ROWS 6
+
+/* y [rows, out] = x [rows, in] times the panelled w: each thread takes GROUP panels at a time and runs every row
+   over them, MAX_ROWS (AVX2: 4) at a time, so a weight is read from memory once per call. `wide`: the host has
+   AVX-512 (the same sums, twice the width). */
+void product(const float *x, const float *w, float *y, int64_t rows, int64_t out, int64_t in, int threads, int wide) {
+    static const tile_fn by_512[2][MAX_ROWS + 1] = {
+        {0, tile512_1_1, tile512_2_1, tile512_3_1, tile512_4_1, tile512_5_1, tile512_6_1},
+        {0, tile512_1_4, tile512_2_4, tile512_3_4, tile512_4_4, tile512_5_4, tile512_6_4}};
+    static const tile_fn by_256[5] = {0, tile256_1, tile256_2, tile256_3, tile256_4};
+    const int64_t panels = (out + PANEL - 1) / PANEL, groups = (panels + GROUP - 1) / GROUP;
+    const int most_rows = wide ? MAX_ROWS : 4;
+    #pragma omp parallel num_threads(threads)
+    {
+        float part[MAX_ROWS * GROUP * PANEL];
+        #pragma omp for schedule(static)
+        for (int64_t g = 0; g < groups; g++) {
+            const int64_t first = g * GROUP, last = first + GROUP < panels ? first + GROUP : panels;
+            for (int64_t r = 0; r < rows; r += most_rows) {
+                const int n = rows - r < most_rows ? (int)(rows - r) : most_rows;
+                for (int64_t p = first; p < last;) {
+                    const int64_t step = wide && last - p == GROUP ? GROUP : 1, j = p * PANEL;
+                    const int whole = j + step * PANEL <= out;  /* else the padding's outputs go to `part` */
+                    float *to = whole ? y + r * out + j : part;
+                    const int64_t stride = whole ? out : GROUP * PANEL;
+                    if (wide) by_512[step == GROUP][n](x + r * in, in, w + p * in * PANEL, to, stride);
+                    else by_256[n](x + r * in, in, w + p * in * PANEL, to, stride);
+                    if (!whole)
+                        for (int i = 0; i < n; i++)
+                            memcpy(y + (r + i) * out + j, part + i * stride, (size_t)(out - j) * sizeof(float));
+                    p += step;
+                }
+            }
         }
-        int64_t r = 0;
-        for (; r + 2 <= rows; r += 2) tile(x + r * in, x + (r + 1) * in, wp, in, y + r * out + 3 * p, y + (r + 1) * out + 3 * p);
-        for (; r < rows; r++)
-            for (int64_t o = 0; o < 3; o++) y[r * out + 3 * p + o] = dot(x + r * in, wp + o * in, in);
     }
-    for (int64_t j = 3 * triples; j < out; j++)
-        for (int64_t r = 0; r < rows; r++) y[r * out + j] = dot(x + r * in, w + j * in, in);
 }
 
 /* y = x / sqrt(mean(x^2) + eps) * w over one row of `dim`: the squares summed in 8 lanes, then the lanes, then a
@@ -271,20 +295,20 @@ static void decode_layer(float *x, int64_t tokens, int64_t hidden, int64_t inter
                   const float *o_w, const float *post_norm, const float *gate_up_w, const float *down_w,
                   const float *cos, const float *sin, float *kc, float *vc, const int64_t *table, int64_t width,
                   const int64_t *first, const int64_t *starts, const int64_t *counts, int64_t seqs, int64_t page,
-                  float scale, float *h, float *qkv, float *qk, float *att, float *gu, float *act, int threads) {
+                  float scale, float *h, float *qkv, float *qk, float *att, float *gu, float *act, int threads, int wide) {
     const int64_t q_width = heads * dim, kv_width = kv_heads * dim, width_qkv = q_width + 2 * kv_width;
     const int64_t qk_width = q_width + kv_width;
     rmsnorm(x, hidden, in_norm, 0, h, tokens, 1, hidden, eps, threads);
-    rowdot(h, qkv_w, qkv, tokens, width_qkv, hidden, threads);
+    product(h, qkv_w, qkv, tokens, width_qkv, hidden, threads, wide);
     norm_rope(qkv, width_qkv, qk_norm, cos, sin, qk, tokens, heads + kv_heads, dim, eps, threads);
     attend(qk, qk_width, qk + q_width, qk_width, qkv + qk_width, width_qkv, kc, vc, table, width, first, starts,
            counts, seqs, heads, kv_heads, page, dim, scale, att, threads);
-    rowdot(att, o_w, h, tokens, hidden, q_width, threads);
+    product(att, o_w, h, tokens, hidden, q_width, threads, wide);
     add_into(x, h, tokens * hidden);
     rmsnorm(x, hidden, post_norm, 0, h, tokens, 1, hidden, eps, threads);
-    rowdot(h, gate_up_w, gu, tokens, 2 * inter, hidden, threads);
+    product(h, gate_up_w, gu, tokens, 2 * inter, hidden, threads, wide);
     silu_mul(gu, act, tokens, inter);
-    rowdot(act, down_w, h, tokens, hidden, inter, threads);
+    product(act, down_w, h, tokens, hidden, inter, threads, wide);
     add_into(x, h, tokens * hidden);
 }
 
@@ -296,14 +320,14 @@ void decode_layers(float *x, int64_t tokens, int64_t hidden, int64_t inter, int6
                    const float *cos, const float *sin, float *kc, float *vc, int64_t cache_stride,
                    const int64_t *table, int64_t width, const int64_t *first, const int64_t *starts,
                    const int64_t *counts, int64_t seqs, int64_t page, float scale, float *h, float *qkv, float *qk,
-                   float *att, float *gu, float *act, int threads) {
+                   float *att, float *gu, float *act, int threads, int wide) {
     for (int64_t i = 0; i < layers; i++) {
         const int64_t *w = weights + 7 * i;
         decode_layer(x, tokens, hidden, inter, heads, kv_heads, dim, eps, (const float *)(intptr_t)w[0],
                      (const float *)(intptr_t)w[1], (const float *)(intptr_t)w[2], (const float *)(intptr_t)w[3],
                      (const float *)(intptr_t)w[4], (const float *)(intptr_t)w[5], (const float *)(intptr_t)w[6],
                      cos, sin, kc + i * cache_stride, vc + i * cache_stride, table, width, first, starts, counts,
-                     seqs, page, scale, h, qkv, qk, att, gu, act, threads);
+                     seqs, page, scale, h, qkv, qk, att, gu, act, threads, wide);
         if (captures[i]) memcpy((float *)(intptr_t)captures[i], x, (size_t)(tokens * hidden) * sizeof(float));
     }
 }
