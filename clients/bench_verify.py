@@ -14,12 +14,11 @@ from __future__ import annotations
 import argparse
 import json
 import platform
-import subprocess
 from pathlib import Path
 
 import torch
+from bench_step import git_revision
 
-import adaflash
 from adaflash.decoding.costs import _ragged, _typical_ms, _verify_fn
 from adaflash.models.bundle import load_bundle
 from adaflash.models.placement import place_of
@@ -55,10 +54,7 @@ def main() -> int:
     args = p.parse_args()
     rows = time_verifies(args.model_dir, [int(b) for b in args.batches.split(",")],
                          [int(c) for c in args.contexts.split(",")], args.reps)
-    package = Path(adaflash.__file__).parent  # the checkout timed, which PYTHONPATH may point elsewhere
-    revision = subprocess.run(["git", "-C", str(package), "rev-parse", "--short", "HEAD"], capture_output=True,
-                              text=True).stdout.strip()
-    report = {"revision": revision, "torch": torch.__version__, "threads": torch.get_num_threads(),
+    report = {"revision": git_revision(), "torch": torch.__version__, "threads": torch.get_num_threads(),
               "platform": platform.platform(), "rows": rows}
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(report, indent=1) + "\n")

@@ -87,18 +87,19 @@ TILE256(1) TILE256(2) TILE256(3) TILE256(4)
 
 typedef void (*tile_fn)(const float *, int64_t, const float *, float *, int64_t);
 #define GROUP 4 /* panels a thread takes at a time: their weights (4 x in x 16 floats) stay in L2 for every row */
-#define MAX_ROWS 6
+#define MAX_ROWS 6     /* rows of a tile, AVX-512: 24 of its 32 registers accumulate */
+#define MAX_ROWS_256 4 /* AVX2: 8 of its 16 */
 
 /* y [rows, out] = x [rows, in] times the panelled w: each thread takes GROUP panels at a time and runs every row
-   over them, MAX_ROWS (AVX2: 4) at a time, so a weight is read from memory once per call. `wide`: the host has
-   AVX-512 (the same sums, twice the width). */
+   over them, MAX_ROWS (AVX2: MAX_ROWS_256) at a time, so a weight is read from memory once per call. `wide`: the
+   host has AVX-512 (the same sums, twice the width). */
 void product(const float *x, const float *w, float *y, int64_t rows, int64_t out, int64_t in, int threads, int wide) {
     static const tile_fn by_512[2][MAX_ROWS + 1] = {
         {0, tile512_1_1, tile512_2_1, tile512_3_1, tile512_4_1, tile512_5_1, tile512_6_1},
         {0, tile512_1_4, tile512_2_4, tile512_3_4, tile512_4_4, tile512_5_4, tile512_6_4}};
-    static const tile_fn by_256[5] = {0, tile256_1, tile256_2, tile256_3, tile256_4};
+    static const tile_fn by_256[MAX_ROWS_256 + 1] = {0, tile256_1, tile256_2, tile256_3, tile256_4};
     const int64_t panels = (out + PANEL - 1) / PANEL, groups = (panels + GROUP - 1) / GROUP;
-    const int most_rows = wide ? MAX_ROWS : 4;
+    const int most_rows = wide ? MAX_ROWS : MAX_ROWS_256;
     #pragma omp parallel num_threads(threads)
     {
         float part[MAX_ROWS * GROUP * PANEL];
