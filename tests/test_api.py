@@ -247,6 +247,8 @@ def test_target_calls_and_results_round_trip():
     verify = protocol.decode_target_call(protocol.encode_target_call(protocol.TargetCall(protocol.Op.STEP, [7], [[3]])))
     assert (verify.op, verify.keys, verify.feeds, verify.sampling, verify.release, verify.capture) == (
         protocol.Op.STEP, [7], [[3]], [], [], None)
+    run = protocol.TargetCall(protocol.Op.STEP, [7, 9], [[3], [4]], runs=[5, 2])
+    assert protocol.decode_target_call(protocol.encode_target_call(run)) == run
     release = protocol.decode_target_call(protocol.encode_release([7, 8]))
     assert (release.op, release.keys) == (protocol.Op.RELEASE, [7, 8])
     features = torch.arange(10, dtype=torch.float32).reshape(5, 2)
@@ -281,6 +283,12 @@ def test_bad_target_calls_name_their_field():
     tensors["capture"] = np.array([True], dtype=bool)
     with pytest.raises(ValueError, match="^capture: 1 flags for 2 keys"):
         protocol.decode_target_call(tensors)
+    for runs, feeds, sampling in [([2], [[1], [2]], []), ([2, 0], [[1], [2]], []), ([2, 2], [[1], [2, 3]], []),
+                                  ([2], [[1]], [SamplingParams()])]:
+        tensors = protocol.encode_target_call(protocol.TargetCall(protocol.Op.STEP, [1, 2][:len(feeds)], feeds,
+                                                                  sampling, runs=runs))
+        with pytest.raises(ValueError, match="^runs: "):
+            protocol.decode_target_call(tensors)
 
 
 def test_draft_calls_and_drafts_round_trip():

@@ -364,6 +364,41 @@ def test_stop_strings_cut_the_output_after_the_token_that_completes_them(trained
     assert len(engine.free_slots) == engine.num_slots
 
 
+def test_runs_of_plain_decoding_steps_equal_a_step_per_call(trained_tiny, prompts, reference):
+    """A target call of several plain decoding steps (what a server asks for, to save round trips to the target
+    model) gives what a step per call gives: greedy and sampled tokens, log-probs, logits processors, and stops
+    (token, string, max_tokens) falling inside a run, with a step record per token."""
+    bundle = trained_tiny
+    tok = byte_tokenizer()
+
+    def requests() -> list[Request]:
+        out = []
+        for i, p in enumerate(prompts[:24]):
+            sampling = SamplingParams(temperature=0.0 if i % 2 else 1.0, seed=i, log_probs=True,
+                                      repetition_penalty=1.3 if i % 3 == 0 else 1.0)
+            stop_ids = (reference[i][9 + i % 7],) if i % 4 == 1 else ()
+            stop_text = TextStops(tok, (tok.decode(reference[i][12:14]),)) if i % 4 == 3 else None
+            out.append(Request(p, 5 + i, mode="ar", sampling=sampling, stop_ids=stop_ids, stop_text=stop_text))
+        return out
+
+    def run(run_steps: int) -> list:
+        engine = Engine(bundle.target, bundle.drafter, num_slots=8, max_len=MAX_LEN, cost_model=fixed_costs(8),
+                        run_steps=run_steps)
+        seqs = engine.generate(requests(), concurrency=8)
+        assert len(engine.free_slots) == engine.num_slots
+        return seqs
+
+    single, runs = run(1), run(7)
+    for a, b in zip(single, runs):  # (the batches differ: log-probs in their last bits on this tiny model)
+        assert (b.output, b.finish_reason) == (a.output, a.finish_reason)
+        assert b.log_probs == pytest.approx(a.log_probs, abs=1e-4) and len(b.log_probs) == len(b.output)
+        assert b.steps == a.steps and all((st.draft_len, st.committed) == (0, 1) for st in b.steps)
+    reasons = [s.finish_reason for s in runs]
+    assert reasons.count("stop") >= 6 and reasons.count("length") >= 6
+    # a stop inside a run: not on its 7th step, with more than a run's worth of max_tokens left
+    assert any(len(s.steps) % 7 and s.request.max_tokens - len(s.output) > 7 for s in runs if s.finish_reason == "stop")
+
+
 # ---- bad requests, cancellation ------------------------------------------------------------
 
 BAD_REQUESTS = [

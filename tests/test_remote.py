@@ -64,11 +64,12 @@ class Models:
 
 
 def serve(bundle, requests: list[Request], models: Models, before_step=None,
-          max_active: int | None = None) -> tuple[list[Sequence], dict]:
-    """Run the requests through the served loop; returns the sequences and what was streamed per sequence."""
+          max_active: int | None = None, run_steps: int | None = 1) -> tuple[list[Sequence], dict]:
+    """Run the requests through the served loop; returns the sequences and what was streamed per sequence.
+    `run_steps`: plain decoding steps per target call (1: a call per step; None: the live choice)."""
     backend = RemoteBackend(models.call, lambda: models.newest)
     scheduler = Scheduler(backend, Planner(LengthController(fixed_costs(), bundle.drafter.config.block_size)),
-                          fixed_costs(), max_active or len(requests), MAX_LEN, has_drafter=True)
+                          fixed_costs(), max_active or len(requests), MAX_LEN, has_drafter=True, run_steps=run_steps)
     seqs = [Sequence(id=1000 + i, request=r, tokens=list(r.prompt_ids), generator=None, stop_ids=frozenset())
             for i, r in enumerate(requests)]
     for s in seqs:
@@ -115,6 +116,22 @@ def test_served_loop_equals_the_engine_with_one_target_call_per_step(trained_tin
     assert len(drafts) < len(steps)
     if mode in ("dflash", "adaflash-published"):
         assert any(st.accepted > 0 for s in seqs for st in s.steps)
+    assert models.empty()
+
+
+def test_plain_decoding_runs_several_steps_per_target_call(trained_tiny):
+    """Where every running sequence decodes plainly, a target call carries several steps (`runs`), each
+    sequence's cut to its max_tokens: the output and its stream are plain decoding's, in fewer calls."""
+    prompts = random_prompts(6, seed=12)
+    models = Models(trained_tiny, 6)
+    max_tokens = [MAX_TOKENS, MAX_TOKENS, 9, 10, 11, 3]
+    seqs, streamed = serve(trained_tiny, [Request(p, n, mode="ar", stop_ids=()) for p, n in zip(prompts, max_tokens)],
+                           models, run_steps=4)
+    for seq, ref, n in zip(seqs, reference(trained_tiny, prompts), max_tokens):
+        assert seq.output == ref[:n] == streamed[seq.id] and len(seq.steps) == n - 1
+    steps = [n for model, op, n in models.calls if model == protocol.TARGET and op is Op.STEP]
+    assert len(steps) == 1 + -(-(MAX_TOKENS - 1) // 4)  # the prefills, then runs of 4 steps
+    assert steps[:5] == [6, 6, 5, 4, 2]  # a sequence leaves the calls once its max_tokens ends its run
     assert models.empty()
 
 

@@ -38,15 +38,15 @@ class LocalBackend:
         self.context = drafter.new_cache(num_slots, max_len, paging) if drafter is not None else None
         self.free_slots = list(range(num_slots - 1, -1, -1))
 
-    async def forward(self, prefill: list[Sequence], verify: list[Sequence],
-                      feeds: list[list[int]]) -> Timed[tuple[list[StepResult], list[StepResult]]]:
+    async def forward(self, prefill: list[Sequence], verify: list[Sequence], feeds: list[list[int]],
+                      runs: list[int] | None = None) -> Timed[tuple[list[StepResult], list[StepResult]]]:
         for seq in prefill:
             seq.slot = self.free_slots.pop()
         seqs = [*prefill, *verify]
         results, ms = step_batch(self.target, self.cache, len(prefill), [s.slot for s in seqs],
                                  [s.tokens for s in prefill] + feeds, [s.sampling for s in seqs],
                                  [s.generator for s in seqs], self.capture, [s.can_draft for s in seqs],
-                                 [s.history for s in seqs])
+                                 [s.history for s in seqs], runs)
         return Timed((results[:len(prefill)], results[len(prefill):]), ms)
 
     async def draft(self, seqs: list[Sequence], block_length: int) -> Timed[Draft]:
@@ -99,10 +99,12 @@ class Engine:
         probe_every: int = 8,
         copies: bool = True,
         paging: Paging | None = None,
+        run_steps: int | None = None,
     ) -> None:
         """`copies=False` keeps adaflash to its drafter (no copies of the context), to measure what each gives.
         `paging`: caches of shared pages (a memory budget) instead of a max_len slot per sequence; sequences then
-        wait until the pages they may fill are free."""
+        wait until the pages they may fill are free. `run_steps`: plain decoding steps per target call (None:
+        the scheduler's live choice)."""
         self.target, self.drafter = target, drafter
         self.max_len, self.num_slots = max_len, num_slots
         if drafter is not None:
@@ -113,7 +115,7 @@ class Engine:
         self.backend = LocalBackend(target, drafter, num_slots, max_len, paging)
         self.planner = Planner(LengthController(cost_model, block_size_of(drafter), prior_weight, probe_every), copies)
         self.scheduler = Scheduler(self.backend, self.planner, cost_model, num_slots, max_len, drafter is not None,
-                                   prefill_tokens, paging)
+                                   prefill_tokens, paging, run_steps)
         self._ids = count()
 
     @property

@@ -25,6 +25,11 @@ class Mode:
     drafter: bool  # proposes blocks of the DFlash drafter
     length: Length
 
+    @property
+    def proposes(self) -> bool:
+        """Whether it proposes tokens to verify; plain decoding does not, so nothing is decided between its steps."""
+        return self.copies or self.drafter
+
 
 MODES: dict[str, Mode] = {m.name: m for m in (
     Mode("ar", copies=False, drafter=False, length=Length.ALL),

@@ -15,6 +15,7 @@ drafter lazily, with the sequence's next draft, so steps that do not draft cost 
 
 from __future__ import annotations
 
+import math
 import time
 from collections import deque
 from collections.abc import Coroutine, Hashable
@@ -33,6 +34,15 @@ if TYPE_CHECKING:
 
 T = TypeVar("T")
 
+# Plain decoding steps one call may carry (`Scheduler._run_length`): as many as keep the call's fixed cost (the
+# step's time outside the forwards: on a server, the round trip to the target model) within RUN_OVERHEAD_SHARE
+# of the call, at most MAX_RUN_STEPS and MAX_RUN_MS of forwards, so that a request arriving meanwhile, a
+# cancellation and a stream's next response wait at most that long.
+RUN_OVERHEAD_SHARE = 0.1
+MAX_RUN_STEPS = 8
+MAX_RUN_MS = 50.0
+EMA = 0.2  # weight of the newest call in the running estimates of a call's fixed cost and a step's forward
+
 
 @dataclass
 class Timed(Generic[T]):
@@ -46,10 +56,11 @@ class BackendError(RuntimeError):
 
 
 class Backend(Protocol):
-    async def forward(self, prefill: list[Sequence], verify: list[Sequence],
-                      feeds: list[list[int]]) -> Timed[tuple[list[StepResult], list[StepResult]]]:
+    async def forward(self, prefill: list[Sequence], verify: list[Sequence], feeds: list[list[int]],
+                      runs: list[int] | None = None) -> Timed[tuple[list[StepResult], list[StepResult]]]:
         """One target call: prefill the new sequences (a cache slot each) and verify the others, feeds[i] =
-        [anchor] + the draft tokens verify[i] verifies. The time is the verify forward's."""
+        [anchor] + the draft tokens verify[i] verifies. The time is the verify forward's. `runs` (no new
+        sequences, feeds [anchor]): plain decoding of runs[i] steps for verify[i] (`steps.decode_run`)."""
 
     async def draft(self, seqs: list[Sequence], block_length: int) -> Timed[Draft]:
         """Draft a block after each anchor; appends (and clears) each sequence's `pending_context` first."""
@@ -75,9 +86,12 @@ class Scheduler:
     """Waiting and running sequences, and the step that advances all of them by one target forward."""
 
     def __init__(self, backend: Backend, planner: Planner, cost: CostModel | None, max_active: int, max_len: int,
-                 has_drafter: bool, prefill_tokens: int = 4096, paging: Paging | None = None) -> None:
+                 has_drafter: bool, prefill_tokens: int = 4096, paging: Paging | None = None,
+                 run_steps: int | None = None) -> None:
         """`paging`: the paged caches' size (None: unpaged, a slot per sequence);
-        a sequence is admitted only when the pages it can fill (prompt and max_tokens) are free."""
+        a sequence is admitted only when the pages it can fill (prompt and max_tokens) are free.
+        `run_steps`: plain decoding steps per call when every running sequence decodes plainly (None: chosen
+        live, `_run_length`)."""
         self.backend, self.planner, self.cost = backend, planner, cost
         self.max_active, self.max_len, self.has_drafter = max_active, max_len, has_drafter
         self.prefill_tokens = prefill_tokens
@@ -87,6 +101,9 @@ class Scheduler:
         self.waiting: deque[Sequence] = deque()
         self.running: dict[Hashable, Sequence] = {}
         self._forwards_ms = 0.0  # the current step's model forwards, as their backend timed them
+        self.run_steps = run_steps
+        self.call_overhead_ms: float | None = None  # of a plain decoding call: its time outside the forwards
+        self.decode_step_ms: float | None = None  # of a plain decoding call: its forwards' time per step
 
     @property
     def has_work(self) -> bool:
@@ -136,13 +153,64 @@ class Scheduler:
         started, self._forwards_ms = time.perf_counter(), 0.0
         active = [s for s in self.running.values() if not s.finished]
         admitted = self._admit()
-        feeds, copied = await self._propose(active) if active else ([], {})
-        if admitted or active:
-            await self._forward(admitted, active, feeds, copied)
-        if active and not admitted and self.cost is not None:  # a prefill's time is not the step's own
-            self.cost.observe_step((time.perf_counter() - started) * 1000 - self._forwards_ms)
+        runs = self._runs(active) if active and not admitted else None
+        if runs is not None:
+            await self._decode_run(active, runs)
+        else:
+            feeds, copied = await self._propose(active) if active else ([], {})
+            if admitted or active:
+                await self._forward(admitted, active, feeds, copied)
+        if active and not admitted:  # a prefill's time is not the step's own
+            self._observe_overhead((time.perf_counter() - started) * 1000 - self._forwards_ms, runs)
         await self._retire([s for s in self.running.values() if s.finished])
         return [*admitted, *active]
+
+    def _runs(self, active: list[Sequence]) -> list[int] | None:
+        """Each sequence's plain decoding steps in this call, when every one decodes plainly (None otherwise):
+        `_run_length`, cut to what its max_tokens and the context leave."""
+        if any(get_mode(s.request.mode).proposes for s in active):
+            return None
+        n = self._run_length()
+        return [min(n, s.request.max_tokens - len(s.output), self.max_len - len(s.tokens) + 1) for s in active]
+
+    def _run_length(self) -> int:
+        """Steps per call such that the call's fixed cost stays within RUN_OVERHEAD_SHARE of it, from the last
+        calls' estimates: a server's round trips are worth several steps at low load, the engine's few."""
+        if self.run_steps is not None:
+            return self.run_steps
+        if self.call_overhead_ms is None or not self.decode_step_ms:
+            return 1
+        n = math.ceil(self.call_overhead_ms * (1 - RUN_OVERHEAD_SHARE) / (RUN_OVERHEAD_SHARE * self.decode_step_ms))
+        return max(1, min(n, MAX_RUN_STEPS, int(MAX_RUN_MS // self.decode_step_ms)))
+
+    def _observe_overhead(self, ms: float, runs: list[int] | None) -> None:
+        """A step's time outside its forwards: the cost model's per-step overhead after a planned step, the
+        estimate behind `_run_length` after a plain decoding call."""
+        if runs is None:
+            if self.cost is not None:
+                self.cost.observe_step(ms)
+            return
+        self.call_overhead_ms = _ema(self.call_overhead_ms, ms)
+        self.decode_step_ms = _ema(self.decode_step_ms, self._forwards_ms / max(runs))
+
+    async def _decode_run(self, active: list[Sequence], runs: list[int]) -> None:
+        """One target call of plain decoding; each step's token is committed as a step of its own (the target
+        computed the steps of a run past a sequence's stop, and they are dropped with it). The cost model learns
+        from a run whose steps all carried every sequence, as from so many one-token verifies."""
+        try:
+            timed = await self.backend.forward([], active, [[s.tokens[-1]] for s in active], runs)
+        except BackendError as exc:
+            _fail(active, exc)
+            return
+        self._forwards_ms += timed.ms
+        if self.cost is not None and min(runs) == max(runs):  # every step of the call a one-token verify of all
+            self.cost.observe_verify(len(active), len(active), timed.ms / runs[0])
+        for seq, res in zip(active, timed.value[1]):
+            for i, token in enumerate(res.committed):
+                if seq.finished:
+                    break
+                seq.steps.append(StepRecord(0, 0, seq.commit([token], None if res.log_probs is None else
+                                                             res.log_probs[i : i + 1])))
 
     def _admit(self) -> list[Sequence]:
         batch: list[Sequence] = []
@@ -231,6 +299,10 @@ class Scheduler:
         await self.backend.release(seqs)
         if not self.has_work:
             await self.backend.idle()
+
+
+def _ema(old: float | None, new: float) -> float:
+    return new if old is None else old + EMA * (new - old)
 
 
 def _fail(seqs: list[Sequence], exc: BackendError) -> None:

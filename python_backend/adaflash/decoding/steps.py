@@ -82,13 +82,14 @@ def prefill_batch(target: Transformer, cache: KVCache, slots: list[int], prompts
 
 def step_batch(target: Transformer, cache: KVCache, new: int, slots: list[int], feeds: list[list[int]],
                sampling: list[SamplingParams], generators: list[torch.Generator], capture: list[int] | None,
-               wants: list[bool] | None = None,
-               histories: list[History | None] | None = None) -> tuple[list[StepResult], float]:
+               wants: list[bool] | None = None, histories: list[History | None] | None = None,
+               runs: list[int] | None = None) -> tuple[list[StepResult], float]:
     """One scheduler step on the target: the first `new` sequences are prefilled (feeds: their prompts), the
     others verified (feeds: [anchor] + draft); features go to the sequences that `wants` them (None: all).
     `histories`: per verified sequence, its committed tokens through the anchor (None: it has no logits
-    processors). Returns the results in order and the verify forward's milliseconds (what the cost model learns
-    from; 0 without one)."""
+    processors). `runs` (no new sequences, feeds of one token): plain decoding of runs[i] steps for sequence
+    i instead (`decode_run`). Returns the results in order and the verify forwards' milliseconds (what the cost
+    model learns from; 0 without one)."""
     wants = [True] * len(slots) if wants is None else wants
     histories = [None] * len(slots) if histories is None else histories
     prefilled = prefill_batch(target, cache, slots[:new], feeds[:new], sampling[:new], generators[:new],
@@ -96,9 +97,37 @@ def step_batch(target: Transformer, cache: KVCache, new: int, slots: list[int], 
     if len(slots) == new:
         return prefilled, 0.0
     t0 = time.perf_counter()
+    if runs is not None:
+        return decode_run(target, cache, slots, [f[0] for f in feeds], runs, sampling, generators, histories), \
+            ms_since(t0)
     verified = verify_batch(target, cache, slots[new:], feeds[new:], sampling[new:], generators[new:], capture,
                             wants[new:], histories[new:])
     return prefilled + verified, ms_since(t0)
+
+
+def decode_run(target: Transformer, cache: KVCache, slots: list[int], anchors: list[int], runs: list[int],
+               sampling: list[SamplingParams], generators: list[torch.Generator],
+               histories: list[History | None]) -> list[StepResult]:
+    """Plain decoding, runs[i] one-token steps for sequence i, each fed the token the step before committed.
+
+    Why: a served step loop pays a round trip to the target model per call, and plain decoding decides
+    nothing between its steps, so one call can carry several. The forwards, generator draws and logits
+    processors are those of runs[i] verify steps without a draft, so the tokens are the same; a sequence whose
+    run is shorter leaves the batch when it ends. Each result's `committed` holds a token per step."""
+    committed: list[list[int]] = [[] for _ in slots]
+    log_probs: list[list[float] | None] = [[] if sp.log_probs else None for sp in sampling]
+    for step in range(max(runs, default=0)):
+        rows = [i for i, n in enumerate(runs) if n > step]
+        feeds = [[committed[i][-1] if committed[i] else anchors[i]] for i in rows]
+        grown = [None if histories[i] is None else History(histories[i].tokens + committed[i], histories[i].prompt_len)
+                 for i in rows]
+        results = verify_batch(target, cache, [slots[i] for i in rows], feeds, [sampling[i] for i in rows],
+                               [generators[i] for i in rows], None, [False] * len(rows), grown)
+        for i, res in zip(rows, results):
+            committed[i] += res.committed
+            if log_probs[i] is not None:
+                log_probs[i] += res.log_probs
+    return [StepResult(c, 0, 0.0, None, p) for c, p in zip(committed, log_probs)]
 
 
 def verify_batch(target: Transformer, cache: KVCache, slots: list[int], feeds: list[list[int]],

@@ -377,6 +377,8 @@ TARGET_CALL = (
     TensorSpec("tokens", INT32, (-1,), optional=True),
     # Per key, 1 when the sequence drafts: only those get features back (absent: every one does).
     TensorSpec("capture", BOOL, (-1,), optional=True),
+    # Per key, plain decoding steps (steps.decode_run): a call of sequences fed their anchor only, none new.
+    TensorSpec("runs", INT32, (-1,), optional=True),
     *(replace(f.spec, dims=(-1,), optional=True) for f in SAMPLING_FIELDS),
     TensorSpec("token_lists", BYTES, (-1,), optional=True),  # per new sequence: JSON of its TOKEN_LISTS
 )
@@ -718,6 +720,7 @@ class TargetCall:
     sampling: list[SamplingParams] = field(default_factory=list)
     release: list[int] = field(default_factory=list)  # sequences to free first
     capture: list[bool] | None = None  # per key: return its features (it drafts); None: every one
+    runs: list[int] | None = None  # per key: plain decoding steps (no new sequence, feeds of one token)
 
 
 def _split(flat: list, lengths: list[int]) -> list[list]:
@@ -731,6 +734,8 @@ def encode_target_call(call: TargetCall) -> Tensors:
            "tokens": _flat([t for f in call.feeds for t in f], INT32), **_encode_release(call.release)}
     if call.capture is not None:
         out["capture"] = np.asarray(call.capture, dtype=bool)
+    if call.runs is not None:
+        out["runs"] = _flat(call.runs, INT32)
     if call.sampling:
         out.update({f.name: _flat([getattr(sp, f.target) for sp in call.sampling], f.spec.dtype)
                     for f in SAMPLING_FIELDS})
@@ -756,6 +761,11 @@ def decode_target_call(tensors: Tensors) -> TargetCall:
         call.capture = [bool(c) for c in np.asarray(tensors["capture"]).reshape(-1)]
         if len(call.capture) != len(keys):
             raise ValueError(f"capture: {len(call.capture)} flags for {len(keys)} keys")
+    if tensors.get("runs") is not None:
+        call.runs = _list(tensors, "runs")
+        if len(call.runs) != len(keys) or min(call.runs, default=1) < 1 or max(lengths, default=1) > 1:
+            raise ValueError(f"runs: {len(call.runs)} step counts (each at least 1) for {len(keys)} keys fed one "
+                             f"token each, got {call.runs} for feeds of {lengths} tokens")
     if any(tensors.get(f.name) is not None for f in SAMPLING_FIELDS):
         _required(tensors, [f.name for f in SAMPLING_FIELDS])
         columns = {f.target: _list(tensors, f.name) for f in SAMPLING_FIELDS}
@@ -768,6 +778,8 @@ def decode_target_call(tensors: Tensors) -> TargetCall:
                          for i in range(len(columns["seed"]))]
         for sp in call.sampling:
             sp.validate()
+        if call.runs is not None:
+            raise ValueError("runs: a call with new sequences (sampling settings) runs no plain decoding steps")
     return call
 
 

@@ -31,8 +31,8 @@ class RemoteBackend:
         self.drafter_of: dict[int, str] = {}  # sequence -> the drafter model it started with
         self.releasing: dict[str, list[int]] = {}  # model -> sequences ended since its last call
 
-    async def forward(self, prefill: list[Sequence], verify: list[Sequence],
-                      feeds: list[list[int]]) -> Timed[tuple[list[StepResult], list[StepResult]]]:
+    async def forward(self, prefill: list[Sequence], verify: list[Sequence], feeds: list[list[int]],
+                      runs: list[int] | None = None) -> Timed[tuple[list[StepResult], list[StepResult]]]:
         """One `target` call: new sequences first (prompts and sampling settings), then the verifying ones."""
         drafter = self.newest_drafter() if any(s.can_draft for s in prefill) else None
         if drafter is not None:
@@ -40,7 +40,7 @@ class RemoteBackend:
         seqs = [*prefill, *verify]
         call = TargetCall(Op.STEP, [s.id for s in seqs], [s.tokens for s in prefill] + feeds,
                           [s.sampling for s in prefill], self.releasing.pop(protocol.TARGET, []),
-                          [s.can_draft for s in seqs])
+                          [s.can_draft for s in seqs], runs)
         results, ms = protocol.decode_target_result(await self.call(protocol.TARGET, protocol.encode_target_call(call)))
         return Timed((results[:len(prefill)], results[len(prefill):]), ms)
 

@@ -130,14 +130,14 @@ class TargetSlots(CacheSlots):
         if call.op is Op.RELEASE:
             return Timed([], 0.0)
         new = len(call.sampling)
-        for key, feed in zip(call.keys[new:], call.feeds[new:]):
-            if self.cache.lengths[self.slots.get(key)] + len(feed) > self.max_len:
+        for key, fed in zip(call.keys[new:], call.runs or map(len, call.feeds[new:])):
+            if self.cache.lengths[self.slots.get(key)] + fed > self.max_len:
                 raise ValueError(f"sequence {key} would exceed the context of {self.max_len} tokens")
         self._open(call)
         slots = [self.slots.get(k) for k in call.keys]
         results, ms = step_batch(self.target, self.cache, new, slots, call.feeds,
                                  [self.sampling[k][0] for k in call.keys], [self.sampling[k][1] for k in call.keys],
-                                 self.capture, call.capture, [self.histories.get(k) for k in call.keys])
+                                 self.capture, call.capture, [self.histories.get(k) for k in call.keys], call.runs)
         for key, result in zip(call.keys, results):
             if key in self.histories:
                 self.histories[key].tokens.extend(result.committed)
