@@ -83,7 +83,7 @@ def run_now(coro: Coroutine[Any, Any, T]) -> T:
 
 
 class Scheduler:
-    """Waiting and running sequences, and the step that advances all of them by one target forward."""
+    """Waiting and running sequences, and the step that advances all of them by one target call."""
 
     def __init__(self, backend: Backend, planner: Planner, cost: CostModel | None, max_active: int, max_len: int,
                  has_drafter: bool, prefill_tokens: int = 4096, paging: Paging | None = None,
@@ -147,7 +147,8 @@ class Scheduler:
 
     async def step(self) -> list[Sequence]:
         """One draft + verify round for every running sequence, with what fits of the waiting ones admitted
-        and prefilled in the same target call (they verify from the next step on); retire the finished.
+        and prefilled in the same target call (they verify from the next step on), or a run of plain decoding
+        steps where every running sequence decodes plainly (`_runs`); retire the finished.
 
         Returns the sequences that changed (admitted, advanced, finished or failed)."""
         started, self._forwards_ms = time.perf_counter(), 0.0
