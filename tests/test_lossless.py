@@ -9,6 +9,7 @@ import torch
 from helpers import cheap_drafter_costs, clone_target, fixed_costs, random_prompts
 
 from adaflash.decoding.engine import Engine
+from adaflash.decoding.gate import Arm
 from adaflash.decoding.modes import DRAFTER_MODE_NAMES, MODE_NAMES
 from adaflash.decoding.sampling import SamplingParams
 from adaflash.decoding.sequence import Request
@@ -63,7 +64,8 @@ def check_records(seq) -> None:
 @pytest.mark.parametrize("mode", MODE_NAMES)
 def test_greedy_lossless(trained_tiny, prompts, reference, mode, concurrency):
     bundle = trained_tiny
-    engine = Engine(bundle.target, bundle.drafter, num_slots=16, max_len=MAX_LEN, cost_model=fixed_costs())
+    engine = Engine(bundle.target, bundle.drafter, num_slots=16, max_len=MAX_LEN,
+                    cost_model=fixed_costs(), plan_gate=False)
     block = engine.block_size
     reqs = [Request(prompt_ids=p, max_tokens=MAX_TOKENS, mode=mode, stop_ids=()) for p in prompts]
     seqs = engine.generate(reqs, concurrency=concurrency)
@@ -105,7 +107,8 @@ def test_adaflash_drafts_accepted_where_drafting_is_cheap_are_lossless(trained_t
     low acceptance, so adaflash drafts on most steps it does not copy, and its drafts are accepted in part and in
     whole, whatever the probes would find."""
     bundle = trained_tiny
-    engine = Engine(bundle.target, bundle.drafter, num_slots=16, max_len=MAX_LEN, cost_model=cheap_drafter_costs())
+    engine = Engine(bundle.target, bundle.drafter, num_slots=16, max_len=MAX_LEN,
+                    cost_model=cheap_drafter_costs(), plan_gate=False)
     seqs = engine.generate([Request(p, MAX_TOKENS, mode="adaflash", stop_ids=()) for p in prompts], concurrency=1)
     assert [s.output for s in seqs] == reference
     steps = [st for s in seqs for st in s.steps]
@@ -118,7 +121,8 @@ def test_adaflash_drafts_accepted_where_drafting_is_cheap_are_lossless(trained_t
 
 def test_mixed_modes_in_one_batch(trained_tiny, prompts, reference):
     bundle = trained_tiny
-    engine = Engine(bundle.target, bundle.drafter, num_slots=16, max_len=MAX_LEN, cost_model=fixed_costs())
+    engine = Engine(bundle.target, bundle.drafter, num_slots=16, max_len=MAX_LEN,
+                    cost_model=fixed_costs(), plan_gate=False)
     reqs = [Request(prompt_ids=p, max_tokens=MAX_TOKENS, mode=MODE_NAMES[i % len(MODE_NAMES)], stop_ids=())
             for i, p in enumerate(prompts)]
     seqs = engine.generate(reqs, concurrency=16)
@@ -129,7 +133,8 @@ def test_mixed_modes_in_one_batch(trained_tiny, prompts, reference):
 
 def test_adaflash_without_copies_drafts_only_with_the_drafter(trained_tiny, prompts, reference):
     bundle = trained_tiny
-    engine = Engine(bundle.target, bundle.drafter, num_slots=16, max_len=MAX_LEN, cost_model=cheap_drafter_costs(),
+    engine = Engine(bundle.target, bundle.drafter, num_slots=16, max_len=MAX_LEN,
+                    cost_model=cheap_drafter_costs(), plan_gate=False,
                     copies=False)
     seqs = engine.generate([Request(p, MAX_TOKENS, mode="adaflash", stop_ids=()) for p in prompts], concurrency=1)
     assert [s.output for s in seqs] == reference
@@ -139,7 +144,8 @@ def test_adaflash_without_copies_drafts_only_with_the_drafter(trained_tiny, prom
 
 def test_small_prefill_budget_admits_over_several_steps(trained_tiny, prompts, reference):
     bundle = trained_tiny
-    engine = Engine(bundle.target, bundle.drafter, num_slots=16, max_len=MAX_LEN, cost_model=fixed_costs(),
+    engine = Engine(bundle.target, bundle.drafter, num_slots=16, max_len=MAX_LEN,
+                    cost_model=fixed_costs(), plan_gate=False,
                     prefill_tokens=24)
     seqs = [engine.submit(Request(p, MAX_TOKENS, mode=MODE_NAMES[i % len(MODE_NAMES)], stop_ids=())) for i, p in enumerate(prompts[:16])]
     engine.step()
@@ -162,7 +168,7 @@ def test_lossless_with_a_length_head(trained_tiny, prompts, reference, mode, hea
     prefix = "thresh_head_two_model." if head == "published" else "position_head."
     assert not unexpected and missing and all(k.startswith(prefix) for k in missing)
     drafter.eval()
-    engine = Engine(bundle.target, drafter, num_slots=16, max_len=MAX_LEN, cost_model=fixed_costs())
+    engine = Engine(bundle.target, drafter, num_slots=16, max_len=MAX_LEN, cost_model=fixed_costs(), plan_gate=False)
     seqs = engine.generate([Request(p, MAX_TOKENS, mode=mode, stop_ids=()) for p in prompts[:24]], concurrency=16)
     assert [s.output for s in seqs] == reference[:24]
     assert any(st.draft_len > 0 for s in seqs for st in s.steps)
@@ -171,7 +177,8 @@ def test_lossless_with_a_length_head(trained_tiny, prompts, reference, mode, hea
 @pytest.mark.parametrize("mode", ["ngram", "dflash", "adaflash-published"])
 def test_max_draft_caps_the_verified_length(trained_tiny, prompts, reference, mode):
     bundle = trained_tiny
-    engine = Engine(bundle.target, bundle.drafter, num_slots=16, max_len=MAX_LEN, cost_model=fixed_costs())
+    engine = Engine(bundle.target, bundle.drafter, num_slots=16, max_len=MAX_LEN,
+                    cost_model=fixed_costs(), plan_gate=False)
     reqs = [Request(prompt_ids=p, max_tokens=MAX_TOKENS, mode=mode, stop_ids=(), max_draft=3) for p in prompts[:16]]
     seqs = engine.generate(reqs, concurrency=16)
     for seq, ref in zip(seqs, reference):
@@ -190,7 +197,8 @@ def test_request_at_the_context_limit(trained_tiny, mode):
     prompt = random_prompts(1, seed=21, min_len=20, max_len=20)[0]
     max_tokens = max_len - bundle.drafter.config.block_size - len(prompt)
     ref = greedy_reference(clone_target(bundle.target), prompt, max_tokens)
-    engine = Engine(bundle.target, bundle.drafter, num_slots=2, max_len=max_len, cost_model=fixed_costs(2))
+    engine = Engine(bundle.target, bundle.drafter, num_slots=2, max_len=max_len,
+                    cost_model=fixed_costs(2), plan_gate=False)
     seq = engine.generate([Request(prompt_ids=prompt, max_tokens=max_tokens, mode=mode, stop_ids=())])[0]
     assert seq.output == ref and seq.finish_reason == "length"
     with pytest.raises(ValueError, match="max_tokens"):
@@ -213,7 +221,8 @@ def stop_inside_a_draft(seq) -> int | None:
 @pytest.mark.parametrize("mode", MODE_NAMES)
 def test_stop_token_and_max_tokens(trained_tiny, prompts, reference, mode):
     bundle = trained_tiny
-    engine = Engine(bundle.target, bundle.drafter, num_slots=16, max_len=MAX_LEN, cost_model=fixed_costs())
+    engine = Engine(bundle.target, bundle.drafter, num_slots=16, max_len=MAX_LEN,
+                    cost_model=fixed_costs(), plan_gate=False)
     free = engine.generate([Request(p, MAX_TOKENS, mode=mode, stop_ids=()) for p in prompts], concurrency=16)
     # Stop tokens: where possible one the run above accepted as a draft token (the stop then falls inside
     # an accepted draft), else a token well into the output; the first occurrence in the output decides.
@@ -246,7 +255,8 @@ def test_stop_token_and_max_tokens(trained_tiny, prompts, reference, mode):
 
 def test_max_tokens_one_and_stop_on_the_first_token(trained_tiny, prompts, reference):
     bundle = trained_tiny
-    engine = Engine(bundle.target, bundle.drafter, num_slots=4, max_len=MAX_LEN, cost_model=fixed_costs(4))
+    engine = Engine(bundle.target, bundle.drafter, num_slots=4, max_len=MAX_LEN,
+                    cost_model=fixed_costs(4), plan_gate=False)
     one, stop_first = engine.generate([
         Request(prompt_ids=prompts[0], max_tokens=1, mode="dflash", stop_ids=()),
         Request(prompt_ids=prompts[1], max_tokens=10, mode="dflash", stop_ids=(reference[1][0],)),
@@ -324,7 +334,8 @@ def test_logits_processors_are_lossless(trained_tiny, prompts, reference, mode):
     expected = [processed_reference(twin, prompts[i], MAX_TOKENS,
                                     dataclasses.replace(sp, end_ids=stops[i]), stops[i])
                 for i, sp in enumerate(settings)]
-    engine = Engine(bundle.target, bundle.drafter, num_slots=16, max_len=MAX_LEN, cost_model=fixed_costs())
+    engine = Engine(bundle.target, bundle.drafter, num_slots=16, max_len=MAX_LEN,
+                    cost_model=fixed_costs(), plan_gate=False)
     seqs = engine.generate([Request(prompts[i], MAX_TOKENS, mode=mode, sampling=sp, stop_ids=stops[i])
                             for i, sp in enumerate(settings)], concurrency=16)
     for i, seq in enumerate(seqs):
@@ -350,7 +361,8 @@ def test_stop_strings_cut_the_output_after_the_token_that_completes_them(trained
         if word is not None:
             cases.append((i, word))
     assert len(cases) >= 8
-    engine = Engine(bundle.target, bundle.drafter, num_slots=16, max_len=MAX_LEN, cost_model=fixed_costs())
+    engine = Engine(bundle.target, bundle.drafter, num_slots=16, max_len=MAX_LEN,
+                    cost_model=fixed_costs(), plan_gate=False)
     min_tokens = 4
     seqs = engine.generate([Request(prompts[i], MAX_TOKENS, mode=mode, stop_ids=(),
                                     sampling=SamplingParams(min_tokens=min_tokens),
@@ -382,7 +394,8 @@ def test_runs_of_plain_decoding_steps_equal_a_step_per_call(trained_tiny, prompt
         return out
 
     def run(run_steps: int) -> list:
-        engine = Engine(bundle.target, bundle.drafter, num_slots=8, max_len=MAX_LEN, cost_model=fixed_costs(8),
+        engine = Engine(bundle.target, bundle.drafter, num_slots=8, max_len=MAX_LEN,
+                        cost_model=fixed_costs(8), plan_gate=False,
                         run_steps=run_steps)
         seqs = engine.generate(requests(), concurrency=8)
         assert len(engine.free_slots) == engine.num_slots
@@ -417,7 +430,8 @@ BAD_REQUESTS = [
 
 def test_bad_requests_raise_value_error_naming_the_field(trained_tiny, prompts, reference):
     bundle = trained_tiny
-    engine = Engine(bundle.target, bundle.drafter, num_slots=4, max_len=MAX_LEN, cost_model=fixed_costs(4))
+    engine = Engine(bundle.target, bundle.drafter, num_slots=4, max_len=MAX_LEN,
+                    cost_model=fixed_costs(4), plan_gate=False)
     for field, change in BAD_REQUESTS:
         req = Request(**{**dict(prompt_ids=prompts[0], max_tokens=10, mode="ar"), **change})
         with pytest.raises(ValueError, match=field):
@@ -429,7 +443,8 @@ def test_bad_requests_raise_value_error_naming_the_field(trained_tiny, prompts, 
             plain.submit(Request(prompt_ids=prompts[0], max_tokens=10, mode=mode))
     # Neither engine is left in a bad state: valid requests still run and are exact.
     assert plain.generate([Request(prompts[0], MAX_TOKENS, mode="ngram", stop_ids=())])[0].output == reference[0]
-    engine = Engine(bundle.target, bundle.drafter, num_slots=4, max_len=MAX_LEN, cost_model=fixed_costs(4))
+    engine = Engine(bundle.target, bundle.drafter, num_slots=4, max_len=MAX_LEN,
+                    cost_model=fixed_costs(4), plan_gate=False)
     for field, change in BAD_REQUESTS:
         with pytest.raises(ValueError):
             engine.submit(Request(**{**dict(prompt_ids=prompts[0], max_tokens=10, mode="ar"), **change}))
@@ -463,7 +478,8 @@ def test_cancel_running_and_waiting(trained_tiny, prompts, reference):
     assert all(s.finish_reason == "length" for s in (seqs[1], seqs[2], late))
     assert len(engine.free_slots) == engine.num_slots and not engine.running
     # The reused slot drafted from its own context only: same drafts as the request alone on a fresh engine.
-    fresh = Engine(bundle.target, bundle.drafter, num_slots=1, max_len=MAX_LEN, cost_model=fixed_costs(1))
+    fresh = Engine(bundle.target, bundle.drafter, num_slots=1, max_len=MAX_LEN,
+                   cost_model=fixed_costs(1), plan_gate=False)
     alone = fresh.generate([Request(prompts[4], MAX_TOKENS, mode="dflash", stop_ids=())])[0]
     assert [(st.draft_len, st.accepted) for st in late.steps] == [(st.draft_len, st.accepted) for st in alone.steps]
 
@@ -474,7 +490,7 @@ def test_engine_caches_follow_the_committed_tokens(trained_tiny, prompts):
     bundle = trained_tiny
     twin = clone_target(bundle.target)
     drafter = bundle.drafter
-    engine = Engine(bundle.target, drafter, num_slots=6, max_len=MAX_LEN, cost_model=fixed_costs(6))
+    engine = Engine(bundle.target, drafter, num_slots=6, max_len=MAX_LEN, cost_model=fixed_costs(6), plan_gate=False)
     modes = ["dflash", "adaflash", "adaflash-published", "ngram", "ar", "dflash", "adaflash-published", "dflash"]
     for i, mode in enumerate(modes):
         engine.submit(Request(prompts[10 + i], 24, mode=mode, stop_ids=()))
@@ -497,12 +513,42 @@ def test_engine_caches_follow_the_committed_tokens(trained_tiny, prompts):
     assert checked > 50
 
 
+def test_the_plan_gate_s_plain_runs_keep_the_drafter_context_and_the_output(trained_tiny, prompts, reference):
+    """adaflash under the plan gate alternates planned steps and runs of plain decoding (three steps a call):
+    the output is plain decoding's, and after every call the drafter's context drafts what a recomputation
+    from the text drafts, so the features of a run's steps reach it as those of single steps do."""
+    bundle = trained_tiny
+    twin = clone_target(bundle.target)
+    drafter = bundle.drafter
+    engine = Engine(bundle.target, drafter, num_slots=6, max_len=MAX_LEN, cost_model=cheap_drafter_costs(6),
+                    run_steps=3)
+    seqs = [engine.submit(Request(prompts[i], MAX_TOKENS, mode="adaflash" if i % 4 else "ar", stop_ids=()))
+            for i in range(8)]
+    while engine.has_work:
+        engine.step()
+        for seq in engine.running.values():
+            assert engine.cache.lengths[seq.slot] == len(seq.tokens) - 1
+            if seq.request.mode != "adaflash":
+                continue
+            engine.flush_context([seq])
+            assert engine.context.lengths[seq.slot] == len(seq.tokens) - 1
+            feats = target_features(twin, seq.tokens, drafter.config.target_layer_ids)[:-1]
+            ref = drafter.draft_uncached(twin, feats, seq.tokens[-1])
+            assert torch.equal(drafter.draft(bundle.target, engine.context, [seq.slot], [seq.tokens[-1]]).tokens,
+                               ref.tokens)
+    assert [s.output for s in seqs] == reference[:8]
+    measured = [load.rates for load in engine.scheduler.gate.loads.values()]
+    assert any(r[Arm.PLAN] is not None and r[Arm.PLAIN] is not None for r in measured)  # both arms ran
+    assert any(st.draft_len for s in seqs for st in s.steps)
+
+
 def test_a_verify_with_a_prefill_riding_along_does_not_teach_the_verify_scale():
     """New sequences are prefilled in the verify call of the step that admits them; that call's time is mostly the
     prefill's. Folded into the live verify scale (as it was), it priced every verify as if a prefill rode along:
     adaflash, whose sequences end at different steps, admits a few at a time in ~100 of its calls at c=32."""
     bundle = tiny_random_bundle(seed=0)
-    engine = Engine(bundle.target, bundle.drafter, num_slots=2, max_len=MAX_LEN, cost_model=fixed_costs(2))
+    engine = Engine(bundle.target, bundle.drafter, num_slots=2, max_len=MAX_LEN,
+                    cost_model=fixed_costs(2), plan_gate=False)
     first, second = random_prompts(2, seed=31)
     engine.submit(Request(first, 8, mode="ar", stop_ids=()))
     engine.step()  # the prefill alone

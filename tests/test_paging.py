@@ -19,7 +19,8 @@ PAGING = Paging(page=8, pages=24)  # 192 positions: about three of these sequenc
 
 
 def _engine(bundle, paging: Paging | None) -> Engine:
-    return Engine(bundle.target, bundle.drafter, num_slots=6, max_len=MAX_LEN, cost_model=fixed_costs(6),
+    return Engine(bundle.target, bundle.drafter, num_slots=6, max_len=MAX_LEN,
+                  cost_model=fixed_costs(6), plan_gate=False,
                   paging=paging)
 
 

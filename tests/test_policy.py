@@ -308,7 +308,8 @@ def test_the_steps_time_outside_its_forwards_makes_long_verifies_relatively_chea
 
 
 def test_the_engine_learns_its_steps_time_outside_the_forwards(trained_tiny):
-    engine = Engine(trained_tiny.target, trained_tiny.drafter, num_slots=2, max_len=128, cost_model=fixed_costs(2))
+    engine = Engine(trained_tiny.target, trained_tiny.drafter, num_slots=2, max_len=128,
+                    cost_model=fixed_costs(2), plan_gate=False)
     assert engine.cost.step_ms == 0.0
     engine.generate([Request([1, 2, 3, 4], 24, mode="adaflash"), Request([5, 6, 7], 24, mode="adaflash")])
     assert 0.0 < engine.cost.step_ms < 1000.0

@@ -10,6 +10,7 @@ import pytest
 from helpers import clone_target, fixed_costs, random_prompts
 
 from adaflash.decoding.engine import Engine
+from adaflash.decoding.gate import Arm, PlanGate
 from adaflash.decoding.modes import MODE_NAMES
 from adaflash.decoding.planner import Planner
 from adaflash.decoding.policy import LengthController
@@ -64,12 +65,14 @@ class Models:
 
 
 def serve(bundle, requests: list[Request], models: Models, before_step=None,
-          max_active: int | None = None, run_steps: int | None = 1) -> tuple[list[Sequence], dict]:
+          max_active: int | None = None, run_steps: int | None = 1,
+          gate: PlanGate | None = None) -> tuple[list[Sequence], dict]:
     """Run the requests through the served loop; returns the sequences and what was streamed per sequence.
     `run_steps`: plain decoding steps per target call (1: a call per step; None: the live choice)."""
     backend = RemoteBackend(models.call, lambda: models.newest)
     scheduler = Scheduler(backend, Planner(LengthController(fixed_costs(), bundle.drafter.config.block_size)),
-                          fixed_costs(), max_active or len(requests), MAX_LEN, has_drafter=True, run_steps=run_steps)
+                          fixed_costs(), max_active or len(requests), MAX_LEN, has_drafter=True, run_steps=run_steps,
+                          gate=gate)
     seqs = [Sequence(id=1000 + i, request=r, tokens=list(r.prompt_ids), generator=None, stop_ids=frozenset())
             for i, r in enumerate(requests)]
     for s in seqs:
@@ -103,7 +106,7 @@ def test_served_loop_equals_the_engine_with_one_target_call_per_step(trained_tin
     seqs, streamed = serve(trained_tiny, [Request(p, MAX_TOKENS, mode=mode, stop_ids=()) for p in prompts], models)
     want = reference(trained_tiny, prompts)
     engine = Engine(clone_target(trained_tiny.target), trained_tiny.drafter, num_slots=12, max_len=MAX_LEN,
-                    cost_model=fixed_costs())
+                    cost_model=fixed_costs(), plan_gate=False)
     in_process = engine.generate([Request(p, MAX_TOKENS, mode=mode, stop_ids=()) for p in prompts])
     for seq, ref, local in zip(seqs, want, in_process):
         assert seq.output == ref == streamed[seq.id]
@@ -116,6 +119,25 @@ def test_served_loop_equals_the_engine_with_one_target_call_per_step(trained_tin
     assert len(drafts) < len(steps)
     if mode in ("dflash", "adaflash-published"):
         assert any(st.accepted > 0 for s in seqs for st in s.steps)
+    assert models.empty()
+
+
+def test_the_plan_gate_s_plain_arm_runs_several_steps_per_call_and_sends_their_features(trained_tiny):
+    """Served adaflash under the plan gate: on its plain arm a target call carries several steps, and every
+    committed position's features travel to the drafter (prompt, verifies and runs: len(tokens) - 1 rows per
+    sequence); the output and its stream are plain decoding's."""
+    prompts = random_prompts(6, seed=13)
+    models = Models(trained_tiny, 6)
+    gate = PlanGate()
+    seqs, streamed = serve(trained_tiny, [Request(p, MAX_TOKENS, mode="adaflash", stop_ids=()) for p in prompts],
+                           models, run_steps=4, gate=gate)
+    for seq, ref in zip(seqs, reference(trained_tiny, prompts)):
+        assert seq.output == ref == streamed[seq.id]
+        assert sum(models.feature_rows[seq.id]) == len(seq.tokens) - 1
+    assert gate.loads[6 .bit_length()].rates[Arm.PLAIN] is not None
+    steps = [n for model, op, n in models.calls if model == protocol.TARGET and op is Op.STEP]
+    assert len(steps) < 1 + max(len(s.steps) for s in seqs)  # runs: fewer calls than steps
+    assert any(op is Op.DRAFT for _, op, _ in models.calls)
     assert models.empty()
 
 
@@ -170,7 +192,7 @@ def test_sampled_output_equals_the_engine_for_the_same_seeds(trained_tiny):
     reqs = [Request(p, MAX_TOKENS, mode=m, stop_ids=(), sampling=SamplingParams(temperature=0.8, top_p=0.9, seed=i))
             for i, (p, m) in enumerate(zip(prompts, ["ar", "ngram", "dflash"] * 2))]
     engine = Engine(clone_target(trained_tiny.target), trained_tiny.drafter, num_slots=6, max_len=MAX_LEN,
-                    cost_model=fixed_costs())
+                    cost_model=fixed_costs(), plan_gate=False)
     local = [s.output for s in engine.generate(reqs)]
     seqs, _ = serve(trained_tiny, reqs, Models(trained_tiny, 6))
     assert [s.output for s in seqs] == local

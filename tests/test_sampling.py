@@ -91,7 +91,8 @@ def sample_run(bundle, mode: str, params: dict) -> list:
     """N_SAMPLES requests of PROMPT with distinct seeds, concurrency 16 (memoised per mode and params)."""
     key = (id(bundle), mode, tuple(sorted(params.items())))
     if key not in _runs:
-        engine = Engine(bundle.target, bundle.drafter, num_slots=16, max_len=32, cost_model=CHEAP_DRAFTS)
+        engine = Engine(bundle.target, bundle.drafter, num_slots=16, max_len=32,
+                        cost_model=CHEAP_DRAFTS, plan_gate=False)
         first_seed = MODE_NAMES.index(mode) * N_SAMPLES  # independent samples per mode
         reqs = [Request(prompt_ids=PROMPT, max_tokens=MAX_TOKENS, mode=mode, stop_ids=(),
                         sampling=SamplingParams(seed=first_seed + i, **params)) for i in range(N_SAMPLES)]
@@ -193,7 +194,8 @@ def test_acceptance_rate_matches_its_expectation(trained_tiny, small, mode):
     _check_acceptance(sample_run(small, mode, {"temperature": 1.0}), min_tried=N_SAMPLES // 2)
     # ... and long generations of the byte-level bundle, where drafts of every length are verified.
     bundle = trained_tiny
-    engine = Engine(bundle.target, bundle.drafter, num_slots=16, max_len=30 + 48 + 16 + 10, cost_model=CHEAP_DRAFTS)
+    engine = Engine(bundle.target, bundle.drafter, num_slots=16, max_len=30 + 48 + 16 + 10,
+                    cost_model=CHEAP_DRAFTS, plan_gate=False)
     reqs = [Request(prompt_ids=p, max_tokens=48, mode=mode, stop_ids=(), sampling=SamplingParams(temperature=1.0, seed=i))
             for i, p in enumerate(random_prompts(64, seed=3))]
     seqs = engine.generate(reqs, concurrency=16)
@@ -204,7 +206,7 @@ def test_acceptance_rate_matches_its_expectation(trained_tiny, small, mode):
 
 def test_sampled_requests_are_reproducible_from_their_seed(small):
     """The same seed gives the same text whatever the batch around it."""
-    engine = Engine(small.target, small.drafter, num_slots=16, max_len=48, cost_model=fixed_costs())
+    engine = Engine(small.target, small.drafter, num_slots=16, max_len=48, cost_model=fixed_costs(), plan_gate=False)
     params = SamplingParams(temperature=1.0, seed=42)
     alone = engine.generate([Request(PROMPT, 20, mode="dflash", sampling=params, stop_ids=())])[0].output
     crowd = [Request(PROMPT, 20, mode="dflash", sampling=SamplingParams(temperature=1.0, seed=i), stop_ids=())

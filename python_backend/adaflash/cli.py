@@ -132,7 +132,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     ids = encode_prompts(bundle.tokenizer, prompts, args.max_prompt_tokens, chat)
     max_len = context_length([len(i) for i in ids], args.max_tokens, block_size_of(bundle.drafter))
     engine = Engine(bundle.target, bundle.drafter if needs_drafter else None, num_slots=max(args.concurrency),
-                    max_len=max_len, copies=not args.no_copies)
+                    max_len=max_len, copies=not args.no_copies, plan_gate=not args.no_plan_gate)
     sampling = SamplingParams(args.temperature, args.top_k, args.top_p, args.seed)
     rows, ok = run_bench(engine, ids, [p.domain for p in prompts], args.modes, args.concurrency, args.max_tokens, sampling,
                          passes=args.passes, each_domain=args.each_domain)
@@ -145,6 +145,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         "passes": args.passes,
         "each_domain": args.each_domain,
         "adaflash_copies": not args.no_copies,
+        "adaflash_plan_gate": not args.no_plan_gate,
         "chat": chat is not None,
         "chat_kwargs": args.chat_kwargs,
         "temperature": args.temperature,
@@ -225,6 +226,9 @@ def build_parser() -> argparse.ArgumentParser:
                        help="run every domain as a workload of its own (rows per domain) instead of one mixed workload")
     bench.add_argument("--no-copies", action="store_true",
                        help="adaflash drafts only with the drafter (no copies of the context): an ablation")
+    bench.add_argument("--no-plan-gate", action="store_true",
+                       help="adaflash plans every step, never decoding plainly for a while where planning loses "
+                            "(decoding/gate.py): an ablation")
     _add_chat_args(bench)
     bench.set_defaults(func=cmd_bench)
     ev = sub.add_parser("evaluate", help="per-domain perplexity, repetition and tau of the models on the eval sets")

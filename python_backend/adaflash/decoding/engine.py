@@ -15,6 +15,7 @@ from itertools import count
 import torch
 
 from adaflash.decoding.costs import CostModel, measure_costs
+from adaflash.decoding.gate import PlanGate
 from adaflash.decoding.planner import Planner
 from adaflash.decoding.policy import LengthController
 from adaflash.decoding.scheduler import Scheduler, Timed, run_now
@@ -100,11 +101,12 @@ class Engine:
         copies: bool = True,
         paging: Paging | None = None,
         run_steps: int | None = None,
+        plan_gate: bool = True,
     ) -> None:
         """`copies=False` keeps adaflash to its drafter (no copies of the context), to measure what each gives.
         `paging`: caches of shared pages (a memory budget) instead of a max_len slot per sequence; sequences then
         wait until the pages they may fill are free. `run_steps`: plain decoding steps per target call (None:
-        the scheduler's live choice)."""
+        the scheduler's live choice). `plan_gate=False` makes adaflash plan every step (`gate.PlanGate`)."""
         self.target, self.drafter = target, drafter
         self.max_len, self.num_slots = max_len, num_slots
         if drafter is not None:
@@ -115,7 +117,7 @@ class Engine:
         self.backend = LocalBackend(target, drafter, num_slots, max_len, paging)
         self.planner = Planner(LengthController(cost_model, block_size_of(drafter), prior_weight, probe_every), copies)
         self.scheduler = Scheduler(self.backend, self.planner, cost_model, num_slots, max_len, drafter is not None,
-                                   prefill_tokens, paging, run_steps)
+                                   prefill_tokens, paging, run_steps, PlanGate() if plan_gate else None)
         self._ids = count()
 
     @property

@@ -23,7 +23,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
 from adaflash.decoding.costs import CostModel
-from adaflash.decoding.modes import get_mode
+from adaflash.decoding.gate import Arm, PlanGate
+from adaflash.decoding.modes import Length, Mode, get_mode
 from adaflash.decoding.planner import Candidate, Plan, Planner
 from adaflash.decoding.sequence import Request, Sequence, StepRecord, draft_cap
 from adaflash.decoding.steps import StepResult
@@ -87,11 +88,12 @@ class Scheduler:
 
     def __init__(self, backend: Backend, planner: Planner, cost: CostModel | None, max_active: int, max_len: int,
                  has_drafter: bool, prefill_tokens: int = 4096, paging: Paging | None = None,
-                 run_steps: int | None = None) -> None:
+                 run_steps: int | None = None, gate: PlanGate | None = None) -> None:
         """`paging`: the paged caches' size (None: unpaged, a slot per sequence);
         a sequence is admitted only when the pages it can fill (prompt and max_tokens) are free.
         `run_steps`: plain decoding steps per call when every running sequence decodes plainly (None: chosen
-        live, `_run_length`)."""
+        live, `_run_length`). `gate`: whether cost-aware sequences plan or decode plainly, call by call (None:
+        they plan every step)."""
         self.backend, self.planner, self.cost = backend, planner, cost
         self.max_active, self.max_len, self.has_drafter = max_active, max_len, has_drafter
         self.prefill_tokens = prefill_tokens
@@ -102,6 +104,7 @@ class Scheduler:
         self.running: dict[Hashable, Sequence] = {}
         self._forwards_ms = 0.0  # the current step's model forwards, as their backend timed them
         self.run_steps = run_steps
+        self.gate = gate
         self.call_overhead_ms: float | None = None  # of a plain decoding call: its time outside the forwards
         self.decode_step_ms: float | None = None  # of a plain decoding call: its forwards' time per step
 
@@ -154,22 +157,34 @@ class Scheduler:
         started, self._forwards_ms = time.perf_counter(), 0.0
         active = [s for s in self.running.values() if not s.finished]
         admitted = self._admit()
-        runs = self._runs(active) if active and not admitted else None
+        arm = self._arm(active)
+        committed = sum(len(s.output) for s in active)
+        runs = self._runs(active, arm) if active and not admitted else None
         if runs is not None:
             await self._decode_run(active, runs)
         else:
-            feeds, copied = await self._propose(active) if active else ([], {})
+            feeds, copied = await self._propose(active, arm) if active else ([], {})
             if admitted or active:
                 await self._forward(admitted, active, feeds, copied)
         if active and not admitted:  # a prefill's time is not the step's own
-            self._observe_overhead((time.perf_counter() - started) * 1000 - self._forwards_ms, runs)
+            ms = (time.perf_counter() - started) * 1000
+            self._observe_overhead(ms - self._forwards_ms, runs)
+            if self.gate is not None and arm is not None:
+                self.gate.observe(arm, sum(len(s.output) for s in active) - committed, ms)
         await self._retire([s for s in self.running.values() if s.finished])
         return [*admitted, *active]
 
-    def _runs(self, active: list[Sequence]) -> list[int] | None:
+    def _arm(self, active: list[Sequence]) -> Arm | None:
+        """The gate's arm for the cost-aware sequences of this call; None when there is no gate or no such
+        sequence runs."""
+        if self.gate is None or not any(_gated(get_mode(s.request.mode)) for s in active):
+            return None
+        return self.gate.choose(len(active))
+
+    def _runs(self, active: list[Sequence], arm: Arm | None) -> list[int] | None:
         """Each sequence's plain decoding steps in this call, when every one decodes plainly (None otherwise):
         `_run_length`, cut to what its max_tokens and the context leave."""
-        if any(get_mode(s.request.mode).proposes for s in active):
+        if any(_proposes(get_mode(s.request.mode), arm) for s in active):
             return None
         n = self._run_length()
         return [min(n, s.request.max_tokens - len(s.output), self.max_len - len(s.tokens) + 1) for s in active]
@@ -207,6 +222,7 @@ class Scheduler:
         if self.cost is not None and min(runs) == max(runs):  # every step of the call a one-token verify of all
             self.cost.observe_verify(len(active), len(active), timed.ms / runs[0])
         for seq, res in zip(active, timed.value[1]):
+            self._queue_context(seq, res)
             for i, token in enumerate(res.committed):
                 if seq.finished:
                     break
@@ -234,11 +250,12 @@ class Scheduler:
     def _cap(self, seq: Sequence) -> int:
         return draft_cap(seq.request, len(seq.output), len(seq.tokens), self.planner.block_size, self.max_len)
 
-    async def _propose(self, active: list[Sequence]) -> tuple[list[list[int]], dict[Hashable, int]]:
+    async def _propose(self, active: list[Sequence], arm: Arm | None) -> tuple[list[list[int]], dict[Hashable, int]]:
         """Each sequence's feed ([anchor] + draft), and for drafts copied from the context the n-gram length
-        their lookup matched."""
-        plan = self.planner.plan([Candidate(s.id, get_mode(s.request.mode), s.tokens, self._cap(s), s.policy,
-                                            s.can_draft) for s in active])
+        their lookup matched. On the gate's plain arm the cost-aware sequences propose nothing (a cap of 0)."""
+        modes = [get_mode(s.request.mode) for s in active]
+        plan = self.planner.plan([Candidate(s.id, m, s.tokens, 0 if arm is Arm.PLAIN and _gated(m) else self._cap(s),
+                                            s.policy, s.can_draft) for s, m in zip(active, modes)])
         drafts = dict(plan.proposals)
         if plan.drafts:
             drafts.update(await self._draft(plan))
@@ -300,6 +317,16 @@ class Scheduler:
         await self.backend.release(seqs)
         if not self.has_work:
             await self.backend.idle()
+
+
+def _gated(mode: Mode) -> bool:
+    """Whether the gate decides for a mode: only the cost-aware one chooses freely how much to propose."""
+    return mode.length is Length.COST_AWARE
+
+
+def _proposes(mode: Mode, arm: Arm | None) -> bool:
+    """Whether a sequence of `mode` may propose tokens in a call on `arm`."""
+    return mode.proposes and not (arm is Arm.PLAIN and _gated(mode))
 
 
 def _ema(old: float | None, new: float) -> float:

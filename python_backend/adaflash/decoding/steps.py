@@ -98,8 +98,8 @@ def step_batch(target: Transformer, cache: KVCache, new: int, slots: list[int], 
         return prefilled, 0.0
     t0 = time.perf_counter()
     if runs is not None:
-        return decode_run(target, cache, slots, [f[0] for f in feeds], runs, sampling, generators, histories), \
-            ms_since(t0)
+        return decode_run(target, cache, slots, [f[0] for f in feeds], runs, sampling, generators, histories, capture,
+                          wants), ms_since(t0)
     verified = verify_batch(target, cache, slots[new:], feeds[new:], sampling[new:], generators[new:], capture,
                             wants[new:], histories[new:])
     return prefilled + verified, ms_since(t0)
@@ -107,14 +107,18 @@ def step_batch(target: Transformer, cache: KVCache, new: int, slots: list[int], 
 
 def decode_run(target: Transformer, cache: KVCache, slots: list[int], anchors: list[int], runs: list[int],
                sampling: list[SamplingParams], generators: list[torch.Generator],
-               histories: list[History | None]) -> list[StepResult]:
+               histories: list[History | None], capture: list[int] | None = None,
+               wants: list[bool] | None = None) -> list[StepResult]:
     """Plain decoding, runs[i] one-token steps for sequence i, each fed the token the step before committed.
 
     Why: a served step loop pays a round trip to the target model per call, and plain decoding decides
     nothing between its steps, so one call can carry several. The forwards, generator draws and logits
     processors are those of runs[i] verify steps without a draft, so the tokens are the same; a sequence whose
-    run is shorter leaves the batch when it ends. Each result's `committed` holds a token per step."""
+    run is shorter leaves the batch when it ends. Each result's `committed` holds a token per step, and its
+    features (for a sequence that `wants` them: it drafts later) a row per step."""
+    wants = [False] * len(slots) if wants is None else wants
     committed: list[list[int]] = [[] for _ in slots]
+    features: list[list[torch.Tensor]] = [[] for _ in slots]
     log_probs: list[list[float] | None] = [[] if sp.log_probs else None for sp in sampling]
     for step in range(max(runs, default=0)):
         rows = [i for i, n in enumerate(runs) if n > step]
@@ -122,12 +126,14 @@ def decode_run(target: Transformer, cache: KVCache, slots: list[int], anchors: l
         grown = [None if histories[i] is None else History(histories[i].tokens + committed[i], histories[i].prompt_len)
                  for i in rows]
         results = verify_batch(target, cache, [slots[i] for i in rows], feeds, [sampling[i] for i in rows],
-                               [generators[i] for i in rows], None, [False] * len(rows), grown)
+                               [generators[i] for i in rows], capture, [wants[i] for i in rows], grown)
         for i, res in zip(rows, results):
             committed[i] += res.committed
+            if res.features is not None:
+                features[i].append(res.features)
             if log_probs[i] is not None:
                 log_probs[i] += res.log_probs
-    return [StepResult(c, 0, 0.0, None, p) for c, p in zip(committed, log_probs)]
+    return [StepResult(c, 0, 0.0, torch.cat(f) if f else None, p) for c, f, p in zip(committed, features, log_probs)]
 
 
 def verify_batch(target: Transformer, cache: KVCache, slots: list[int], feeds: list[list[int]],

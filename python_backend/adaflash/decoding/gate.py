@@ -1,0 +1,100 @@
+"""Whether the cost-aware sequences plan their steps or decode plainly for a while: measured, not predicted.
+
+Why: the planner weighs a speculative step against a plain one with the cost model, but the price of
+planning itself (copy lookups, acceptance estimates, the length choice, drafter probes, a served step's
+round trips that plain decoding spreads over a run of steps) is paid on every planned step whatever it
+chooses, and the cost model cannot see it. Where speculation gains less than that price (a large batch on
+a target whose verify of many tokens costs nearly what it saves), planning every step loses to plain
+decoding. So the gate runs the two arms in blocks of calls, follows the one that commits more tokens per
+millisecond of the whole step, and keeps trying the other now and then, more often the closer they are.
+The output does not depend on the arm (a plain step verifies nothing: it is a step of `ar`), so greedy
+decoding stays equal to plain decoding whatever the gate chooses.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+
+BLOCK_CALLS = 4  # target calls per block of one arm: a switch's own cost (the drafter's catch-up) is spread over it
+WEIGHT = 0.3  # of a block's rate in its arm's running rate
+# Leader blocks between two blocks of the other arm, by how far the leader is ahead (its rate / the other's).
+EXPLORE_AFTER = ((1.1, 2), (1.3, 6), (float("inf"), 16))
+
+
+class Arm(Enum):
+    PLAN = "plan"  # cost-aware sequences plan every step (copies, drafts, their lengths)
+    PLAIN = "plain"  # cost-aware sequences verify nothing: plain decoding, in runs where nothing else proposes
+
+
+@dataclass
+class _Load:
+    """What the gate knows at one load (running sequences within a power of two): each arm's running rate in
+    tokens per ms, and the leader blocks since the other arm last ran."""
+
+    rates: dict[Arm, float | None] = field(default_factory=lambda: {Arm.PLAN: None, Arm.PLAIN: None})
+    led: int = 0
+
+    def leader(self) -> Arm:
+        """The arm with the higher running rate; an arm not yet measured is tried first."""
+        plan, plain = self.rates[Arm.PLAN], self.rates[Arm.PLAIN]
+        if plan is None:
+            return Arm.PLAN
+        if plain is None:
+            return Arm.PLAIN
+        return Arm.PLAN if plan >= plain else Arm.PLAIN
+
+    def explore_after(self) -> int:
+        """Leader blocks before the other arm runs again."""
+        plan, plain = self.rates[Arm.PLAN], self.rates[Arm.PLAIN]
+        if not plan or not plain:
+            return 1
+        ahead = max(plan, plain) / min(plan, plain)
+        return next(blocks for bound, blocks in EXPLORE_AFTER if ahead < bound)
+
+
+class PlanGate:
+    """The arm of the next call, from the tokens and milliseconds of the calls made on each, learnt apart at
+    each load: the rates of both arms grow with the batch, so only rates measured at one load compare."""
+
+    def __init__(self) -> None:
+        self.loads: dict[int, _Load] = {}  # by load bucket (`bucket`)
+        self.arm = Arm.PLAN
+        self._bucket: int | None = None  # the load of the current block
+        self._calls = 0
+        self._tokens = 0
+        self._ms = 0.0
+
+    def choose(self, sequences: int) -> Arm:
+        """The arm of a call carrying `sequences` running sequences: the current block's, or on a change of
+        load the new load's leader (the block so far is dropped)."""
+        bucket = sequences.bit_length()
+        if bucket != self._bucket:
+            self._bucket, self._calls, self._tokens, self._ms = bucket, 0, 0, 0.0
+            self.arm = self.loads.setdefault(bucket, _Load()).leader()
+        return self.arm
+
+    def observe(self, arm: Arm, tokens: int, ms: float) -> None:
+        """A call made on `arm` (as `choose` said) committed `tokens` in `ms` (the whole step: planning, drafts,
+        forwards, commits). Calls that also prefilled are not observed: their time is the new sequences'."""
+        if arm is not self.arm or self._bucket is None or ms <= 0:
+            return
+        self._calls, self._tokens, self._ms = self._calls + 1, self._tokens + tokens, self._ms + ms
+        if self._calls >= BLOCK_CALLS:
+            self._end_block(self.loads[self._bucket])
+
+    def _end_block(self, load: _Load) -> None:
+        rate, old = self._tokens / self._ms, load.rates[self.arm]
+        load.rates[self.arm] = rate if old is None else old + WEIGHT * (rate - old)
+        self._calls, self._tokens, self._ms = 0, 0, 0.0
+        leader = load.leader()
+        if self.arm is not leader:
+            self.arm, load.led = leader, 0
+            return
+        load.led += 1
+        if load.led >= load.explore_after():
+            self.arm, load.led = _other(leader), 0
+
+
+def _other(arm: Arm) -> Arm:
+    return Arm.PLAIN if arm is Arm.PLAN else Arm.PLAN

@@ -1,0 +1,72 @@
+"""The plan gate: blocks of calls on each arm, the faster arm followed at each load, the other tried again."""
+
+from __future__ import annotations
+
+import pytest
+
+from adaflash.decoding.gate import BLOCK_CALLS, EXPLORE_AFTER, Arm, PlanGate
+
+
+def run_blocks(gate: PlanGate, sequences: int, rates: dict[Arm, float], blocks: int) -> list[Arm]:
+    """Feed `blocks` blocks of calls whose rate is the arm's in `rates` (tokens per ms); the arm of each block."""
+    arms = []
+    for _ in range(blocks):
+        arm = gate.choose(sequences)
+        arms.append(arm)
+        for _ in range(BLOCK_CALLS):
+            assert gate.choose(sequences) is arm
+            gate.observe(arm, round(rates[arm] * 100), 100.0)
+    return arms
+
+
+def test_both_arms_are_measured_first_then_the_faster_one_leads():
+    gate = PlanGate()
+    arms = run_blocks(gate, 8, {Arm.PLAN: 1.0, Arm.PLAIN: 3.0}, 3)
+    assert arms == [Arm.PLAN, Arm.PLAIN, Arm.PLAIN]
+    gate = PlanGate()
+    assert run_blocks(gate, 8, {Arm.PLAN: 3.0, Arm.PLAIN: 1.0}, 3) == [Arm.PLAN, Arm.PLAIN, Arm.PLAN]
+
+
+@pytest.mark.parametrize("ahead", [1.05, 1.2, 3.0])
+def test_the_other_arm_is_tried_again_less_often_the_further_the_leader_is_ahead(ahead):
+    gate = PlanGate()
+    arms = run_blocks(gate, 8, {Arm.PLAN: 1.0, Arm.PLAIN: ahead}, 2 + 3 * 40)[2:]
+    every = next(blocks for bound, blocks in EXPLORE_AFTER if ahead < bound)
+    tried = [i for i, arm in enumerate(arms) if arm is Arm.PLAN]
+    assert tried and all(b - a == every + 1 for a, b in zip(tried, tried[1:]))
+    assert arms.count(Arm.PLAIN) > arms.count(Arm.PLAN)
+
+
+def test_a_change_of_leader_is_followed():
+    gate = PlanGate()
+    run_blocks(gate, 1, {Arm.PLAN: 2.0, Arm.PLAIN: 1.0}, 6)
+    arms = run_blocks(gate, 1, {Arm.PLAN: 0.5, Arm.PLAIN: 1.0}, 12)
+    assert gate.loads[1].leader() is Arm.PLAIN and arms.count(Arm.PLAIN) > arms.count(Arm.PLAN)
+
+
+def test_each_load_is_learnt_apart():
+    """Rates at one sequence do not decide for 64: both arms are measured there anew, and the first load's
+    choice is still known when it comes back."""
+    gate = PlanGate()
+    run_blocks(gate, 1, {Arm.PLAN: 2.0, Arm.PLAIN: 1.0}, 4)
+    assert run_blocks(gate, 64, {Arm.PLAN: 10.0, Arm.PLAIN: 30.0}, 3) == [Arm.PLAN, Arm.PLAIN, Arm.PLAIN]
+    assert gate.choose(1) is Arm.PLAN
+    assert gate.choose(100) is Arm.PLAIN  # 64 to 127 sequences: one load
+
+
+def test_a_block_cut_by_a_change_of_load_teaches_nothing():
+    gate = PlanGate()
+    arm = gate.choose(8)
+    for _ in range(BLOCK_CALLS - 1):
+        gate.observe(arm, 100, 1.0)
+    gate.choose(16)
+    assert gate.loads[8 .bit_length()].rates == {Arm.PLAN: None, Arm.PLAIN: None}
+
+
+def test_calls_of_the_other_arm_or_without_time_are_not_counted():
+    gate = PlanGate()
+    gate.choose(4)
+    for _ in range(3 * BLOCK_CALLS):
+        gate.observe(Arm.PLAIN, 100, 1.0)
+        gate.observe(Arm.PLAN, 100, 0.0)
+    assert gate.loads[4 .bit_length()].rates == {Arm.PLAN: None, Arm.PLAIN: None} and gate.arm is Arm.PLAN
