@@ -17,7 +17,8 @@ from dataclasses import dataclass, field
 from enum import Enum
 
 BLOCK_CALLS = 4  # target calls per block of one arm: a switch's own cost (the drafter's catch-up) is spread over it
-WEIGHT = 0.3  # of a block's rate in its arm's running rate
+WEIGHT = 0.15  # of a block's rate in its arm's running rate: the load's regime is followed, not each text's turns
+SWITCH_MARGIN = 0.05  # the other arm leads once its rate is this much above the leader's (noise does not flip it)
 # Leader blocks between two blocks of the other arm, by how far the leader is ahead (its rate / the other's).
 EXPLORE_AFTER = ((1.1, 2), (1.3, 6), (float("inf"), 16))
 
@@ -34,15 +35,20 @@ class _Load:
 
     rates: dict[Arm, float | None] = field(default_factory=lambda: {Arm.PLAN: None, Arm.PLAIN: None})
     led: int = 0
+    leading: Arm = Arm.PLAN
 
     def leader(self) -> Arm:
-        """The arm with the higher running rate; an arm not yet measured is tried first."""
+        """An arm not yet measured, else the leading one, which gives way once the other's running rate is
+        SWITCH_MARGIN above its own."""
         plan, plain = self.rates[Arm.PLAN], self.rates[Arm.PLAIN]
         if plan is None:
             return Arm.PLAN
         if plain is None:
             return Arm.PLAIN
-        return Arm.PLAN if plan >= plain else Arm.PLAIN
+        other = _other(self.leading)
+        if self.rates[other] > self.rates[self.leading] * (1 + SWITCH_MARGIN):
+            self.leading = other
+        return self.leading
 
     def explore_after(self) -> int:
         """Leader blocks before the other arm runs again."""
