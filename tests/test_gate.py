@@ -77,3 +77,12 @@ def test_the_leader_keeps_its_place_within_the_margin():
     gate = PlanGate()
     arms = run_blocks(gate, 2, {Arm.PLAN: 1.0, Arm.PLAIN: 1.0 + SWITCH_MARGIN / 2}, 20)
     assert arms[2:].count(Arm.PLAN) > arms[2:].count(Arm.PLAIN)
+
+
+def test_an_arm_s_first_blocks_count_alike():
+    """The running rate starts as the mean of an arm's blocks, so a first block measured at a bad moment does
+    not outweigh the next ones."""
+    gate = PlanGate()
+    run_blocks(gate, 1, {Arm.PLAN: 1.0, Arm.PLAIN: 0.5}, 1)
+    run_blocks(gate, 1, {Arm.PLAN: 3.0, Arm.PLAIN: 0.5}, 2)
+    assert gate.loads[1].rates[Arm.PLAN] == pytest.approx(2.0)

@@ -17,7 +17,9 @@ from dataclasses import dataclass, field
 from enum import Enum
 
 BLOCK_CALLS = 4  # target calls per block of one arm: a switch's own cost (the drafter's catch-up) is spread over it
-WEIGHT = 0.15  # of a block's rate in its arm's running rate: the load's regime is followed, not each text's turns
+# Of a block's rate in its arm's running rate: the mean of an arm's first blocks, then this weight (the load's
+# regime is followed, not each text's turns; a first block measured at a bad moment does not linger).
+WEIGHT = 0.15
 SWITCH_MARGIN = 0.05  # the other arm leads once its rate is this much above the leader's (noise does not flip it)
 # Leader blocks between two blocks of the other arm, by how far the leader is ahead (its rate / the other's).
 EXPLORE_AFTER = ((1.1, 2), (1.3, 6), (float("inf"), 16))
@@ -34,6 +36,7 @@ class _Load:
     tokens per ms, and the leader blocks since the other arm last ran."""
 
     rates: dict[Arm, float | None] = field(default_factory=lambda: {Arm.PLAN: None, Arm.PLAIN: None})
+    blocks: dict[Arm, int] = field(default_factory=lambda: {Arm.PLAN: 0, Arm.PLAIN: 0})
     led: int = 0
     leading: Arm = Arm.PLAN
 
@@ -91,7 +94,8 @@ class PlanGate:
 
     def _end_block(self, load: _Load) -> None:
         rate, old = self._tokens / self._ms, load.rates[self.arm]
-        load.rates[self.arm] = rate if old is None else old + WEIGHT * (rate - old)
+        load.blocks[self.arm] += 1
+        load.rates[self.arm] = rate if old is None else old + max(WEIGHT, 1 / load.blocks[self.arm]) * (rate - old)
         self._calls, self._tokens, self._ms = 0, 0, 0.0
         leader = load.leader()
         if self.arm is not leader:
