@@ -1,0 +1,116 @@
+"""The plan gate's A/B in one process: `ar`, `ngram`, `adaflash` with the gate and without, alternating.
+
+Why: this machine's speed moves by tens of percent over minutes, and the gate changes adaflash by a few percent,
+so the two are compared as medians of runs alternating within one process (one engine per variant, the same
+weights and the same measured cost table), each cell a domain alone at one concurrency. Every output must equal
+`ar`'s (greedy); a cell where one differs gets no speed and the run exits 1.
+
+    .venv/bin/python clients/bench_gate.py --model-dir models/default --json docs/engine-speed/round13/gate.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+from adaflash.cli_args import csv_list
+from adaflash.decoding.engine import Engine
+from adaflash.decoding.sequence import Request
+from adaflash.evaluation.prompts import Prompt, encode_prompts, eval_set_prompts, load_prompts
+from adaflash.models.bundle import load_bundle
+
+VARIANTS = ("ar", "ngram", "adaflash", "adaflash-no-gate")  # the last: Engine(plan_gate=False)
+LOW_LOAD_PROMPTS = 16  # at concurrency 1 a cell runs this many prompts (a pass over 64 would take minutes)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--model-dir", type=Path, required=True)
+    p.add_argument("--eval-data", type=Path, default=Path("../shared/data"), help="the shared data folder")
+    p.add_argument("--per-domain", type=int, default=64)
+    p.add_argument("--prompts", type=Path, help="instead of --eval-data: JSON lines with prompt and domain")
+    p.add_argument("--split", choices=("tune", "holdout"), help="with --prompts: only this split")
+    p.add_argument("--concurrency", type=csv_list(int), default=[1, 8, 32, 64])
+    p.add_argument("--max-tokens", type=int, default=96)
+    p.add_argument("--max-prompt-tokens", type=int, default=400)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--json", type=Path, required=True)
+    return p.parse_args(argv)
+
+
+def load(args: argparse.Namespace) -> list[Prompt]:
+    if args.prompts:
+        return load_prompts(args.prompts, None, args.split)
+    return eval_set_prompts(args.eval_data, args.per_domain, training_template=True)
+
+
+def summarise(rows: list[dict]) -> list[dict]:
+    """Per cell the median tok/s of each variant, and adaflash's with and without the gate over the best of `ar`
+    and `ngram`."""
+    cells = sorted({(r["domain"], r["concurrency"]) for r in rows}, key=lambda c: (c[0], c[1]))
+    out = []
+    for domain, c in cells:
+        med = {v: statistics.median(r["tokens_per_s"] for r in rows
+                                    if (r["domain"], r["concurrency"], r["variant"]) == (domain, c, v))
+               for v in VARIANTS}
+        best = max(med["ar"], med["ngram"])
+        out.append({"domain": domain, "concurrency": c, "median_tokens_per_s": med,
+                    "best_fixed": "ar" if med["ar"] >= med["ngram"] else "ngram",
+                    "adaflash_over_best": round(med["adaflash"] / best, 3),
+                    "adaflash_no_gate_over_best": round(med["adaflash-no-gate"] / best, 3)})
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    bundle = load_bundle(args.model_dir)
+    prompts = load(args)
+    ids = encode_prompts(bundle.tokenizer, prompts, args.max_prompt_tokens, None)
+    max_len = max(map(len, ids)) + args.max_tokens + 40
+    slots = max(args.concurrency)
+    gated = Engine(bundle.target, bundle.drafter, num_slots=slots, max_len=max_len)
+    plain = Engine(bundle.target, bundle.drafter, num_slots=slots, max_len=max_len,
+                   cost_model=copy.deepcopy(gated.cost), plan_gate=False)
+    engines = {"ar": (gated, "ar"), "ngram": (gated, "ngram"), "adaflash": (gated, "adaflash"),
+               "adaflash-no-gate": (plain, "adaflash")}
+    rows, ok = [], True
+    for domain in sorted({p.domain for p in prompts}):
+        mine = [i for i, p in zip(ids, prompts) if p.domain == domain]
+        for c in args.concurrency:
+            cell = mine[:LOW_LOAD_PROMPTS] if c == 1 else mine
+            if len(cell) < c:
+                continue
+            for repeat in range(args.repeats):
+                reference = None
+                for variant, (engine, mode) in engines.items():
+                    t0 = time.perf_counter()
+                    seqs = engine.generate([Request(i, args.max_tokens, mode=mode) for i in cell], concurrency=c)
+                    wall = time.perf_counter() - t0
+                    outputs = [s.output for s in seqs]
+                    reference = outputs if mode == "ar" else reference
+                    equal = outputs == reference
+                    ok &= equal
+                    rows.append({"domain": domain, "concurrency": c, "repeat": repeat, "variant": variant,
+                                 "tokens_per_s": round(sum(map(len, outputs)) / wall, 1) if equal else None,
+                                 "greedy_equal_to_ar": equal})
+                    print(domain, c, repeat, variant, rows[-1]["tokens_per_s"], flush=True)
+    summary = summarise(rows) if ok else []
+    for s in summary:
+        print(f"{s['domain']:14s} c={s['concurrency']:<3d} best {s['best_fixed']:5s} adaflash "
+              f"{s['adaflash_over_best']:.2f}, without the gate {s['adaflash_no_gate_over_best']:.2f}")
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()}, "rows": rows,
+                                     "summary": summary}, indent=1) + "\n")
+    if not ok:
+        print("error: an output differs from ar's; no summary", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
