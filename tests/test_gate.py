@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from adaflash.decoding.gate import BLOCK_CALLS, EXPLORE_AFTER, SWITCH_MARGIN, Arm, PlanGate
+from adaflash.decoding.gate import BLOCK_CALLS, EXPLORE_AFTER, SWITCH_MARGIN, WARMUP_CALLS, Arm, PlanGate
 
 
 def run_blocks(gate: PlanGate, sequences: int, rates: dict[Arm, float], blocks: int) -> list[Arm]:
@@ -13,9 +13,14 @@ def run_blocks(gate: PlanGate, sequences: int, rates: dict[Arm, float], blocks: 
     for _ in range(blocks):
         arm = gate.choose(sequences)
         arms.append(arm)
-        for _ in range(BLOCK_CALLS):
+        load = gate.loads[sequences.bit_length()]
+        ended = sum(load.blocks.values())
+        for _ in range(BLOCK_CALLS + WARMUP_CALLS):
             assert gate.choose(sequences) is arm
             gate.observe(arm, round(rates[arm] * 100), 100.0)
+            if sum(load.blocks.values()) > ended:
+                break
+        assert sum(load.blocks.values()) == ended + 1
     return arms
 
 
@@ -86,3 +91,15 @@ def test_an_arm_s_first_blocks_count_alike():
     run_blocks(gate, 1, {Arm.PLAN: 1.0, Arm.PLAIN: 0.5}, 1)
     run_blocks(gate, 1, {Arm.PLAN: 3.0, Arm.PLAIN: 0.5}, 2)
     assert gate.loads[1].rates[Arm.PLAN] == pytest.approx(2.0)
+
+
+def test_the_first_call_after_a_switch_is_not_measured():
+    """It carries the switch's own cost (the drafter's catch-up after a plain stretch), which the arm would not pay
+    while leading."""
+    gate = PlanGate()
+    run_blocks(gate, 8, {Arm.PLAN: 1.0, Arm.PLAIN: 1.0}, 1)
+    assert gate.choose(8) is Arm.PLAIN
+    gate.observe(Arm.PLAIN, 1, 1000.0)  # a slow first call
+    for _ in range(BLOCK_CALLS):
+        gate.observe(Arm.PLAIN, 200, 100.0)
+    assert gate.loads[8 .bit_length()].rates[Arm.PLAIN] == pytest.approx(2.0)
