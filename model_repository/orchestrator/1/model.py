@@ -20,7 +20,6 @@ from functools import partial
 import torch
 import triton_python_backend_utils as pb_utils
 
-from adaflash.decoding.gate import PlanGate
 from adaflash.decoding.planner import Planner
 from adaflash.decoding.policy import LengthController
 from adaflash.decoding.scheduler import BackendError, Scheduler
@@ -153,7 +152,7 @@ class TritonPythonModel:
         self.repository = os.path.dirname(args["model_repository"])
         backend = RemoteBackend(self._call, self._newest_drafter, log=pb_utils.Logger.log_error)
         self.scheduler = Scheduler(backend, self.planner, None, max_active, self.max_len, self.has_drafter,
-                                   paging=protocol.model_paging(params), gate=PlanGate())
+                                   paging=protocol.model_paging(params))
         self.clients = {}  # sequence id -> Client
         self.cancelled = set()  # sequence ids whose client went away (told by postprocessing)
         self.next_cancel_check = 0.0
