@@ -20,9 +20,10 @@ from pathlib import Path
 
 from adaflash.cli_args import csv_list
 from adaflash.decoding.engine import Engine
-from adaflash.decoding.sequence import Request
+from adaflash.decoding.sequence import Request, context_length
 from adaflash.evaluation.prompts import Prompt, encode_prompts, eval_set_prompts, load_prompts
 from adaflash.models.bundle import load_bundle
+from adaflash.models.drafter import block_size_of
 
 VARIANTS = ("ar", "ngram", "adaflash", "adaflash-no-gate")  # the last: Engine(plan_gate=False)
 LOW_LOAD_PROMPTS = 16  # at concurrency 1 a cell runs this many prompts (a pass over 64 would take minutes)
@@ -71,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
     bundle = load_bundle(args.model_dir)
     prompts = load(args)
     ids = encode_prompts(bundle.tokenizer, prompts, args.max_prompt_tokens, None)
-    max_len = max(map(len, ids)) + args.max_tokens + 40
+    max_len = context_length([len(i) for i in ids], args.max_tokens, block_size_of(bundle.drafter))
     slots = max(args.concurrency)
     gated = Engine(bundle.target, bundle.drafter, num_slots=slots, max_len=max_len)
     plain = Engine(bundle.target, bundle.drafter, num_slots=slots, max_len=max_len,

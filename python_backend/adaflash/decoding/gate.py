@@ -8,7 +8,8 @@ a target whose verify of many tokens costs nearly what it saves), planning every
 decoding. So the gate runs the two arms in blocks of calls, follows the one that commits more tokens per
 millisecond of the whole step, and keeps trying the other now and then, more often the closer they are.
 The output does not depend on the arm (a plain step verifies nothing: it is a step of `ar`), so greedy
-decoding stays equal to plain decoding whatever the gate chooses.
+decoding stays equal to plain decoding whatever the gate chooses. The engine uses it; the orchestrator does not,
+where it was measured to give up more at low load than it gained (docs/results.md, round 13).
 """
 
 from __future__ import annotations
@@ -18,8 +19,8 @@ from enum import Enum
 
 BLOCK_CALLS = 4  # target calls per block of one arm
 # After a switch of arm, the first call is not measured: it carries the switch's own cost (after a plain stretch the
-# drafter first appends every position decoded meanwhile), which the arm would not pay while it led, so counting it
-# kept a leader in place (measured served at low load, docs/results.md round 13).
+# drafter first appends every position decoded meanwhile), which the arm would not pay while it led; counted, it
+# would tilt the comparison toward the arm in the lead.
 WARMUP_CALLS = 1
 # Of a block's rate in its arm's running rate: the mean of an arm's first blocks, then this weight (the load's
 # regime is followed, not each text's turns; a first block measured at a bad moment does not linger).

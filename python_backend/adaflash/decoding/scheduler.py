@@ -158,7 +158,7 @@ class Scheduler:
         active = [s for s in self.running.values() if not s.finished]
         admitted = self._admit()
         arm = self._arm(active)
-        committed = sum(len(s.output) for s in active)
+        committed = 0 if arm is None else sum(len(s.output) for s in active)  # what the gate is told the call added
         runs = self._runs(active, arm) if active and not admitted else None
         if runs is not None:
             await self._decode_run(active, runs)
@@ -169,7 +169,7 @@ class Scheduler:
         if active and not admitted:  # a prefill's time is not the step's own
             ms = (time.perf_counter() - started) * 1000
             self._observe_overhead(ms - self._forwards_ms, runs)
-            if self.gate is not None and arm is not None:
+            if arm is not None:
                 self.gate.observe(arm, sum(len(s.output) for s in active) - committed, ms)
         await self._retire([s for s in self.running.values() if s.finished])
         return [*admitted, *active]

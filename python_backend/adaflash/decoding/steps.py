@@ -107,8 +107,8 @@ def step_batch(target: Transformer, cache: KVCache, new: int, slots: list[int], 
 
 def decode_run(target: Transformer, cache: KVCache, slots: list[int], anchors: list[int], runs: list[int],
                sampling: list[SamplingParams], generators: list[torch.Generator],
-               histories: list[History | None], capture: list[int] | None = None,
-               wants: list[bool] | None = None) -> list[StepResult]:
+               histories: list[History | None], capture: list[int] | None,
+               wants: list[bool]) -> list[StepResult]:
     """Plain decoding, runs[i] one-token steps for sequence i, each fed the token the step before committed.
 
     Why: a served step loop pays a round trip to the target model per call, and plain decoding decides
@@ -116,7 +116,6 @@ def decode_run(target: Transformer, cache: KVCache, slots: list[int], anchors: l
     processors are those of runs[i] verify steps without a draft, so the tokens are the same; a sequence whose
     run is shorter leaves the batch when it ends. Each result's `committed` holds a token per step, and its
     features (for a sequence that `wants` them: it drafts later) a row per step."""
-    wants = [False] * len(slots) if wants is None else wants
     committed: list[list[int]] = [[] for _ in slots]
     features: list[list[torch.Tensor]] = [[] for _ in slots]
     log_probs: list[list[float] | None] = [[] if sp.log_probs else None for sp in sampling]
