@@ -8,11 +8,12 @@ every served text must equal the decoded in-process output, and a concurrency wh
 gets no speed (the run then exits 1).
 
 The client is lean: asyncio gRPC streams in this one process (tritonclient's aio client), its own
-CPU time reported, because it shares the machine's cores with the server. The two paths run one
-after the other, never at once (the server's processes and this process's engine would compete
-for the same cores); each served run follows its in-process twin at once, with the server idle
-meanwhile, because this machine's speed drifts by tens of percent over minutes and a ratio is only
-worth what its two halves share. One verify/draft cost table, measured here and given to the server,
+CPU time reported, because it shares the machine's cores with the server. The paths run one after
+the other, never at once (the servers' processes and this process's engine would compete for the
+same cores): per mode and concurrency, `--reps` rounds of the in-process run and then a served run
+on each layout (`--layouts`: the target as a model of its own, or in the orchestrator's process; a
+server each, idle while the others run), because this machine's speed drifts by tens of percent over
+minutes and a ratio is only worth what its two halves share; rows report medians. One verify/draft cost table, measured here and given to the server,
 is what `adaflash` plans from on both paths.
 Per served run the orchestrator's own metrics say how many sequences each `target` and `drafter`
 call carried, and Triton's statistics how many times each model executed.
@@ -30,8 +31,10 @@ import sys
 import tempfile
 import time
 import urllib.request
+from contextlib import ExitStack
 from dataclasses import dataclass, replace
 from pathlib import Path
+from statistics import median
 
 import tritonclient.grpc.aio as grpcaio
 
@@ -51,6 +54,8 @@ PROMPT_CHARS = 300  # prompts keep their last characters, well inside max_prompt
 WARMUP_TOKENS = 4
 REPOSITORY = RepositoryConfig(max_active=64, max_batch_size=64, max_len=1024, max_prompt_tokens=400,
                               max_output_tokens=600)
+# Where the served target runs: the `target` model of its own, or in the orchestrator's process.
+LAYOUTS = {"own": False, "orchestrator": True}
 CALLS = re.compile(r'^adaflash_model_call_sequences_(sum|count)\{model="([^"]+)",op="([^"]+)"\} (\S+)$', re.M)
 
 
@@ -83,8 +88,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-responses-per-s", type=float, default=REPOSITORY.max_responses_per_s,
                    help="the server's rate of streamed responses, shared by the streams (0: no limit; "
                    "-1, the default: sized to this machine's cores)")
+    p.add_argument("--layouts", type=csv_list(str), default=list(LAYOUTS),
+                   help=f"where the served target runs, of {', '.join(LAYOUTS)}: a server each, run in turn")
+    p.add_argument("--reps", type=int, default=3, help="alternations of the paths per mode and concurrency (medians)")
     p.add_argument("--json", type=Path, help="write the results here")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if unknown := set(args.layouts) - set(LAYOUTS):
+        p.error(f"--layouts: unknown {', '.join(sorted(unknown))}")
+    return args
 
 
 def prompts_for(all_prompts: list[str], concurrency: int, per_user: int, least: int) -> list[str]:
@@ -196,57 +207,75 @@ def call_summary(before: dict, after: dict, exec_before: dict, exec_after: dict)
         s0, c0 = before.get(key, (0.0, 0.0))
         if calls - c0:
             out[f"{key[0]}.{key[1]}"] = {"calls": int(calls - c0), "mean_sequences": round((seqs - s0) / (calls - c0), 2)}
-    for model in ("target", "drafter"):
-        out[f"{model}.triton_executions"] = exec_after.get(model, 0) - exec_before.get(model, 0)
+    for model in ("target", "drafter"):  # (no `target` model where the target runs in the orchestrator)
+        if model in exec_after:
+            out[f"{model}.triton_executions"] = exec_after[model] - exec_before.get(model, 0)
     steps = out.get("target.step", {}).get("calls", 0)
-    if steps:
+    if steps and "target.triton_executions" in out:
         out["target_executions_per_step"] = round(out["target.triton_executions"] / steps, 3)
     return out
 
 
-async def paired_runs(server: TritonServer, engine: Engine, bundle: Bundle, prompts: list[str],
-                      args: argparse.Namespace) -> list[dict]:
-    """Per mode and concurrency, the in-process run and then the served one; a row for each pair."""
+async def served_run(server: TritonServer, prompts: list[str], mode: str, max_tokens: int, c: int) -> PathRun:
+    """One served run, with the model calls it made."""
+    before, exec_before = call_counts(server.metrics_url), executions(server.http_url)
+    served = await run_grpc(server.grpc_url, prompts, mode, max_tokens, c)
+    served.calls = call_summary(before, call_counts(server.metrics_url), exec_before, executions(server.http_url))
+    return served
+
+
+async def alternated_runs(servers: dict[str, TritonServer], engine: Engine, bundle: Bundle, prompts: list[str],
+                          args: argparse.Namespace) -> list[dict]:
+    """Per mode and concurrency, `reps` rounds of the in-process run and then each layout's served run; a row per
+    layout, its ratio the median of the rounds' (a round's halves run minutes apart at most)."""
     rows = []
     for mode in args.modes:
         engine.generate([Request(bundle.tokenizer.encode(prompts[0]).ids, WARMUP_TOKENS, mode=mode)])
-        await run_grpc(server.grpc_url, prompts[:1], mode, WARMUP_TOKENS, 1)
+        for server in servers.values():
+            await run_grpc(server.grpc_url, prompts[:1], mode, WARMUP_TOKENS, 1)
         for c in args.concurrency:
             chosen = prompts_for(prompts, c, args.requests_per_user, args.min_requests)
-            local = run_in_process(engine, bundle, chosen, mode, args.max_tokens, c)
-            before, exec_before = call_counts(server.metrics_url), executions(server.http_url)
-            served = await run_grpc(server.grpc_url, chosen, mode, args.max_tokens, c)
-            served.calls = call_summary(before, call_counts(server.metrics_url), exec_before,
-                                        executions(server.http_url))
-            print(f"{mode} c={c}: in-process {local.tokens_per_s:.1f} tok/s, gRPC {served.tokens_per_s:.1f} tok/s "
-                  f"({served.tokens_per_response:.1f} tokens per response), client CPU {served.client_cpu_share:.2f}",
-                  flush=True)
-            rows.append(make_row(mode, c, local, served))
+            local: list[PathRun] = []
+            served: dict[str, list[PathRun]] = {layout: [] for layout in servers}
+            for _ in range(args.reps):
+                local.append(run_in_process(engine, bundle, chosen, mode, args.max_tokens, c))
+                for layout, server in servers.items():
+                    served[layout].append(await served_run(server, chosen, mode, args.max_tokens, c))
+            for layout, runs in served.items():
+                row = make_row(mode, c, layout, local, runs)
+                print(f"{mode} c={c} target {layout}: in-process {row['in_process_tokens_per_s']} tok/s, gRPC "
+                      f"{row['grpc_tokens_per_s']} tok/s, ratio {row['ratio_grpc_over_in_process']}", flush=True)
+                rows.append(row)
     return rows
 
 
-def make_row(mode: str, c: int, local: PathRun, served: PathRun) -> dict:
-    """One output row; a concurrency whose texts differ reports no speed."""
-    equal = local.texts == served.texts
+def make_row(mode: str, c: int, layout: str, local: list[PathRun], served: list[PathRun]) -> dict:
+    """One output row from paired runs: medians; a concurrency whose texts ever differ reports no speed."""
+    equal = all(a.texts == b.texts for a, b in zip(local, served))
+    last = served[-1]
     row = {
         "mode": mode,
         "concurrency": c,
-        "requests": len(local.texts),
-        "in_process_tokens_per_s": round(local.tokens_per_s, 2) if equal else None,
-        "grpc_tokens_per_s": round(served.tokens_per_s, 2) if equal else None,
-        "ratio_grpc_over_in_process": round(served.tokens_per_s / local.tokens_per_s, 4) if equal else None,
-        "grpc_mean_ttft_ms": None if served.mean_ttft_ms is None else round(served.mean_ttft_ms, 2),
-        "grpc_tokens_per_response": round(served.tokens_per_response, 2),
-        "in_process_tau": None if local.tau is None else round(local.tau, 4),
-        "grpc_tau": None if served.tau is None else round(served.tau, 4),
-        "client_cpu_share": round(served.client_cpu_share, 3),
+        "target": layout,
+        "requests": len(local[0].texts),
+        "in_process_tokens_per_s": round(median([r.tokens_per_s for r in local]), 2) if equal else None,
+        "grpc_tokens_per_s": round(median([r.tokens_per_s for r in served]), 2) if equal else None,
+        "ratio_grpc_over_in_process": round(median([b.tokens_per_s / a.tokens_per_s for a, b in zip(local, served)]),
+                                            4) if equal else None,
+        "ratios": [round(b.tokens_per_s / a.tokens_per_s, 4) for a, b in zip(local, served)] if equal else None,
+        "grpc_mean_ttft_ms": None if last.mean_ttft_ms is None else round(median([r.mean_ttft_ms for r in served]), 2),
+        "grpc_tokens_per_response": round(last.tokens_per_response, 2),
+        "in_process_tau": None if local[-1].tau is None else round(local[-1].tau, 4),
+        "grpc_tau": None if last.tau is None else round(last.tau, 4),
+        "client_cpu_share": round(median([r.client_cpu_share for r in served]), 3),
         "text_equal": equal,
-        "calls": served.calls,
+        "calls": last.calls,
     }
     if not equal:
-        first = next(i for i, (a, b) in enumerate(zip(local.texts, served.texts)) if a != b)
-        print(f"{mode} c={c}: prompt {first} differs:\n  in-process {local.texts[first]!r}\n  gRPC       "
-              f"{served.texts[first]!r}", file=sys.stderr)
+        a, b = next((a, b) for a, b in zip(local, served) if a.texts != b.texts)
+        first = next(i for i, (x, y) in enumerate(zip(a.texts, b.texts)) if x != y)
+        print(f"{mode} c={c} target {layout}: prompt {first} differs:\n  in-process {a.texts[first]!r}\n  gRPC       "
+              f"{b.texts[first]!r}", file=sys.stderr)
     return row
 
 
@@ -270,17 +299,22 @@ def main(argv: list[str] | None = None) -> int:
         cost, cost_table = measured_costs(bundle), work / "cost.json"
         if cost is not None:
             cost.save(cost_table)
-        repo = build_repository(work / "model_repository", model_dir, drafter, config,
-                                cost_table if cost is not None else None)
         engine = Engine(bundle.target, bundle.drafter, num_slots=max(args.concurrency), max_len=REPOSITORY.max_len,
                         cost_model=cost)
-        with TritonServer(ServerConfig(model_repository=repo, state_dir=work / "server")) as server:
-            rows = asyncio.run(paired_runs(server, engine, bundle, prompts, args))
+        with ExitStack() as stack:
+            servers = {}
+            for layout in args.layouts:
+                repo = build_repository(work / f"repository-{layout}", model_dir, drafter,
+                                        replace(config, target_in_orchestrator=LAYOUTS[layout]),
+                                        cost_table if cost is not None else None)
+                servers[layout] = stack.enter_context(
+                    TritonServer(ServerConfig(model_repository=repo, state_dir=work / f"server-{layout}")))
+            rows = asyncio.run(alternated_runs(servers, engine, bundle, prompts, args))
     where = str(args.model_dir) if args.model_dir else "tiny random (seed 0, written to a temp dir)"
     result = {"model_dir": where, "prompts": str(args.prompts or "packaged sample prompts"),
               "stream_interval_ms": args.stream_interval_ms, "max_responses_per_s": args.max_responses_per_s,
               "responses_per_s_shared_by_the_streams": response_rate(args.max_responses_per_s),
-              "max_tokens": args.max_tokens, "rows": rows}
+              "max_tokens": args.max_tokens, "reps": args.reps, "rows": rows}
     print_table(rows)
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)

@@ -103,3 +103,18 @@ def test_the_first_call_after_a_switch_is_not_measured():
     for _ in range(BLOCK_CALLS):
         gate.observe(Arm.PLAIN, 200, 100.0)
     assert gate.loads[8 .bit_length()].rates[Arm.PLAIN] == pytest.approx(2.0)
+
+
+def test_below_its_minimum_load_every_call_plans_and_nothing_is_learnt():
+    """The orchestrator's gate (`min_sequences`): fewer running sequences plan every call, however fast plain
+    decoding looked at a higher load, and their calls teach nothing; from the minimum on it decides as before."""
+    gate = PlanGate(min_sequences=8)
+    for _ in range(3 * (BLOCK_CALLS + WARMUP_CALLS)):
+        assert gate.choose(7) is Arm.PLAN
+        gate.observe(Arm.PLAN, 1, 100.0)
+    assert gate.loads == {}
+    assert run_blocks(gate, 8, {Arm.PLAN: 1.0, Arm.PLAIN: 3.0}, 3) == [Arm.PLAN, Arm.PLAIN, Arm.PLAIN]
+    assert gate.choose(2) is Arm.PLAN
+    gate.observe(Arm.PLAN, 1, 100.0)
+    assert gate.loads[8 .bit_length()].blocks == {Arm.PLAN: 1, Arm.PLAIN: 2}
+    assert gate.choose(8) is Arm.PLAIN

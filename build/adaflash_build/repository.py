@@ -14,7 +14,7 @@ import json
 import re
 import shutil
 import string
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 
 from adaflash.cli_args import byte_size
@@ -23,7 +23,7 @@ from adaflash.models.bundle import save_bundle, tiny_random_bundle
 from adaflash.models.drafter import DEFAULT_BLOCK_SIZE, DrafterConfig, check_backend
 from adaflash.models.checkpoint import read_config
 from adaflash.models.memory import plan_memory, tokens_for_budget
-from adaflash.models.placement import Placement, placement
+from adaflash.models.placement import CPU, Placement, placement
 from adaflash.models.target import TargetConfig
 from adaflash.serving.pacing import AUTO
 from adaflash.serving.protocol import (
@@ -69,6 +69,8 @@ class RepositoryConfig:
     # when they hold fewer than max_active x max_len positions the caches are paged (kv_page positions a page) and
     # a request waits until the positions it may fill are free; empty: max_active x max_len, unpaged
     kv_page: int = 64
+    target_in_orchestrator: bool = True  # the target's forwards in the orchestrator's process: no `target` model, no
+    # round trip per step (served 3-32% faster here: docs/results.md, round 14); False: a `target` model of its own
     drafter_backend: str = "torch"  # what runs the drafter's block forward: torch, or onnx (ONNX Runtime; CPU float32,
     # the onnx extra): adaflash.models.drafter.DRAFTER_BACKENDS
 
@@ -102,11 +104,12 @@ def build_repository(out_dir: str | Path, model_dir: str | Path, drafter: str | 
         shutil.copyfile(cost_table, cost_path)
     fields = {**{k: str(v) for k, v in asdict(cfg).items()}, "target_dir": str(model_dir / "target"),
               "kv_pages": str(kv_pages), "device": place.device.type, "dtype": place.dtype_name, "model_instances": _instances(place),
+              "orchestrator_instances": _instances(place) if cfg.target_in_orchestrator else _instances(CPU),
               "drafter_dir": str(drafter_dir or ""), "cost_table": str(cost_path if cost_path.exists() else ""),
               "idle_us": str(cfg.idle_timeout_s * 1_000_000), "default_spec_mode": default_mode,
               **_ensemble_wiring(REQUEST_FIELDS, (*STATS, *REQUESTED))}
     for name in MODELS:
-        if name == "drafter" and not drafter_dir:
+        if (name == "drafter" and not drafter_dir) or (name == "target" and cfg.target_in_orchestrator):
             continue
         shutil.copytree(TEMPLATES / name, out_dir / name, ignore=shutil.ignore_patterns("__pycache__", ".gitkeep"))
         config_path = out_dir / name / "config.pbtxt"
@@ -259,6 +262,19 @@ def tiny_model_dir(state_dir: str | Path) -> Path:
     return path
 
 
+def add_config_arguments(p: argparse.ArgumentParser) -> None:
+    """An option per RepositoryConfig field (`--no-<flag>` for a flag), its default the field's."""
+    for f in fields(RepositoryConfig):
+        if isinstance(f.default, bool):
+            p.add_argument(f"--{f.name.replace('_', '-')}", action=argparse.BooleanOptionalAction, default=f.default)
+        else:
+            p.add_argument(f"--{f.name.replace('_', '-')}", type=type(f.default), default=f.default)
+
+
+def config_from_arguments(args: argparse.Namespace) -> RepositoryConfig:
+    return RepositoryConfig(**{f.name: getattr(args, f.name) for f in fields(RepositoryConfig)})
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("out_dir", type=Path)
@@ -270,10 +286,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--stock-contract-ensemble", metavar="NAME",
                    help="also write an ensemble NAME with TensorRT-LLM's tensors only (e.g. `ensemble`, "
                         "TensorRT-LLM's own name), to try or compare clients written for that contract")
-    for name, value in asdict(RepositoryConfig()).items():
-        p.add_argument(f"--{name.replace('_', '-')}", type=type(value), default=value)
+    add_config_arguments(p)
     args = p.parse_args(argv)
-    cfg = RepositoryConfig(**{k: getattr(args, k) for k in asdict(RepositoryConfig())})
+    cfg = config_from_arguments(args)
     model_dir = tiny_model_dir(args.out_dir.parent) if args.tiny_random else args.model_dir
     out = build_repository(args.out_dir, model_dir, args.drafter or None, cfg, args.cost_table,
                            args.stock_contract_ensemble)

@@ -11,13 +11,13 @@ from __future__ import annotations
 import argparse
 import ipaddress
 import sys
-from dataclasses import asdict, fields
 from pathlib import Path
 
 from adaflash.cli_args import DEFAULT_MODEL_DIR
 from adaflash_build.repository import (
-    RepositoryConfig,
+    add_config_arguments,
     build_repository,
+    config_from_arguments,
     drafter_models,
     publish_drafter,
     tiny_model_dir,
@@ -71,8 +71,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cost-table", type=Path, help="reuse a measured verify/draft cost table (JSON)")
     p.add_argument("--drain-timeout-s", type=float, default=ServerConfig.drain_timeout_s,
                    help="on SIGTERM or Ctrl-C: stop admitting, let running requests finish for this long, then exit")
-    for f in fields(RepositoryConfig):
-        p.add_argument(f"--{f.name.replace('_', '-')}", type=type(f.default), default=f.default)
+    add_config_arguments(p)
 
 
 def model_dir_to_serve(model_dir: Path | None, tiny_random: bool, state_dir: Path) -> Path:
@@ -90,7 +89,7 @@ def model_dir_to_serve(model_dir: Path | None, tiny_random: bool, state_dir: Pat
 
 def run(args: argparse.Namespace) -> int:
     model_dir = model_dir_to_serve(args.model_dir, args.tiny_random, args.state_dir)
-    cfg = RepositoryConfig(**{k: getattr(args, k) for k in asdict(RepositoryConfig())})
+    cfg = config_from_arguments(args)
     print(f"building the model repository for {model_dir} (the target measures its verify costs when it starts)",
           flush=True)
     repo = build_repository(args.state_dir / "model_repository", model_dir, args.drafter or None, cfg, args.cost_table)

@@ -1,9 +1,10 @@
 """Decoupled BLS orchestrator: one step loop for every active request (the core's Scheduler).
 
 Requests are admitted through the bounded queue and handed to the loop, which per step calls
-the `target` model once for every running sequence and each drafter model at most once, then
-streams a response per advanced sequence. This file maps the loop's calls to BLS requests and
-its sequences to responses, and keeps the Prometheus metrics. Every payload is protocol.py's.
+the target once for every running sequence and each drafter model at most once, then streams
+a response per advanced sequence. The target runs in this process (`target_in_orchestrator`) or
+is the `target` model. This file maps the loop's calls to BLS requests and its sequences to
+responses, and keeps the Prometheus metrics. Every payload is protocol.py's.
 """
 
 import asyncio
@@ -17,22 +18,29 @@ from collections import Counter
 from dataclasses import dataclass
 from functools import partial
 
-import torch
 import triton_python_backend_utils as pb_utils
 
-from adaflash.decoding.planner import Planner
-from adaflash.decoding.policy import LengthController
-from adaflash.decoding.scheduler import BackendError, Scheduler
-from adaflash.decoding.sequence import Sequence, validate_request
-from adaflash.models.drafter import DEFAULT_BLOCK_SIZE, DrafterConfig
-from adaflash.models.target import TargetConfig
-from adaflash.models.tokenizer import load_tokenizer
-from adaflash.serving import protocol
-from adaflash.serving.admission import Admission, AdmissionCancelled, AdmissionRefused
-from adaflash.serving.api import TextStops
-from adaflash.serving.pacing import response_gap, response_rate
-from adaflash.serving.protocol import Op
-from adaflash.serving.remote import RemoteBackend
+from adaflash.serving.threads import spin_target_threads
+
+spin_target_threads()  # before torch loads: the target's threads, when it runs here (else this process uses one)
+
+import torch  # noqa: E402
+
+from adaflash.decoding.gate import SERVED_MIN_SEQUENCES, PlanGate  # noqa: E402
+from adaflash.decoding.planner import Planner  # noqa: E402
+from adaflash.decoding.policy import LengthController  # noqa: E402
+from adaflash.decoding.scheduler import BackendError, Scheduler  # noqa: E402
+from adaflash.decoding.sequence import Sequence, validate_request  # noqa: E402
+from adaflash.models.drafter import DEFAULT_BLOCK_SIZE, DrafterConfig  # noqa: E402
+from adaflash.models.target import TargetConfig  # noqa: E402
+from adaflash.models.tokenizer import load_tokenizer  # noqa: E402
+from adaflash.serving import protocol  # noqa: E402
+from adaflash.serving.admission import Admission, AdmissionCancelled, AdmissionRefused  # noqa: E402
+from adaflash.serving.api import TextStops  # noqa: E402
+from adaflash.serving.pacing import response_gap, response_rate  # noqa: E402
+from adaflash.serving.protocol import Op  # noqa: E402
+from adaflash.serving.remote import RemoteBackend, TargetInProcess  # noqa: E402
+from adaflash.serving.slots import OccupancyReporter, load_target  # noqa: E402
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 BATCH_BUCKETS = [1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0]
@@ -50,6 +58,13 @@ def _response(tensors):
 
 def _error(message, code):
     return pb_utils.InferenceResponse(error=pb_utils.TritonError(message, code))
+
+
+def _run_job(job):
+    try:
+        job()
+    except Exception as exc:  # noqa: BLE001 - a client gone mid-stream must not stop the other streams
+        pb_utils.Logger.log_error(f"sending a response or a metric failed: {exc}")
 
 
 @dataclass
@@ -123,8 +138,11 @@ class Metrics:
 
 class TritonPythonModel:
     def initialize(self, args):
-        torch.set_num_threads(1)  # bookkeeping only: leave the cores to the target and the drafter
         params = protocol.model_parameters(json.loads(args["model_config"]))
+        self.target = None
+        if params["target_in_orchestrator"] == "True":
+            self.target = self._target_here(params, args)
+        torch.set_num_threads(1)  # bookkeeping only: leave the cores to the target (its thread keeps its count)
         with open(f"{params['target_dir']}/config.json") as f:
             self.target_config = TargetConfig.from_hf(json.load(f))
         self.has_drafter = bool(params["drafter_dir"])
@@ -133,15 +151,16 @@ class TritonPythonModel:
         if self.has_drafter:
             with open(f"{params['drafter_dir']}/config.json") as f:
                 block_size = DrafterConfig.from_hf(json.load(f)).block_size
-        # The cost table comes from the target model (measured in its process) before the first step.
-        self.planner = Planner(LengthController(None, block_size))
+        # The cost table comes from the target (measured in its process) before the first step.
+        self.planner = Planner(LengthController(self.target and self.target.cost, block_size))
         self.max_len = int(params["max_len"])
         self.metrics = Metrics()
-        # Responses and metric updates are calls into Triton (each a round trip to the server process); they
-        # run on a thread of their own, in FIFO order, so that the step loop sends the next call to the target
-        # first (one queue keeps each stream in order).
+        # Responses and metric updates are calls into Triton (each a round trip to the server process). With the
+        # target a model of its own they run on a thread of their own, in FIFO order, so that the step loop sends
+        # the next call to the target first (one queue keeps each stream in order): `_later`.
         self.outbox = queue.SimpleQueue()
-        threading.Thread(target=self._run_outbox, name="outbox", daemon=True).start()
+        if self.target is None:
+            threading.Thread(target=self._run_outbox, name="outbox", daemon=True).start()
         max_active = int(params["max_active"])
         self.admission = Admission(max_active, int(params["max_queued"]), float(params["max_queue_wait_s"]),
                                    on_queue=partial(self._later, self.metrics.queued.set))
@@ -150,9 +169,10 @@ class TritonPythonModel:
         self.timeouts = {protocol.TARGET: float(params["target_timeout_s"]),
                          protocol.DRAFTER: float(params["drafter_timeout_s"])}
         self.repository = os.path.dirname(args["model_repository"])
-        backend = RemoteBackend(self._call, self._newest_drafter, log=pb_utils.Logger.log_error)
-        self.scheduler = Scheduler(backend, self.planner, None, max_active, self.max_len, self.has_drafter,
-                                   paging=protocol.model_paging(params))
+        backend = RemoteBackend(self._call, self._newest_drafter, log=pb_utils.Logger.log_error, target=self.target)
+        self.scheduler = Scheduler(backend, self.planner, self.planner.controller.cost, max_active, self.max_len,
+                                   self.has_drafter, paging=protocol.model_paging(params),
+                                   gate=PlanGate(SERVED_MIN_SEQUENCES))
         self.clients = {}  # sequence id -> Client
         self.cancelled = set()  # sequence ids whose client went away (told by postprocessing)
         self.next_cancel_check = 0.0
@@ -165,21 +185,39 @@ class TritonPythonModel:
         await asyncio.gather(*(self._serve(r) for r in requests))
         return None
 
+    def _target_here(self, params, args):
+        """The target in this process, on the device Triton gave this instance, with its cost table and the leak
+        check the `target` model would report. Its calls are counted as the `target` model's are."""
+        place = protocol.model_placement(params, args["model_instance_kind"], args["model_instance_device_id"])
+        target = TargetInProcess(partial(load_target, params, place),
+                                 lambda op, n: self._later(self.metrics.called, protocol.TARGET, op.name.lower(), n))
+        family = pb_utils.MetricFamily("adaflash_open_slots", "Sequences holding a cache slot of the model",
+                                       pb_utils.MetricFamily.GAUGE)
+        self.occupancy = family, family.Metric(labels={"model": protocol.TARGET})
+        self.reporter = OccupancyReporter(target.slots, self.occupancy[1].set)
+        self.reporter.start()
+        return target
+
     def finalize(self):
         if self.loop is not None:
             self.loop.cancel()
+        if self.target is not None:
+            self.reporter.stop()
+            self.target.close()
         self.outbox.put(None)
 
     def _later(self, call, *args):
-        """Run `call(*args)` on the outbox thread."""
-        self.outbox.put(partial(call, *args))
+        """Run `call(*args)` on the outbox thread while the target is a model of its own; with the target here, at
+        once, on the loop's thread: between the target's forwards, since a thread sending during a forward takes
+        a core from the forward's threads (docs/results.md, round 14)."""
+        if self.target is None:
+            self.outbox.put(partial(call, *args))
+        else:
+            _run_job(partial(call, *args))
 
     def _run_outbox(self):
         while (job := self.outbox.get()) is not None:
-            try:
-                job()
-            except Exception as exc:  # noqa: BLE001 - a client gone mid-stream must not stop the other streams
-                pb_utils.Logger.log_error(f"sending a response or a metric failed: {exc}")
+            _run_job(job)
 
     @staticmethod
     def _send(sender, payload, flags):

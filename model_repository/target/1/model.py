@@ -12,11 +12,8 @@ from adaflash.serving.threads import spin_target_threads
 
 spin_target_threads()  # before torch loads: the target's idle OpenMP threads spin briefly instead of sleeping
 
-from adaflash.decoding.costs import load_or_measure_costs  # noqa: E402
-from adaflash.models.drafter import DrafterConfig  # noqa: E402
-from adaflash.models.target import Transformer  # noqa: E402
 from adaflash.serving import protocol  # noqa: E402
-from adaflash.serving.slots import OccupancyReporter, TargetSlots  # noqa: E402
+from adaflash.serving.slots import OccupancyReporter, load_target  # noqa: E402
 
 OPS = (protocol.Op.STEP, protocol.Op.RELEASE, protocol.Op.COSTS)
 
@@ -42,19 +39,9 @@ def _occupancy_gauge(model):
 class TritonPythonModel:
     def initialize(self, args):
         params = protocol.model_parameters(json.loads(args["model_config"]))
-        capture = None
-        if params["drafter_dir"]:
-            with open(f"{params['drafter_dir']}/config.json") as f:
-                capture = DrafterConfig.from_hf(json.load(f)).target_layer_ids
         place = protocol.model_placement(params, args["model_instance_kind"], args["model_instance_device_id"])
-        target = Transformer.from_pretrained(params["target_dir"], place)
-        # The orchestrator's planner asks for this table (Op.COSTS) before its first step.
-        self.cost = None
-        if params["drafter_dir"]:
-            self.cost = load_or_measure_costs(params["cost_table"], target, params["drafter_dir"],
-                                              int(params["max_active"]), params["drafter_backend"])
-        self.slots = TargetSlots(target, int(params["max_active"]), int(params["max_len"]), capture,
-                                 float(params["idle_timeout_s"]), protocol.model_paging(params))
+        # The orchestrator's planner asks for the cost table (Op.COSTS) before its first step.
+        self.slots, self.cost = load_target(params, place)
         self.occupancy = _occupancy_gauge(args["model_name"])
         self.reporter = OccupancyReporter(self.slots, self.occupancy[1].set)
         self.reporter.start()

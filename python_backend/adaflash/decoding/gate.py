@@ -8,8 +8,9 @@ a target whose verify of many tokens costs nearly what it saves), planning every
 decoding. So the gate runs the two arms in blocks of calls, follows the one that commits more tokens per
 millisecond of the whole step, and keeps trying the other now and then, more often the closer they are.
 The output does not depend on the arm (a plain step verifies nothing: it is a step of `ar`), so greedy
-decoding stays equal to plain decoding whatever the gate chooses. The engine uses it; the orchestrator does not,
-where it was measured to give up more at low load than it gained (docs/results.md, round 13).
+decoding stays equal to plain decoding whatever the gate chooses. The engine uses it at every load; the
+orchestrator from SERVED_MIN_SEQUENCES running sequences, below which served planning every step was measured
+faster (docs/results.md, rounds 13 and 14).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ WEIGHT = 0.15
 SWITCH_MARGIN = 0.05  # the other arm leads once its rate is this much above the leader's (noise does not flip it)
 # Leader blocks between two blocks of the other arm, by how far the leader is ahead (its rate / the other's).
 EXPLORE_AFTER = ((1.1, 2), (1.3, 6), (float("inf"), 16))
+SERVED_MIN_SEQUENCES = 8  # the orchestrator's `PlanGate(min_sequences)`
 
 
 class Arm(Enum):
@@ -71,7 +73,9 @@ class PlanGate:
     """The arm of the next call, from the tokens and milliseconds of the calls made on each, learnt apart at
     each load: the rates of both arms grow with the batch, so only rates measured at one load compare."""
 
-    def __init__(self) -> None:
+    def __init__(self, min_sequences: int = 1) -> None:
+        """`min_sequences`: below this many running sequences every call plans, and nothing is learnt."""
+        self.min_sequences = min_sequences
         self.loads: dict[int, _Load] = {}  # by load bucket (`bucket`)
         self.arm = Arm.PLAN
         self._bucket: int | None = None  # the load of the current block
@@ -83,6 +87,9 @@ class PlanGate:
     def choose(self, sequences: int) -> Arm:
         """The arm of a call carrying `sequences` running sequences: the current block's, or on a change of
         load the new load's leader (the block so far is dropped)."""
+        if sequences < self.min_sequences:
+            self._bucket = None  # (what these calls do is not observed)
+            return Arm.PLAN
         bucket = sequences.bit_length()
         if bucket != self._bucket:
             self._bucket, self._calls, self._tokens, self._ms = bucket, 0, 0, 0.0

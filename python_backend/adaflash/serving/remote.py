@@ -1,5 +1,6 @@
-"""The scheduler's backend when the target and the drafter are models of their own (Triton's `target` and
-`drafter`): per step, one call to the target for every sequence, at most one call to each drafter model.
+"""The scheduler's backend when the drafter is a model of its own (Triton's `drafter`), and the target either
+one too (`target`) or in the caller's process: per step, one call to the target for every sequence, at most one
+call to each drafter model.
 
 Transport-free: a server supplies `call(model, tensors) -> tensors`, which raises BackendError when the
 model fails or does not answer. Payloads are protocol.py's.
@@ -7,27 +8,79 @@ model fails or does not answer. Payloads are protocol.py's.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Protocol
 
 import torch
 
+from adaflash.decoding.costs import CostModel
 from adaflash.decoding.scheduler import BackendError, Timed
 from adaflash.decoding.sequence import Sequence
 from adaflash.decoding.steps import StepResult
 from adaflash.models.drafter import Draft
 from adaflash.serving import protocol
 from adaflash.serving.protocol import DraftCall, Op, TargetCall, Tensors
+from adaflash.serving.slots import TargetSlots
 
 Call = Callable[[str, Tensors], Awaitable[Tensors]]
 
 
+class Target(Protocol):
+    async def run(self, call: TargetCall) -> Timed[list[StepResult]]:
+        """A step or a release (`TargetSlots.run`); BackendError when the target fails or does not answer."""
+
+
+class TargetModel:
+    """The `target` model of its own, through `call`."""
+
+    def __init__(self, call: Call) -> None:
+        self.call = call
+
+    async def run(self, call: TargetCall) -> Timed[list[StepResult]]:
+        if call.op is Op.RELEASE:
+            await self.call(protocol.TARGET, protocol.encode_release(call.keys))
+            return Timed([], 0.0)
+        results, ms = protocol.decode_target_result(await self.call(protocol.TARGET, protocol.encode_target_call(call)))
+        return Timed(results, ms)
+
+
+class TargetInProcess:
+    """The target in the caller's process: the same calls without a round trip, tensors or a second process
+    (why: docs/results.md, round 14). `called(op, sequences)` counts each call, as a served model call is.
+
+    `load` and every call run on one thread of their own. libgomp throttles its threads' spinning once two
+    threads of a process have run parallel regions: every region then puts its workers to sleep and wakes them,
+    and a forward took 3x as long. So the caller leaves the cores to this thread (`torch.set_num_threads(1)`
+    after this is built: a thread takes the count when it first uses torch) and its event loop stays free."""
+
+    def __init__(self, load: Callable[[], tuple[TargetSlots, CostModel | None]],
+                 called: Callable[[Op, int], None] = lambda op, n: None) -> None:
+        self.thread = ThreadPoolExecutor(1, thread_name_prefix="target")
+        self.slots, self.cost = self.thread.submit(load).result()
+        self.called = called
+
+    async def run(self, call: TargetCall) -> Timed[list[StepResult]]:
+        self.called(call.op, len(call.keys))
+        try:
+            return await asyncio.get_running_loop().run_in_executor(self.thread, self.slots.run, call)
+        except Exception as exc:  # noqa: BLE001 - as a failed `target` model call: its sequences end with the error
+            raise BackendError(f"{protocol.TARGET}: {exc}") from exc
+
+    def close(self) -> None:
+        self.thread.shutdown()
+
+
 class RemoteBackend:
     """`newest_drafter()` names the drafter model a new sequence uses (None: none is ready): a sequence keeps
-    it to the end, because its context lives in that model, so a hot swap never moves a running sequence."""
+    it to the end, because its context lives in that model, so a hot swap never moves a running sequence.
+    `target`: where the target runs (None: the `target` model, through `call`)."""
 
     def __init__(self, call: Call, newest_drafter: Callable[[], str | None],
-                 log: Callable[[str], None] = lambda message: None) -> None:
+                 log: Callable[[str], None] = lambda message: None, target: Target | None = None) -> None:
         self.call, self.newest_drafter, self.log = call, newest_drafter, log
+        self.target = target or TargetModel(call)
         self.drafter_of: dict[int, str] = {}  # sequence -> the drafter model it started with
         self.releasing: dict[str, list[int]] = {}  # model -> sequences ended since its last call
 
@@ -41,8 +94,8 @@ class RemoteBackend:
         call = TargetCall(Op.STEP, [s.id for s in seqs], [s.tokens for s in prefill] + feeds,
                           [s.sampling for s in prefill], self.releasing.pop(protocol.TARGET, []),
                           [s.can_draft for s in seqs], runs)
-        results, ms = protocol.decode_target_result(await self.call(protocol.TARGET, protocol.encode_target_call(call)))
-        return Timed((results[:len(prefill)], results[len(prefill):]), ms)
+        done = await self.target.run(call)
+        return Timed((done.value[:len(prefill)], done.value[len(prefill):]), done.ms)
 
     async def draft(self, seqs: list[Sequence], block_length: int) -> Timed[Draft]:
         """One call per drafter model the sequences use (one, except while a newer drafter takes over)."""
@@ -78,7 +131,10 @@ class RemoteBackend:
         owed, self.releasing = self.releasing, {}
         for model, keys in owed.items():
             try:
-                await self.call(model, protocol.encode_release(keys))
+                if model == protocol.TARGET:
+                    await self.target.run(TargetCall(Op.RELEASE, keys, []))
+                else:
+                    await self.call(model, protocol.encode_release(keys))
             except BackendError as exc:
                 self.log(f"releasing {len(keys)} sequences in {model} failed: {exc}")
 

@@ -9,20 +9,22 @@ and run one batched forward per call. Slots idle for longer than
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from collections.abc import Callable, Hashable
 
 import torch
 
+from adaflash.decoding.costs import CostModel, load_or_measure_costs
 from adaflash.decoding.sampling import History, SamplingParams
 from adaflash.decoding.scheduler import Timed
 from adaflash.decoding.steps import StepResult, ms_since, step_batch
 from adaflash.models.cache import KVCache, Paging
-from adaflash.models.drafter import DFlashDrafter, Draft
-from adaflash.models.placement import place_of
+from adaflash.models.drafter import DFlashDrafter, Draft, DrafterConfig
+from adaflash.models.placement import Placement, place_of
 from adaflash.models.target import TokenHeads, Transformer
-from adaflash.serving.protocol import DraftCall, Op, TargetCall
+from adaflash.serving.protocol import DraftCall, Op, TargetCall, model_paging
 
 
 class SlotTable:
@@ -164,6 +166,24 @@ class TargetSlots(CacheSlots):
         self.sampling.pop(key, None)
         self.histories.pop(key, None)
         super().release(key)
+
+
+def load_target(params: dict[str, str], place: Placement) -> tuple[TargetSlots, CostModel | None]:
+    """The served target from a model's parameters (the repository builder's fields), with the cost table the
+    planner needs when there is a drafter: loaded by whichever process runs the target's forwards (the `target`
+    model, or the orchestrator when the target runs in its process)."""
+    capture = None
+    if params["drafter_dir"]:
+        with open(f"{params['drafter_dir']}/config.json") as f:
+            capture = DrafterConfig.from_hf(json.load(f)).target_layer_ids
+    target = Transformer.from_pretrained(params["target_dir"], place)
+    cost = None
+    if params["drafter_dir"]:
+        cost = load_or_measure_costs(params["cost_table"], target, params["drafter_dir"], int(params["max_active"]),
+                                     params["drafter_backend"])
+    slots = TargetSlots(target, int(params["max_active"]), int(params["max_len"]), capture,
+                        float(params["idle_timeout_s"]), model_paging(params))
+    return slots, cost
 
 
 class DrafterSlots(CacheSlots):
