@@ -133,10 +133,10 @@ def test_malformed_features_name_the_field() -> None:
 
 
 def test_a_bfloat16_repository_serves_like_the_bfloat16_engine(trained_tiny, tmp_path) -> None:
-    """The target and drafter models in bf16 (on the CPU here; the GPU variant is in test_gpu.py), with caches
-    paged from a budget of two sequences of max_len for four at once: ar one request at a time runs the same
-    shapes as the engine, so the text is equal; adaflash drafts from features that cross the wire in bf16 (the
-    drafter model runs)."""
+    """The target (in the orchestrator) and the drafter model in bf16 (on the CPU here; the GPU variant is in
+    test_gpu.py), with caches paged from a budget of two sequences of max_len for four at once: ar one request at
+    a time runs the same shapes as the engine, so the text is equal; adaflash drafts from features that cross the
+    wire in bf16 (the drafter model runs)."""
     model_dir = save_bundle(trained_tiny, tmp_path / "models")
     half = placement("cpu", "bfloat16")
     per_token = sum(c.k.nbytes + c.v.nbytes for c in (KVCache(trained_tiny.target.config, 1, 1, half),
@@ -144,7 +144,7 @@ def test_a_bfloat16_repository_serves_like_the_bfloat16_engine(trained_tiny, tmp
     cfg = RepositoryConfig(max_active=4, max_batch_size=8, max_len=512, max_prompt_tokens=128, max_output_tokens=256,
                            device="cpu", dtype="bfloat16", kv_cache_memory=str(2 * 512 * per_token), kv_page=32)
     repo = build_repository(tmp_path / "model_repository", model_dir, "drafter", cfg)
-    assert "kv_pages\" value: { string_value: \"32\"" in (repo / "target" / "config.pbtxt").read_text()
+    assert "kv_pages\" value: { string_value: \"32\"" in (repo / "orchestrator" / "config.pbtxt").read_text()
     bundle = load_bundle(model_dir, None, placement("cpu", "bfloat16"))
     prompts = ["def add(a, b):", "The capital of France is", "1, 2, 3, 4,"]
     engine = Engine(bundle.target, None, num_slots=1, max_len=512)

@@ -38,6 +38,8 @@ def served(trained_tiny, tmp_path_factory):
                            target_in_orchestrator=False)
     repo = build_repository(root / "model_repository", model_dir, "drafter", cfg, cost)
     with TritonServer(ServerConfig(model_repository=repo, state_dir=root / "state")) as server:
+        with AdaFlashClient(server.grpc_url, timeout_s=120) as client:  # the orchestrator asks for the cost table
+            client.generate("warm-up", GenerationParams(max_tokens=2))
         yield server, model_dir
 
 
