@@ -1,9 +1,13 @@
 """Helpers the test modules share (fixtures live in conftest.py): seeded prompts, the target's own
-continuations, a fixed cost model, an independent copy of a target, and polling with a deadline."""
+continuations, a fixed cost model, an independent copy of a target, polling with a deadline, and a model process
+killed under a running stream."""
 
 from __future__ import annotations
 
+import os
 import re
+import signal
+import threading
 import time
 import urllib.request
 from collections.abc import Callable
@@ -186,3 +190,29 @@ def joined_product_in(layout, rows: int):
         assert layout_for(x, lin.weight) is layout
         assert torch.allclose(joined.linear(holder, x, lin.bias), lin(x), atol=1e-5)
     return holder, lin, joined, x
+
+
+def kill_mid_stream(server, model: str) -> list:
+    """Start a long `ar` stream, SIGKILL `model`'s process once its first token came, and wait (a deadline) for the
+    stream to end; returns the errors it ended with."""
+    from adaflash_client import AdaFlashClient, GenerationError, GenerationParams
+    from adaflash_server.launcher import stub_pids
+
+    errors: list[GenerationError] = []
+    started = threading.Event()
+
+    def long_stream() -> None:
+        with AdaFlashClient(server.grpc_url, timeout_s=90) as client:
+            try:
+                for _ in client.stream("a long one", GenerationParams(max_tokens=250, spec_mode="ar")):
+                    started.set()
+            except GenerationError as error:
+                errors.append(error)
+
+    worker = threading.Thread(target=long_stream, daemon=True)
+    worker.start()
+    assert started.wait(60), "no first token"
+    os.kill(stub_pids(server.pid)[model][0], signal.SIGKILL)
+    worker.join(90)
+    assert not worker.is_alive(), f"the request running when {model} died never ended"
+    return errors

@@ -4,19 +4,16 @@ under traffic is the reliability suite's `faults` scenario (tests/test_reliabili
 
 from __future__ import annotations
 
-import os
-import signal
-import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-from helpers import fixed_costs, wait_until
+from helpers import fixed_costs, kill_mid_stream, wait_until
 
 from adaflash.models.bundle import save_bundle, tiny_random_bundle
 from adaflash_build.repository import RepositoryConfig, build_repository
-from adaflash_client import AdaFlashClient, GenerationError, GenerationParams
+from adaflash_client import AdaFlashClient, GenerationParams
 from adaflash_client.reliability import ready
-from adaflash_server.launcher import ServerConfig, TritonServer, stub_pids
+from adaflash_server.launcher import ServerConfig, TritonServer
 
 
 
@@ -35,23 +32,7 @@ def server(tmp_path_factory):
 def test_a_request_inside_the_orchestrator_when_it_dies_ends_with_an_error_not_a_hang(server):
     """Triton never ends a decoupled model's requests when its process dies (before, the client waited for
     its own timeout); the healer restarts the server, which ends them, and it serves again."""
-    errors: list[GenerationError] = []
-
-    def long_stream() -> None:
-        with AdaFlashClient(server.grpc_url, timeout_s=90) as client:
-            try:
-                for _ in client.stream("a long one", GenerationParams(max_tokens=250, spec_mode="ar")):
-                    started.set()
-            except GenerationError as error:
-                errors.append(error)
-
-    started = threading.Event()
-    worker = threading.Thread(target=long_stream, daemon=True)
-    worker.start()
-    assert started.wait(60), "no first token"
-    os.kill(stub_pids(server.pid)["orchestrator"][0], signal.SIGKILL)
-    worker.join(60)
-    assert not worker.is_alive(), "the request inside the dead orchestrator never ended"
+    errors = kill_mid_stream(server, "orchestrator")
     assert len(errors) == 1 and "DEADLINE_EXCEEDED" not in str(errors[0].status), errors
     wait_until(lambda: ready(server), 120, "the restarted server")
     with AdaFlashClient(server.grpc_url, timeout_s=60) as client:

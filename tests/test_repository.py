@@ -4,6 +4,7 @@ a server holds one copy of the target."""
 
 from __future__ import annotations
 
+import argparse
 import shutil
 from dataclasses import replace
 
@@ -12,7 +13,7 @@ import pytest
 from helpers import fixed_costs
 
 from adaflash.models.bundle import save_bundle, tiny_random_bundle
-from adaflash_build.repository import RepositoryConfig, build_repository
+from adaflash_build.repository import RepositoryConfig, add_config_arguments, build_repository, config_from_arguments
 
 CFG = RepositoryConfig(max_active=4, max_batch_size=8, max_len=512, max_prompt_tokens=64, max_output_tokens=256)
 
@@ -134,3 +135,13 @@ def test_the_drafter_backend_reaches_the_drafter_model_and_a_misfit_stops_the_bu
                    replace(CFG, drafter_backend="tensorrt")):
         with pytest.raises(ValueError, match="^drafter_backend: "):
             build_repository(tmp_path / "r", model_dir, "drafter", misfit)
+
+
+def test_a_flag_field_is_an_option_pair_and_the_others_keep_their_types():
+    """`adaflash serve` and the builder take an option per field: a flag as --x / --no-x (a typed option would read
+    "False" as true), the others as their field's type."""
+    parser = argparse.ArgumentParser()
+    add_config_arguments(parser)
+    assert config_from_arguments(parser.parse_args([])) == RepositoryConfig()
+    apart = config_from_arguments(parser.parse_args(["--no-target-in-orchestrator", "--max-active", "7"]))
+    assert apart == replace(RepositoryConfig(), target_in_orchestrator=False, max_active=7)

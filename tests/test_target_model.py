@@ -6,20 +6,17 @@ process killed mid-request ends its requests with an error, not a hang, before t
 from __future__ import annotations
 
 import json
-import os
-import signal
-import threading
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-from helpers import fixed_costs, metric_total, scrape, wait_until
+from helpers import fixed_costs, kill_mid_stream, metric_total, scrape, wait_until
 
 from adaflash.decoding.engine import Engine
 from adaflash.decoding.sequence import Request
 from adaflash.models.bundle import load_bundle, save_bundle
 from adaflash_build.repository import RepositoryConfig, build_repository
-from adaflash_client import AdaFlashClient, GenerationError, GenerationParams
+from adaflash_client import AdaFlashClient, GenerationParams
 from adaflash_client.reliability import ready
 from adaflash_server.launcher import ServerConfig, TritonServer, stub_pids
 
@@ -81,23 +78,7 @@ def test_a_target_process_killed_mid_request_ends_it_with_an_error_then_serves_a
     server = served[0]
     with AdaFlashClient(server.grpc_url, timeout_s=60) as client:
         canary = client.generate("canary", GenerationParams(max_tokens=8)).text
-    errors: list[GenerationError] = []
-    started = threading.Event()
-
-    def long_stream() -> None:
-        with AdaFlashClient(server.grpc_url, timeout_s=90) as client:
-            try:
-                for _ in client.stream("a long one", GenerationParams(max_tokens=250, spec_mode="ar")):
-                    started.set()
-            except GenerationError as error:
-                errors.append(error)
-
-    worker = threading.Thread(target=long_stream, daemon=True)
-    worker.start()
-    assert started.wait(60), "no first token"
-    os.kill(stub_pids(server.pid)["target"][0], signal.SIGKILL)
-    worker.join(90)
-    assert not worker.is_alive(), "the request whose target died never ended"
+    errors = kill_mid_stream(server, "target")
     assert len(errors) == 1 and "DEADLINE_EXCEEDED" not in str(errors[0].status), errors
     wait_until(lambda: ready(server) and "target" in stub_pids(server.pid), 120, "the restarted server")
     with AdaFlashClient(server.grpc_url, timeout_s=60) as client:

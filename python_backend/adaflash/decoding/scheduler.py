@@ -35,8 +35,9 @@ if TYPE_CHECKING:
 
 T = TypeVar("T")
 
-# Plain decoding steps one call may carry (`Scheduler._run_length`): as many as keep the call's fixed cost (the
-# step's time outside the forwards: on a server, the round trip to the target model) within RUN_OVERHEAD_SHARE
+# Plain decoding steps one call may carry (`Scheduler._run_length`): as many as keep the call's fixed cost (its time
+# outside the forwards since the previous step: on a server, the round trip to a target model and the responses
+# and checks between steps) within RUN_OVERHEAD_SHARE
 # of the call, at most MAX_RUN_STEPS and MAX_RUN_MS of forwards, so that a request arriving meanwhile, a
 # cancellation and a stream's next response wait at most that long.
 RUN_OVERHEAD_SHARE = 0.1
@@ -105,6 +106,7 @@ class Scheduler:
         self._forwards_ms = 0.0  # the current step's model forwards, as their backend timed them
         self.run_steps = run_steps
         self.gate = gate
+        self._mark: float | None = None  # when the last step ended
         self.call_overhead_ms: float | None = None  # of a plain decoding call: its time outside the forwards
         self.decode_step_ms: float | None = None  # of a plain decoding call: its forwards' time per step
 
@@ -167,11 +169,14 @@ class Scheduler:
             if admitted or active:
                 await self._forward(admitted, active, feeds, copied)
         if active and not admitted:  # a prefill's time is not the step's own
-            ms = (time.perf_counter() - started) * 1000
+            # From the previous step's end: what the caller does between steps (a server's responses and checks) is
+            # paid per call too, so plain decoding's runs and the gate weigh it.
+            ms = (time.perf_counter() - (self._mark or started)) * 1000
             self._observe_overhead(ms - self._forwards_ms, runs)
             if arm is not None:
                 self.gate.observe(arm, sum(len(s.output) for s in active) - committed, ms)
         await self._retire([s for s in self.running.values() if s.finished])
+        self._mark = time.perf_counter()
         return [*admitted, *active]
 
     def _arm(self, active: list[Sequence]) -> Arm | None:
