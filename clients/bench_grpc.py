@@ -13,8 +13,8 @@ the other, never at once (the servers' processes and this process's engine would
 same cores): per mode and concurrency, `--reps` rounds of the in-process run and then a served run
 on each layout (`--layouts`: the target as a model of its own, or in the orchestrator's process; a
 server each, idle while the others run), because this machine's speed drifts by tens of percent over
-minutes and a ratio is only worth what its two halves share; rows report medians. One verify/draft cost table, measured here and given to the server,
-is what `adaflash` plans from on both paths.
+minutes and a ratio is only worth what its two halves share; rows report medians. One verify/draft
+cost table, measured here and given to the servers, is what `adaflash` plans from on every path.
 Per served run the orchestrator's own metrics say how many sequences each `target` and `drafter`
 call carried, and Triton's statistics how many times each model executed.
 

@@ -67,11 +67,12 @@ class Models:
 
 def serve(bundle, requests: list[Request], models: Models, before_step=None,
           max_active: int | None = None, run_steps: int | None = 1,
-          gate: PlanGate | None = None, target: TargetInProcess | None = None) -> tuple[list[Sequence], dict]:
+          gate: PlanGate | None = None, target: TargetInProcess | None = None,
+          called=lambda model, op, n: None) -> tuple[list[Sequence], dict]:
     """Run the requests through the served loop; returns the sequences and what was streamed per sequence.
     `run_steps`: plain decoding steps per target call (1: a call per step; None: the live choice). `target`: the
-    target in process instead of `models.target` behind the wire."""
-    backend = RemoteBackend(models.call, lambda: models.newest, target=target)
+    target in process instead of `models.target` behind the wire; `called`: told of every model call."""
+    backend = RemoteBackend(models.call, lambda: models.newest, target=target, called=called)
     scheduler = Scheduler(backend, Planner(LengthController(fixed_costs(), bundle.drafter.config.block_size)),
                           fixed_costs(), max_active or len(requests), MAX_LEN, has_drafter=True, run_steps=run_steps,
                           gate=gate)
@@ -281,11 +282,10 @@ class ThreadRecordingSlots(TargetSlots):
         return super().run(call)
 
 
-def _target_in_process(bundle, slots: int, fail_at: int | None = None) -> tuple[TargetInProcess, list]:
-    counted: list[tuple[Op, int]] = []
-    load = lambda: (ThreadRecordingSlots(clone_target(bundle.target), slots, MAX_LEN,  # noqa: E731
-                                         bundle.drafter.config.target_layer_ids, fail_at=fail_at), None)
-    return TargetInProcess(load, lambda op, n: counted.append((op, n))), counted
+def _target_in_process(bundle, slots: int, fail_at: int | None = None) -> TargetInProcess:
+    return TargetInProcess(lambda: (ThreadRecordingSlots(clone_target(bundle.target), slots, MAX_LEN,
+                                                         bundle.drafter.config.target_layer_ids, fail_at=fail_at),
+                                    None))
 
 
 @pytest.mark.parametrize("mode", ["ar", "dflash", "adaflash"])
@@ -294,14 +294,14 @@ def test_the_target_in_process_serves_the_engine_s_output_on_a_thread_of_its_own
     it (not the event loop's), each counted as a model call is, and no slot held once the loop idles."""
     prompts = random_prompts(8, seed=16)
     models = Models(trained_tiny, 8)
-    target, counted = _target_in_process(trained_tiny, 8)
+    target, counted = _target_in_process(trained_tiny, 8), []
     seqs, streamed = serve(trained_tiny, [Request(p, MAX_TOKENS, mode=mode, stop_ids=()) for p in prompts], models,
-                           target=target)
+                           target=target, called=lambda model, op, n: model == protocol.TARGET and counted.append(op))
     for seq, ref in zip(seqs, reference(trained_tiny, prompts)):
         assert seq.output == ref == streamed[seq.id]
     assert len(target.slots.threads) == 1 and threading.current_thread() not in target.slots.threads
-    assert [op for op, _ in counted].count(Op.STEP) == 1 + max(len(s.steps) for s in seqs)
-    assert counted[-1][0] is Op.RELEASE and len(target.slots.slots) == 0
+    assert counted.count(Op.STEP) == 1 + max(len(s.steps) for s in seqs)
+    assert counted[-1] is Op.RELEASE and len(target.slots.slots) == 0
     assert not any(model == protocol.TARGET for model, _, _ in models.calls)  # nothing crossed the wire to it
     if mode != "ar":
         assert any(op is Op.DRAFT for _, op, _ in models.calls)
@@ -310,7 +310,7 @@ def test_the_target_in_process_serves_the_engine_s_output_on_a_thread_of_its_own
 
 def test_a_failing_target_in_process_ends_its_sequences_with_the_reason(trained_tiny):
     prompts = random_prompts(3, seed=14)
-    target, _ = _target_in_process(trained_tiny, 3, fail_at=4)
+    target = _target_in_process(trained_tiny, 3, fail_at=4)
     seqs, _ = serve(trained_tiny, [Request(p, MAX_TOKENS, mode="adaflash", stop_ids=()) for p in prompts],
                     Models(trained_tiny, 3), target=target)
     assert all(s.finish_reason == "error" and s.error == "target: out of memory" for s in seqs)

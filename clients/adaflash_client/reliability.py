@@ -66,7 +66,8 @@ class Scale:
 FULL = Scale(max_active=64, max_queued=256, overload_factor=4, overload_s=60, max_tokens=32, cancellations=1000,
              fault_users=8, soak_s=1800, memory_every_s=10)
 # The short run kills the three processes whose loss differs (the decoding loop, the forward, the drafter with its
-# fallback; the forward's is the orchestrator's own where the target runs there); pre- and postprocessing are restarted by the same Triton mechanism, which the full run covers.
+# fallback; the forward's is the orchestrator's own where the target runs there); pre- and postprocessing are
+# restarted by the same Triton mechanism, which the full run covers.
 SHORT = Scale(max_active=4, max_queued=16, overload_factor=4, overload_s=5, max_tokens=16, cancellations=40,
               fault_users=2, soak_s=20, memory_every_s=2, fault_models=("target", "drafter", "orchestrator"))
 

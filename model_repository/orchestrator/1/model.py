@@ -38,7 +38,6 @@ from adaflash.serving import protocol  # noqa: E402
 from adaflash.serving.admission import Admission, AdmissionCancelled, AdmissionRefused  # noqa: E402
 from adaflash.serving.api import TextStops  # noqa: E402
 from adaflash.serving.pacing import response_gap, response_rate  # noqa: E402
-from adaflash.serving.protocol import Op  # noqa: E402
 from adaflash.serving.remote import RemoteBackend, TargetInProcess  # noqa: E402
 from adaflash.serving.slots import OccupancyReporter, load_target  # noqa: E402
 
@@ -152,7 +151,7 @@ class TritonPythonModel:
             with open(f"{params['drafter_dir']}/config.json") as f:
                 block_size = DrafterConfig.from_hf(json.load(f)).block_size
         # The cost table comes from the target (measured in its process) before the first step.
-        self.planner = Planner(LengthController(self.target and self.target.cost, block_size))
+        self.planner = Planner(LengthController(self.target.cost if self.target else None, block_size))
         self.max_len = int(params["max_len"])
         self.metrics = Metrics()
         # Responses and metric updates are calls into Triton (each a round trip to the server process). With the
@@ -169,7 +168,8 @@ class TritonPythonModel:
         self.timeouts = {protocol.TARGET: float(params["target_timeout_s"]),
                          protocol.DRAFTER: float(params["drafter_timeout_s"])}
         self.repository = os.path.dirname(args["model_repository"])
-        backend = RemoteBackend(self._call, self._newest_drafter, log=pb_utils.Logger.log_error, target=self.target)
+        backend = RemoteBackend(self._call, self._newest_drafter, log=pb_utils.Logger.log_error, target=self.target,
+                                called=lambda model, op, n: self._later(self.metrics.called, model, op.name.lower(), n))
         self.scheduler = Scheduler(backend, self.planner, self.planner.controller.cost, max_active, self.max_len,
                                    self.has_drafter, paging=protocol.model_paging(params),
                                    gate=PlanGate(SERVED_MIN_SEQUENCES))
@@ -187,10 +187,9 @@ class TritonPythonModel:
 
     def _target_here(self, params, args):
         """The target in this process, on the device Triton gave this instance, with its cost table and the leak
-        check the `target` model would report. Its calls are counted as the `target` model's are."""
+        check the `target` model would report."""
         place = protocol.model_placement(params, args["model_instance_kind"], args["model_instance_device_id"])
-        target = TargetInProcess(partial(load_target, params, place),
-                                 lambda op, n: self._later(self.metrics.called, protocol.TARGET, op.name.lower(), n))
+        target = TargetInProcess(partial(load_target, params, place))
         family = pb_utils.MetricFamily("adaflash_open_slots", "Sequences holding a cache slot of the model",
                                        pb_utils.MetricFamily.GAUGE)
         self.occupancy = family, family.Metric(labels={"model": protocol.TARGET})
@@ -347,8 +346,6 @@ class TritonPythonModel:
     async def _call(self, model, tensors):
         """One BLS request; BackendError when the model fails or does not answer in time."""
         op = protocol.Op(int(tensors["op"][0]))
-        if op is not Op.COSTS:
-            self._later(self.metrics.called, model, op.name.lower(), len(tensors["keys"]))
         outputs = protocol.result_names(op)
         timeout = self.timeouts[protocol.TARGET if model == protocol.TARGET else protocol.DRAFTER]  # or drafter_<n>
         request = pb_utils.InferenceRequest(model_name=model, inputs=[pb_utils.Tensor(n, v) for n, v in tensors.items()],

@@ -102,7 +102,8 @@ class PlanGate:
 
     def observe(self, arm: Arm, tokens: int, ms: float) -> None:
         """A call made on `arm` (as `choose` said) committed `tokens` in `ms` (the whole step: planning, drafts,
-        forwards, commits, and what its caller did since the previous step). Calls that also prefilled are not observed: their time is the new sequences'."""
+        forwards, commits, and what its caller did since the previous step). Calls that also prefilled are not
+        observed: their time is the new sequences'."""
         if arm is not self.arm or self._bucket is None or ms <= 0:
             return
         if self._warmup:

@@ -37,9 +37,8 @@ T = TypeVar("T")
 
 # Plain decoding steps one call may carry (`Scheduler._run_length`): as many as keep the call's fixed cost (its time
 # outside the forwards since the previous step: on a server, the round trip to a target model and the responses
-# and checks between steps) within RUN_OVERHEAD_SHARE
-# of the call, at most MAX_RUN_STEPS and MAX_RUN_MS of forwards, so that a request arriving meanwhile, a
-# cancellation and a stream's next response wait at most that long.
+# and checks between steps) within RUN_OVERHEAD_SHARE of the call, at most MAX_RUN_STEPS and MAX_RUN_MS of
+# forwards, so that a request arriving meanwhile, a cancellation and a stream's next response wait at most that long.
 RUN_OVERHEAD_SHARE = 0.1
 MAX_RUN_STEPS = 8
 MAX_RUN_MS = 50.0

@@ -48,21 +48,18 @@ class TargetModel:
 
 class TargetInProcess:
     """The target in the caller's process: the same calls without a round trip, tensors or a second process
-    (why: docs/results.md, round 14). `called(op, sequences)` counts each call, as a served model call is.
+    (why: docs/results.md, round 14).
 
     `load` and every call run on one thread of their own. libgomp throttles its threads' spinning once two
     threads of a process have run parallel regions: every region then puts its workers to sleep and wakes them,
     and a forward took 3x as long. So the caller leaves the cores to this thread (`torch.set_num_threads(1)`
     after this is built: a thread takes the count when it first uses torch) and its event loop stays free."""
 
-    def __init__(self, load: Callable[[], tuple[TargetSlots, CostModel | None]],
-                 called: Callable[[Op, int], None] = lambda op, n: None) -> None:
+    def __init__(self, load: Callable[[], tuple[TargetSlots, CostModel | None]]) -> None:
         self.thread = ThreadPoolExecutor(1, thread_name_prefix="target")
         self.slots, self.cost = self.thread.submit(load).result()
-        self.called = called
 
     async def run(self, call: TargetCall) -> Timed[list[StepResult]]:
-        self.called(call.op, len(call.keys))
         try:
             return await asyncio.get_running_loop().run_in_executor(self.thread, self.slots.run, call)
         except Exception as exc:  # noqa: BLE001 - as a failed `target` model call: its sequences end with the error
@@ -75,11 +72,13 @@ class TargetInProcess:
 class RemoteBackend:
     """`newest_drafter()` names the drafter model a new sequence uses (None: none is ready): a sequence keeps
     it to the end, because its context lives in that model, so a hot swap never moves a running sequence.
-    `target`: where the target runs (None: the `target` model, through `call`)."""
+    `target`: where the target runs (None: the `target` model, through `call`). `called(model, op, sequences)` is
+    told of every call to a model, wherever the target runs, before it is made."""
 
     def __init__(self, call: Call, newest_drafter: Callable[[], str | None],
-                 log: Callable[[str], None] = lambda message: None, target: Target | None = None) -> None:
-        self.call, self.newest_drafter, self.log = call, newest_drafter, log
+                 log: Callable[[str], None] = lambda message: None, target: Target | None = None,
+                 called: Callable[[str, Op, int], None] = lambda model, op, n: None) -> None:
+        self.call, self.newest_drafter, self.log, self.called = call, newest_drafter, log, called
         self.target = target or TargetModel(call)
         self.drafter_of: dict[int, str] = {}  # sequence -> the drafter model it started with
         self.releasing: dict[str, list[int]] = {}  # model -> sequences ended since its last call
@@ -94,6 +93,7 @@ class RemoteBackend:
         call = TargetCall(Op.STEP, [s.id for s in seqs], [s.tokens for s in prefill] + feeds,
                           [s.sampling for s in prefill], self.releasing.pop(protocol.TARGET, []),
                           [s.can_draft for s in seqs], runs)
+        self.called(protocol.TARGET, Op.STEP, len(seqs))
         done = await self.target.run(call)
         return Timed((done.value[:len(prefill)], done.value[len(prefill):]), done.ms)
 
@@ -110,6 +110,7 @@ class RemoteBackend:
             call = DraftCall([s.id for s in group], [s.tokens[-1] for s in group],
                              [torch.cat(s.pending_context) if s.pending_context else None for s in group], block_length,
                              self.releasing.pop(model, []))
+            self.called(model, Op.DRAFT, len(group))
             draft, ms = protocol.decode_draft(await self.call(model, protocol.encode_draft_call(call)))
             for s in group:
                 s.pending_context.clear()
@@ -130,6 +131,7 @@ class RemoteBackend:
         raised: the models reclaim slots left idle themselves."""
         owed, self.releasing = self.releasing, {}
         for model, keys in owed.items():
+            self.called(model, Op.RELEASE, len(keys))
             try:
                 if model == protocol.TARGET:
                     await self.target.run(TargetCall(Op.RELEASE, keys, []))
