@@ -56,7 +56,7 @@ REPOSITORY = RepositoryConfig(max_active=64, max_batch_size=64, max_len=1024, ma
                               max_output_tokens=600)
 # Where the served target runs: the `target` model of its own, or in the orchestrator's process.
 LAYOUTS = {"own": False, "orchestrator": True}
-CALLS = re.compile(r'^adaflash_model_call_sequences_(sum|count)\{model="([^"]+)",op="([^"]+)"\} (\S+)$', re.M)
+CALLS = re.compile(r'^adaflash_model_call(s|_sequences)_total\{model="([^"]+)",op="([^"]+)"\} (\S+)$', re.M)
 
 
 @dataclass
@@ -185,11 +185,11 @@ async def run_grpc(url: str, prompts: list[str], mode: str, max_tokens: int, con
 
 
 def call_counts(metrics_url: str) -> dict[tuple[str, str], tuple[float, float]]:
-    """(model, op) -> (sequences, calls) so far, from the orchestrator's histogram."""
+    """(model, op) -> (sequences, calls) so far, from the orchestrator's counters."""
     text = urllib.request.urlopen(metrics_url, timeout=10).read().decode()
     out: dict[tuple[str, str], list[float]] = {}
     for kind, model, op, value in CALLS.findall(text):
-        out.setdefault((model, op), [0.0, 0.0])[0 if kind == "sum" else 1] = float(value)
+        out.setdefault((model, op), [0.0, 0.0])[0 if kind == "_sequences" else 1] = float(value)
     return {k: (v[0], v[1]) for k, v in out.items()}
 
 

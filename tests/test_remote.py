@@ -274,12 +274,12 @@ class ThreadRecordingSlots(TargetSlots):
         self.threads: set[threading.Thread] = set()
         self.calls, self.fail_at = 0, fail_at
 
-    def run(self, call):
+    def run(self, call, stop_early=None):
         self.threads.add(threading.current_thread())
         self.calls += 1
         if self.calls == self.fail_at:
             raise RuntimeError("out of memory")
-        return super().run(call)
+        return super().run(call, stop_early)
 
 
 def _target_in_process(bundle, slots: int, fail_at: int | None = None) -> TargetInProcess:
@@ -316,3 +316,52 @@ def test_a_failing_target_in_process_ends_its_sequences_with_the_reason(trained_
     assert all(s.finish_reason == "error" and s.error == "target: out of memory" for s in seqs)
     assert all(0 < len(s.output) < MAX_TOKENS for s in seqs)
     target.close()
+
+
+class ArrivalDuringRuns:
+    """The target in process, with `arrive()` called as each plain decoding run begins: a client's request
+    reaching the loop while the target computes. Records each run's (steps asked, steps run)."""
+
+    def __init__(self, inner: TargetInProcess, arrive) -> None:
+        self.inner, self.arrive = inner, arrive
+        self.runs: list[tuple[list[int], list[int]]] = []
+
+    async def run(self, call, stop_early=None):
+        if call.runs is not None:
+            self.arrive()
+        done = await self.inner.run(call, stop_early)
+        if call.runs is not None:
+            self.runs.append((list(call.runs), [len(r.committed) for r in done.value]))
+        return done
+
+
+@pytest.mark.parametrize("room", [True, False])
+def test_a_request_arriving_during_a_plain_run_ends_it_after_the_current_step(trained_tiny, room):
+    """A request queued while the target runs a call of plain decoding steps is admitted after the current step,
+    not after the whole run, when a slot is free for it; with none free the run goes on. The outputs stay plain
+    decoding's either way."""
+    prompts = random_prompts(2, seed=17)
+    models = Models(trained_tiny, 2)
+    seqs = [Sequence(id=2000 + i, request=Request(p, MAX_TOKENS, mode="ar", stop_ids=()), tokens=list(p),
+                     generator=None, stop_ids=frozenset()) for i, p in enumerate(prompts)]
+    later = [seqs[1]]
+    target = ArrivalDuringRuns(_target_in_process(trained_tiny, 2),
+                               lambda: later and scheduler.add(later.pop()))
+    scheduler = Scheduler(RemoteBackend(models.call, lambda: models.newest, target=target),
+                          Planner(LengthController(fixed_costs(), trained_tiny.drafter.config.block_size)),
+                          fixed_costs(), 2 if room else 1, MAX_LEN, has_drafter=True, run_steps=8)
+    scheduler.add(seqs[0])
+    first_seen: dict[int, int] = {}  # sequence -> runs done when a step first returned it
+
+    async def run() -> None:
+        while scheduler.has_work:
+            for seq in await scheduler.step():
+                first_seen.setdefault(seq.id, len(target.runs))
+
+    asyncio.run(run())
+    assert target.runs[0] == ([8], [1] if room else [8])
+    assert first_seen[seqs[1].id] == (1 if room else 4)  # admitted after the cut run, or after the first ended
+    for seq, ref in zip(seqs, reference(trained_tiny, prompts)):
+        assert seq.output == ref
+    assert all(asked == ran for asked, ran in target.runs[1:])  # nothing arrived after the first run
+    target.inner.close()

@@ -478,26 +478,6 @@ def test_metrics_count_requests_tokens_and_steps(served):
     wait_until(consistent, 30, "the finished request's metrics")  # metrics are sent after the final response
 
 
-def test_plain_decoding_runs_several_steps_per_target_call(served, prompts, reference):
-    """A served `ar` request is decoded in runs: fewer calls to the target model than target forwards, each a
-    round trip the step loop saves, and the text is plain decoding's."""
-    server = served[0]
-
-    def counts() -> tuple[float, float]:
-        samples = scrape(server.metrics_url)
-        return (metric_total(samples, "adaflash_model_call_sequences_count", model="target", op="step"),
-                metric_total(samples, "adaflash_target_forwards_total", spec_mode="ar"))
-
-    before = counts()
-    with _client(served) as client:
-        completion = client.generate_streaming(prompts[0], GenerationParams(max_tokens=MAX_TOKENS, spec_mode="ar"))
-    assert completion.text == reference[0] and completion.target_forwards == MAX_TOKENS
-    # (the calls' metrics leave the orchestrator in order, before those of the finished request)
-    wait_until(lambda: counts()[1] - before[1] == MAX_TOKENS, 30, "the request's forwards in the metrics")
-    calls = counts()[0] - before[0]
-    assert 2 <= calls < MAX_TOKENS / 2, f"{calls:g} target calls for {MAX_TOKENS} forwards"
-
-
 def test_a_burst_beyond_max_active_waits_in_the_queue_and_completes(served, prompts, reference):
     """70 requests at once against 64 sequence slots (max_active): the 6 beyond wait their turn, none fails."""
     server = served[0]

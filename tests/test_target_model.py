@@ -48,6 +48,27 @@ def reference(served) -> list[str]:
     return [bundle.tokenizer.decode(s.output) for s in seqs]
 
 
+def test_plain_decoding_runs_several_steps_per_target_call(served, reference):
+    """A served `ar` request is decoded in runs: fewer calls to the target model than target forwards, each a
+    round trip the step loop saves, and the text is plain decoding's. (With the target in the orchestrator's
+    process a call costs the loop little, and runs are as long as that little is worth: often one step.)"""
+    server = served[0]
+
+    def counts() -> tuple[float, float]:
+        samples = scrape(server.metrics_url)
+        return (metric_total(samples, "adaflash_model_calls_total", model="target", op="step"),
+                metric_total(samples, "adaflash_target_forwards_total", spec_mode="ar"))
+
+    before = counts()
+    with AdaFlashClient(server.grpc_url, timeout_s=120) as client:
+        completion = client.generate_streaming(PROMPTS[0], GenerationParams(max_tokens=MAX_TOKENS, spec_mode="ar"))
+    assert completion.text == reference[0] and completion.target_forwards == MAX_TOKENS
+    # (the calls' counts reach Triton no later than the finished request's: a flush writes them in the order gathered)
+    wait_until(lambda: counts()[1] - before[1] == MAX_TOKENS, 30, "the request's forwards in the metrics")
+    calls = counts()[0] - before[0]
+    assert 2 <= calls < MAX_TOKENS / 2, f"{calls:g} target calls for {MAX_TOKENS} forwards"
+
+
 def _executions(server: TritonServer, model: str) -> int:
     with urllib.request.urlopen(f"{server.http_url}/v2/models/{model}/stats", timeout=10) as r:
         return int(json.load(r)["model_stats"][0]["execution_count"])
@@ -58,7 +79,7 @@ def test_served_text_equals_the_engine_with_one_target_execute_per_call(served, 
     server = served[0]
 
     def calls() -> float:
-        return metric_total(scrape(server.metrics_url), "adaflash_model_call_sequences_count", model="target")
+        return metric_total(scrape(server.metrics_url), "adaflash_model_calls_total", model="target")
 
     before_calls, before_executions = calls(), _executions(server, "target")
     params = GenerationParams(max_tokens=MAX_TOKENS, spec_mode=mode)

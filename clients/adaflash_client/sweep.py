@@ -82,6 +82,7 @@ LOCUSTFILE = Path(__file__).resolve().parents[1] / "locust" / "locustfile.py"
 SYNTHETIC_PROMPTS = 100  # distinct prompts of --input-tokens tokens
 AIPERF_INPUTS = 1000  # prompts drawn for aiperf's sequential dataset (it wraps around)
 OPENAI_PORT = 9000  # `adaflash serve`'s default --openai-port
+ACTIVE_SAMPLE_S = 0.2  # how often a level reads the server's active sequences: often enough to see a short level's peak
 
 TIDY_FIELDS = [
     "tool", "mode", "concurrency", "request_rate", "requests", "errors", "duration_s", "requests_per_s",
@@ -575,7 +576,7 @@ def run_process(cmd: list[str], log_path: Path, limit: float, metrics_url: str |
                 if active is not None:
                     samples.append((time.time(), active))
                 progress.update(label, elapsed, planned, counts(), active)
-                time.sleep(0.5)
+                time.sleep(ACTIVE_SAMPLE_S)
         finally:
             if process.poll() is None:
                 process.kill()

@@ -40,11 +40,12 @@ from adaflash.serving.api import TextStops  # noqa: E402
 from adaflash.serving.pacing import response_gap, response_rate  # noqa: E402
 from adaflash.serving.remote import RemoteBackend, TargetInProcess  # noqa: E402
 from adaflash.serving.slots import OccupancyReporter, load_target  # noqa: E402
+from adaflash.serving.tally import Tally  # noqa: E402
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
-BATCH_BUCKETS = [1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0]
 WAIT_BUCKETS = [0.001, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0]
 CANCEL_CHECK_S = 0.25  # how often the loop asks Triton whether a running request's client went away
+METRICS_FLUSH_S = 0.25  # counters and gauges reach Triton at most this late (serving/tally.py)
 
 
 def _inputs(request):
@@ -80,7 +81,7 @@ class Client:
 
 class Metrics:
     """Prometheus series on Triton's metrics endpoint, labelled by spec_mode. A family must outlive its
-    series: both are kept."""
+    series: both are kept. Counters and gauges are gathered in a Tally and written by `flush`."""
 
     def __init__(self):
         fam = pb_utils.MetricFamily
@@ -96,43 +97,59 @@ class Metrics:
                                       "Verify steps, by the draft tokens they verified (draft_len)", fam.COUNTER)
         self.accepted = fam("adaflash_accepted_tokens_total", "Accepted draft tokens", fam.COUNTER)
         self.drafted = fam("adaflash_verified_draft_tokens_total", "Draft tokens sent to verification", fam.COUNTER)
-        self.queued_family = fam("adaflash_queued_requests", "Requests waiting for a sequence slot", fam.GAUGE)
-        self.queued = self.queued_family.Metric(labels={})
+        self.queued = fam("adaflash_queued_requests", "Requests waiting for a sequence slot", fam.GAUGE)
         self.queue_wait_family = fam("adaflash_queue_wait_seconds", "Time admitted requests waited for a sequence slot",
                                      fam.HISTOGRAM)
         self.queue_wait = self.queue_wait_family.Metric(labels={}, buckets=WAIT_BUCKETS)
-        self.calls = fam("adaflash_model_call_sequences", "Sequences per call to the target and drafter models",
-                         fam.HISTOGRAM)
-        self._buckets = {id(self.calls): BATCH_BUCKETS}
+        # The mean sequences per call is their ratio (a histogram's every observation would be a round trip).
+        self.calls = fam("adaflash_model_calls_total", "Calls to the target and drafter models", fam.COUNTER)
+        self.call_sequences = fam("adaflash_model_call_sequences_total",
+                                  "Sequences the calls to the target and drafter models carried", fam.COUNTER)
         self._series = {}
+        self.tally = Tally(METRICS_FLUSH_S)
+        self.series("queued")  # 0 from the start
 
     def series(self, family, **labels):
-        key = (id(family), tuple(sorted(labels.items())))
+        """`family`: the attribute naming it."""
+        key = (family, tuple(sorted(labels.items())))
         if key not in self._series:
-            buckets = self._buckets.get(id(family))
-            self._series[key] = family.Metric(labels=labels, **({"buckets": buckets} if buckets else {}))
+            self._series[key] = getattr(self, family).Metric(labels=labels)
         return self._series[key]
 
+    def _add(self, family, n, **labels):
+        self.tally.add((family, tuple(sorted(labels.items()))), n)
+
+    def flush(self, when_due=False):
+        """Write the gathered updates; `when_due`: only when the last flush is METRICS_FLUSH_S old."""
+        now = time.monotonic()
+        if not when_due or self.tally.due(now):
+            self.tally.flush(lambda key, n: self.series(key[0], **dict(key[1])).increment(n),
+                             lambda key, value: self.series(key[0], **dict(key[1])).set(value), now)
+
+    def queued_now(self, n):
+        self.tally.set(("queued", ()), n)
+
     def started(self, mode):
-        self.series(self.active, spec_mode=mode).increment(1)
+        self._add("active", 1, spec_mode=mode)
 
     def finished(self, seq):
         mode = seq.request.mode
-        self.series(self.active, spec_mode=mode).increment(-1)
+        self._add("active", -1, spec_mode=mode)
         if seq.finish_reason == "error":
             return
-        self.series(self.requests, spec_mode=mode, finish_reason=seq.finish_reason or "").increment(1)
-        self.series(self.tokens, spec_mode=mode).increment(len(seq.output))
-        self.series(self.forwards, spec_mode=mode).increment(1 + len(seq.steps))
-        self.series(self.accepted, spec_mode=mode).increment(sum(s.accepted for s in seq.steps))
-        self.series(self.drafted, spec_mode=mode).increment(sum(s.draft_len for s in seq.steps))
+        self._add("requests", 1, spec_mode=mode, finish_reason=seq.finish_reason or "")
+        self._add("tokens", len(seq.output), spec_mode=mode)
+        self._add("forwards", 1 + len(seq.steps), spec_mode=mode)
+        self._add("accepted", sum(s.accepted for s in seq.steps), spec_mode=mode)
+        self._add("drafted", sum(s.draft_len for s in seq.steps), spec_mode=mode)
         for accepted, n in Counter(s.accepted for s in seq.steps).items():
-            self.series(self.steps_by_accepted, spec_mode=mode, accepted=str(accepted)).increment(n)
+            self._add("steps_by_accepted", n, spec_mode=mode, accepted=str(accepted))
         for draft_len, n in Counter(s.draft_len for s in seq.steps).items():
-            self.series(self.steps_by_draft_len, spec_mode=mode, draft_len=str(draft_len)).increment(n)
+            self._add("steps_by_draft_len", n, spec_mode=mode, draft_len=str(draft_len))
 
     def called(self, model, op, sequences):
-        self.series(self.calls, model=model, op=op).observe(sequences)
+        self._add("calls", 1, model=model, op=op)
+        self._add("call_sequences", sequences, model=model, op=op)
 
 
 class TritonPythonModel:
@@ -162,7 +179,7 @@ class TritonPythonModel:
             threading.Thread(target=self._run_outbox, name="outbox", daemon=True).start()
         max_active = int(params["max_active"])
         self.admission = Admission(max_active, int(params["max_queued"]), float(params["max_queue_wait_s"]),
-                                   on_queue=partial(self._later, self.metrics.queued.set))
+                                   on_queue=partial(self._later, self.metrics.queued_now))
         self.stream_interval_s = float(params["stream_interval_ms"]) / 1000
         self.response_rate = response_rate(float(params["max_responses_per_s"]))
         self.timeouts = {protocol.TARGET: float(params["target_timeout_s"]),
@@ -282,6 +299,7 @@ class TritonPythonModel:
         """The step loop: sleeps while there is no work."""
         while True:
             if not self.scheduler.has_work:
+                self._later(self.metrics.flush)
                 self.wake.clear()
                 await self.wake.wait()
             try:
@@ -294,6 +312,7 @@ class TritonPythonModel:
                 pb_utils.Logger.log_error(f"step failed: {exc!r}")
                 touched = await self.scheduler.fail_all(f"internal error: {exc}")
             self._respond(touched)
+            self._later(self.metrics.flush, True)
 
     async def _fetch_costs(self):
         """Ask the target model for its cost table, once (a server without a drafter needs none)."""

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 from itertools import count
 
 import torch
@@ -40,14 +40,15 @@ class LocalBackend:
         self.free_slots = list(range(num_slots - 1, -1, -1))
 
     async def forward(self, prefill: list[Sequence], verify: list[Sequence], feeds: list[list[int]],
-                      runs: list[int] | None = None) -> Timed[tuple[list[StepResult], list[StepResult]]]:
+                      runs: list[int] | None = None, stop_early: Callable[[], bool] | None = None
+                      ) -> Timed[tuple[list[StepResult], list[StepResult]]]:
         for seq in prefill:
             seq.slot = self.free_slots.pop()
         seqs = [*prefill, *verify]
         results, ms = step_batch(self.target, self.cache, len(prefill), [s.slot for s in seqs],
                                  [s.tokens for s in prefill] + feeds, [s.sampling for s in seqs],
                                  [s.generator for s in seqs], self.capture, [s.can_draft for s in seqs],
-                                 [s.history for s in seqs], runs)
+                                 [s.history for s in seqs], runs, stop_early)
         return Timed((results[:len(prefill)], results[len(prefill):]), ms)
 
     async def draft(self, seqs: list[Sequence], block_length: int) -> Timed[Draft]:

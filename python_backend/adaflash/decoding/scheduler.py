@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 import time
 from collections import deque
-from collections.abc import Coroutine, Hashable
+from collections.abc import Callable, Coroutine, Hashable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
@@ -58,10 +58,12 @@ class BackendError(RuntimeError):
 
 class Backend(Protocol):
     async def forward(self, prefill: list[Sequence], verify: list[Sequence], feeds: list[list[int]],
-                      runs: list[int] | None = None) -> Timed[tuple[list[StepResult], list[StepResult]]]:
+                      runs: list[int] | None = None, stop_early: Callable[[], bool] | None = None
+                      ) -> Timed[tuple[list[StepResult], list[StepResult]]]:
         """One target call: prefill the new sequences (a cache slot each) and verify the others, feeds[i] =
         [anchor] + the draft tokens verify[i] verifies. The time is the verify forward's. `runs` (no new
-        sequences, feeds [anchor]): plain decoding of runs[i] steps for verify[i] (`steps.decode_run`)."""
+        sequences, feeds [anchor]): plain decoding of runs[i] steps for verify[i] (`steps.decode_run`), fewer
+        where the target can ask `stop_early` between them and it says so."""
 
     async def draft(self, seqs: list[Sequence], block_length: int) -> Timed[Draft]:
         """Draft a block after each anchor; appends (and clears) each sequence's `pending_context` first."""
@@ -101,6 +103,7 @@ class Scheduler:
         self.page = 1 if paging is None else paging.page
         self.reserved = 0
         self.waiting: deque[Sequence] = deque()
+        self.arrivals = 0  # sequences queued so far: a run of plain decoding ends early when one comes meanwhile
         self.running: dict[Hashable, Sequence] = {}
         self._forwards_ms = 0.0  # the current step's model forwards, as their backend timed them
         self.run_steps = run_steps
@@ -130,6 +133,7 @@ class Scheduler:
         seq.can_draft = self.has_drafter and get_mode(seq.request.mode).drafter
         seq.policy = self.planner.controller.new_sequence()
         self.waiting.append(seq)
+        self.arrivals += 1
 
     async def cancel(self, seqs: list[Sequence]) -> None:
         """End sequences now, waiting or running; what the models keep of them is freed at once."""
@@ -162,7 +166,7 @@ class Scheduler:
         committed = 0 if arm is None else sum(len(s.output) for s in active)  # what the gate is told the call added
         runs = self._runs(active, arm) if active and not admitted else None
         if runs is not None:
-            await self._decode_run(active, runs)
+            runs = await self._decode_run(active, runs)
         else:
             feeds, copied = await self._propose(active, arm) if active else ([], {})
             if admitted or active:
@@ -213,16 +217,22 @@ class Scheduler:
         self.call_overhead_ms = _ema(self.call_overhead_ms, ms)
         self.decode_step_ms = _ema(self.decode_step_ms, self._forwards_ms / max(runs))
 
-    async def _decode_run(self, active: list[Sequence], runs: list[int]) -> None:
+    async def _decode_run(self, active: list[Sequence], runs: list[int]) -> list[int]:
         """One target call of plain decoding; each step's token is committed as a step of its own (the target
         computed the steps of a run past a sequence's stop, and they are dropped with it). The cost model learns
-        from a run whose steps all carried every sequence, as from so many one-token verifies."""
+        from a run whose steps all carried every sequence, as from so many one-token verifies.
+
+        A sequence queued during the run, with room to admit it, ends the run after the current step where the
+        target runs in this process (`_arrived`): otherwise it would wait for the whole run to start. Returns the
+        steps each sequence ran."""
         try:
-            timed = await self.backend.forward([], active, [[s.tokens[-1]] for s in active], runs)
+            timed = await self.backend.forward([], active, [[s.tokens[-1]] for s in active], runs,
+                                               self._arrived(self.arrivals))
         except BackendError as exc:
             _fail(active, exc)
-            return
+            return runs
         self._forwards_ms += timed.ms
+        runs = [len(res.committed) for res in timed.value[1]]
         if self.cost is not None and min(runs) == max(runs):  # every step of the call a one-token verify of all
             self.cost.observe_verify(len(active), len(active), timed.ms / runs[0])
         for seq, res in zip(active, timed.value[1]):
@@ -232,6 +242,12 @@ class Scheduler:
                     break
                 seq.steps.append(StepRecord(0, 0, seq.commit([token], None if res.log_probs is None else
                                                              res.log_probs[i : i + 1])))
+        return runs
+
+    def _arrived(self, seen: int) -> Callable[[], bool]:
+        """Whether a sequence was queued since `seen` arrivals and a slot is free for it: asked from the thread
+        that runs the target, between steps (the loop's thread only adds to `arrivals` meanwhile)."""
+        return lambda: self.arrivals != seen and len(self.running) < self.max_active
 
     def _admit(self) -> list[Sequence]:
         batch: list[Sequence] = []

@@ -7,6 +7,7 @@ schedule sequences and where per-sequence state lives.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -38,6 +39,10 @@ class StepResult:
 def ms_since(t0: float) -> float:
     """Milliseconds since a `time.perf_counter()` stamp: how the models' forwards are timed."""
     return (time.perf_counter() - t0) * 1000
+
+
+def _never() -> bool:
+    return False
 
 
 def on_cpu(logits: torch.Tensor) -> torch.Tensor:
@@ -83,12 +88,13 @@ def prefill_batch(target: Transformer, cache: KVCache, slots: list[int], prompts
 def step_batch(target: Transformer, cache: KVCache, new: int, slots: list[int], feeds: list[list[int]],
                sampling: list[SamplingParams], generators: list[torch.Generator], capture: list[int] | None,
                wants: list[bool] | None = None, histories: list[History | None] | None = None,
-               runs: list[int] | None = None) -> tuple[list[StepResult], float]:
+               runs: list[int] | None = None, stop_early: Callable[[], bool] | None = None
+               ) -> tuple[list[StepResult], float]:
     """One scheduler step on the target: the first `new` sequences are prefilled (feeds: their prompts), the
     others verified (feeds: [anchor] + draft); features go to the sequences that `wants` them (None: all).
     `histories`: per verified sequence, its committed tokens through the anchor (None: it has no logits
     processors). `runs` (no new sequences, feeds of one token): plain decoding of runs[i] steps for sequence
-    i instead (`decode_run`). Returns the results in order and the verify forwards' milliseconds (what the cost
+    i instead (`decode_run`, which `stop_early` may end sooner). Returns the results in order and the verify forwards' milliseconds (what the cost
     model learns from; 0 without one)."""
     wants = [True] * len(slots) if wants is None else wants
     histories = [None] * len(slots) if histories is None else histories
@@ -99,7 +105,7 @@ def step_batch(target: Transformer, cache: KVCache, new: int, slots: list[int], 
     t0 = time.perf_counter()
     if runs is not None:
         return decode_run(target, cache, slots, [f[0] for f in feeds], runs, sampling, generators, histories, capture,
-                          wants), ms_since(t0)
+                          wants, stop_early or _never), ms_since(t0)
     verified = verify_batch(target, cache, slots[new:], feeds[new:], sampling[new:], generators[new:], capture,
                             wants[new:], histories[new:])
     return prefilled + verified, ms_since(t0)
@@ -108,8 +114,9 @@ def step_batch(target: Transformer, cache: KVCache, new: int, slots: list[int], 
 def decode_run(target: Transformer, cache: KVCache, slots: list[int], anchors: list[int], runs: list[int],
                sampling: list[SamplingParams], generators: list[torch.Generator],
                histories: list[History | None], capture: list[int] | None,
-               wants: list[bool]) -> list[StepResult]:
-    """Plain decoding, runs[i] one-token steps for sequence i, each fed the token the step before committed.
+               wants: list[bool], stop_early: Callable[[], bool]) -> list[StepResult]:
+    """Plain decoding, runs[i] one-token steps for sequence i, each fed the token the step before committed;
+    fewer when `stop_early()` turns true after a step (a request waits to join the batch: it waits no longer).
 
     Why: a served step loop pays a round trip to the target model per call, and plain decoding decides
     nothing between its steps, so one call can carry several. The forwards, generator draws and logits
@@ -132,7 +139,14 @@ def decode_run(target: Transformer, cache: KVCache, slots: list[int], anchors: l
                 features[i].append(res.features)
             if log_probs[i] is not None:
                 log_probs[i] += res.log_probs
-    return [StepResult(c, 0, 0.0, torch.cat(f) if f else None, p) for c, f, p in zip(committed, features, log_probs)]
+        if stop_early():
+            break
+    return [StepResult(c, 0, 0.0, _joined(f), p) for c, f, p in zip(committed, features, log_probs)]
+
+
+def _joined(rows: list[torch.Tensor]) -> torch.Tensor | None:
+    """A run's features as one tensor (a single step's as they are: cat would copy them)."""
+    return None if not rows else rows[0] if len(rows) == 1 else torch.cat(rows)
 
 
 def verify_batch(target: Transformer, cache: KVCache, slots: list[int], feeds: list[list[int]],
@@ -155,7 +169,9 @@ def verify_batch(target: Transformer, cache: KVCache, slots: list[int], feeds: l
             committed, expected = verify_sampled(feed[1:], target_probs(on_cpu(logits), sp), g)
         accepted = len(committed) - 1
         cache.truncate(slot, start + accepted + 1)
-        feats = out.hidden[row : row + accepted + 1].clone() if out.hidden is not None and wants[i] else None
+        # A view, not a copy: the forward's features are a tensor of their own, and a copy per sequence per step
+        # took ~2% of a 64-sequence step (docs/results.md, round 15).
+        feats = out.hidden[row : row + accepted + 1] if out.hidden is not None and wants[i] else None
         results.append(StepResult(committed, accepted, expected, feats, _log_probs(logits, sp, committed)))
         row += n
     return results

@@ -9,6 +9,7 @@ model fails or does not answer. Payloads are protocol.py's.
 from __future__ import annotations
 
 import asyncio
+from functools import partial
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Protocol
@@ -27,9 +28,13 @@ from adaflash.serving.slots import TargetSlots
 Call = Callable[[str, Tensors], Awaitable[Tensors]]
 
 
+StopEarly = Callable[[], bool]
+
+
 class Target(Protocol):
-    async def run(self, call: TargetCall) -> Timed[list[StepResult]]:
-        """A step or a release (`TargetSlots.run`); BackendError when the target fails or does not answer."""
+    async def run(self, call: TargetCall, stop_early: StopEarly | None = None) -> Timed[list[StepResult]]:
+        """A step or a release (`TargetSlots.run`); BackendError when the target fails or does not answer.
+        `stop_early`: asked between the steps of a plain decoding run, where the target can be asked."""
 
 
 class TargetModel:
@@ -38,7 +43,8 @@ class TargetModel:
     def __init__(self, call: Call) -> None:
         self.call = call
 
-    async def run(self, call: TargetCall) -> Timed[list[StepResult]]:
+    async def run(self, call: TargetCall, stop_early: StopEarly | None = None) -> Timed[list[StepResult]]:
+        """A run is not cut here: the model could not ask the loop while it runs."""
         if call.op is Op.RELEASE:
             await self.call(protocol.TARGET, protocol.encode_release(call.keys))
             return Timed([], 0.0)
@@ -59,9 +65,10 @@ class TargetInProcess:
         self.thread = ThreadPoolExecutor(1, thread_name_prefix="target")
         self.slots, self.cost = self.thread.submit(load).result()
 
-    async def run(self, call: TargetCall) -> Timed[list[StepResult]]:
+    async def run(self, call: TargetCall, stop_early: StopEarly | None = None) -> Timed[list[StepResult]]:
         try:
-            return await asyncio.get_running_loop().run_in_executor(self.thread, self.slots.run, call)
+            return await asyncio.get_running_loop().run_in_executor(self.thread,
+                                                                    partial(self.slots.run, call, stop_early))
         except Exception as exc:  # noqa: BLE001 - as a failed `target` model call: its sequences end with the error
             raise BackendError(f"{protocol.TARGET}: {exc}") from exc
 
@@ -84,7 +91,8 @@ class RemoteBackend:
         self.releasing: dict[str, list[int]] = {}  # model -> sequences ended since its last call
 
     async def forward(self, prefill: list[Sequence], verify: list[Sequence], feeds: list[list[int]],
-                      runs: list[int] | None = None) -> Timed[tuple[list[StepResult], list[StepResult]]]:
+                      runs: list[int] | None = None, stop_early: StopEarly | None = None
+                      ) -> Timed[tuple[list[StepResult], list[StepResult]]]:
         """One `target` call: new sequences first (prompts and sampling settings), then the verifying ones."""
         drafter = self.newest_drafter() if any(s.can_draft for s in prefill) else None
         if drafter is not None:
@@ -94,7 +102,7 @@ class RemoteBackend:
                           [s.sampling for s in prefill], self.releasing.pop(protocol.TARGET, []),
                           [s.can_draft for s in seqs], runs)
         self.called(protocol.TARGET, Op.STEP, len(seqs))
-        done = await self.target.run(call)
+        done = await self.target.run(call, stop_early)
         return Timed((done.value[:len(prefill)], done.value[len(prefill):]), done.ms)
 
     async def draft(self, seqs: list[Sequence], block_length: int) -> Timed[Draft]:

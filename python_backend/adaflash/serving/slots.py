@@ -122,9 +122,9 @@ class TargetSlots(CacheSlots):
         self.sampling: dict[Hashable, tuple[SamplingParams, torch.Generator]] = {}
         self.histories: dict[Hashable, History] = {}  # the committed tokens of sequences with logits processors
 
-    def run(self, call: TargetCall) -> Timed[list[StepResult]]:
+    def run(self, call: TargetCall, stop_early: Callable[[], bool] | None = None) -> Timed[list[StepResult]]:
         """Prefill the call's new sequences and verify the others (the time is the verify forward's), or release
-        them. Raises ValueError or KeyError for a call that does not fit its sequences (nothing changes then,
+        them; `stop_early` may end a call's plain decoding run sooner (`steps.decode_run`). Raises ValueError or KeyError for a call that does not fit its sequences (nothing changes then,
         beyond the releases it carries), RuntimeError when no slot is free."""
         self.release_stale()
         for key in call.keys if call.op is Op.RELEASE else call.release:
@@ -139,7 +139,8 @@ class TargetSlots(CacheSlots):
         slots = [self.slots.get(k) for k in call.keys]
         results, ms = step_batch(self.target, self.cache, new, slots, call.feeds,
                                  [self.sampling[k][0] for k in call.keys], [self.sampling[k][1] for k in call.keys],
-                                 self.capture, call.capture, [self.histories.get(k) for k in call.keys], call.runs)
+                                 self.capture, call.capture, [self.histories.get(k) for k in call.keys], call.runs,
+                                 stop_early)
         for key, result in zip(call.keys, results):
             if key in self.histories:
                 self.histories[key].tokens.extend(result.committed)
