@@ -48,16 +48,20 @@ class TritonPythonModel:
         return responses
 
     def _departed(self, request, step):
-        """Whether the client cancelled: asked of Triton when the stream's check is due."""
+        """Whether the client cancelled: asked of Triton when the stream's check is due, first CANCEL_CHECK_S
+        after its first response, never on its final one (the sequence has ended: nothing is left to free, and
+        Triton drops a response to a departed client). Each question is a round trip to the server process, and
+        asked on those two it delayed a request's first text and the next request of its client."""
         now = time.monotonic()
         if step.final:
             self.next_check.pop(step.sequence_id, None)
-        elif now < self.next_check.get(step.sequence_id, now):
             return False
-        else:
-            self.next_check[step.sequence_id] = now + CANCEL_CHECK_S
-            if len(self.next_check) > 4 * 1024:
-                self.next_check = {k: t for k, t in self.next_check.items() if t > now - FORGET_AFTER_S}
+        due = self.next_check.get(step.sequence_id)
+        self.next_check[step.sequence_id] = now + CANCEL_CHECK_S if due is None or now >= due else due
+        if due is None or now < due:
+            return False
+        if len(self.next_check) > 4 * 1024:
+            self.next_check = {k: t for k, t in self.next_check.items() if t > now - FORGET_AFTER_S}
         return request.is_cancelled()
 
     def _cancel(self, sequence_id):
