@@ -45,7 +45,7 @@ from adaflash.serving.tally import Tally  # noqa: E402
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 WAIT_BUCKETS = [0.001, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0]
 CANCEL_CHECK_S = 0.25  # how often the loop asks Triton whether a running request's client went away
-METRICS_FLUSH_S = 0.25  # counters and gauges reach Triton at most this late (serving/tally.py)
+METRICS_FLUSH_S = 0.25  # counters reach Triton at most this late (serving/tally.py)
 
 
 def _inputs(request):
@@ -81,7 +81,8 @@ class Client:
 
 class Metrics:
     """Prometheus series on Triton's metrics endpoint, labelled by spec_mode. A family must outlive its
-    series: both are kept. Counters and gauges are gathered in a Tally and written by `flush`."""
+    series: both are kept. Counters are gathered in a Tally and written by `flush`; gauges are written as they
+    change (a level read between two flushes must be the level, and a tally of +1 and -1 writes nothing)."""
 
     def __init__(self):
         fam = pb_utils.MetricFamily
@@ -123,18 +124,17 @@ class Metrics:
         """Write the gathered updates; `when_due`: only when the last flush is METRICS_FLUSH_S old."""
         now = time.monotonic()
         if not when_due or self.tally.due(now):
-            self.tally.flush(lambda key, n: self.series(key[0], **dict(key[1])).increment(n),
-                             lambda key, value: self.series(key[0], **dict(key[1])).set(value), now)
+            self.tally.flush(lambda key, n: self.series(key[0], **dict(key[1])).increment(n), now)
 
     def queued_now(self, n):
-        self.tally.set(("queued", ()), n)
+        self.series("queued").set(n)
 
     def started(self, mode):
-        self._add("active", 1, spec_mode=mode)
+        self.series("active", spec_mode=mode).increment(1)
 
     def finished(self, seq):
         mode = seq.request.mode
-        self._add("active", -1, spec_mode=mode)
+        self.series("active", spec_mode=mode).increment(-1)
         if seq.finish_reason == "error":
             return
         self._add("requests", 1, spec_mode=mode, finish_reason=seq.finish_reason or "")
