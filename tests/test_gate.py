@@ -118,3 +118,17 @@ def test_below_its_minimum_load_every_call_plans_and_nothing_is_learnt():
     gate.observe(Arm.PLAN, 1, 100.0)
     assert gate.loads[8 .bit_length()].blocks == {Arm.PLAN: 1, Arm.PLAIN: 2}
     assert gate.choose(8) is Arm.PLAIN
+
+
+def test_an_arm_run_again_after_many_leader_blocks_catches_up_with_its_new_rate_at_once():
+    """The other arm's new block weighs as much as the leader's rate gave the blocks since it last ran: a rate
+    left from long before does not keep the gate on an arm that has fallen behind (with a fixed weight, one
+    block moved plain's stale 1.0 only to ~2.0, short of the leader's 2.0 plus the margin)."""
+    gate = PlanGate()
+    run_blocks(gate, 8, {Arm.PLAN: 2.0, Arm.PLAIN: 1.0}, 40)
+    load = gate.loads[8 .bit_length()]
+    assert load.leader() is Arm.PLAN and load.blocks[Arm.PLAN] > 1 / 0.15
+    arms = []
+    while Arm.PLAIN not in arms:
+        arms += run_blocks(gate, 8, {Arm.PLAN: 2.0, Arm.PLAIN: 4.0}, 1)
+    assert load.rates[Arm.PLAIN] > 3.5 and load.leader() is Arm.PLAIN

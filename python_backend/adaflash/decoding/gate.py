@@ -23,8 +23,12 @@ BLOCK_CALLS = 4  # target calls per block of one arm
 # drafter first appends every position decoded meanwhile), which the arm would not pay while it led; counted, it
 # would tilt the comparison toward the arm in the lead.
 WARMUP_CALLS = 1
-# Of a block's rate in its arm's running rate: the mean of an arm's first blocks, then this weight (the load's
-# regime is followed, not each text's turns; a first block measured at a bad moment does not linger).
+# Of a block's rate in its arm's running rate: the mean of an arm's first blocks, then this weight per block of
+# either arm since the arm's rate was last updated (the load's regime is followed, not each text's turns; a first
+# block measured at a bad moment does not linger). An arm explored after n leader blocks weighs its new block as
+# the leader's rate weighed those n blocks together: both rates then cover the same recent time. With a fixed
+# weight a rarely run arm kept a rate from minutes before, while the leader's fell as contexts grew, and the gate
+# kept exploring an arm that was far behind (docs/results.md, round 15).
 WEIGHT = 0.15
 SWITCH_MARGIN = 0.05  # the other arm leads once its rate is this much above the leader's (noise does not flip it)
 # Leader blocks between two blocks of the other arm, by how far the leader is ahead (its rate / the other's).
@@ -44,6 +48,7 @@ class _Load:
 
     rates: dict[Arm, float | None] = field(default_factory=lambda: {Arm.PLAN: None, Arm.PLAIN: None})
     blocks: dict[Arm, int] = field(default_factory=lambda: {Arm.PLAN: 0, Arm.PLAIN: 0})
+    since: dict[Arm, int] = field(default_factory=lambda: {Arm.PLAN: 0, Arm.PLAIN: 0})  # blocks since its last
     led: int = 0
     leading: Arm = Arm.PLAN
 
@@ -116,7 +121,9 @@ class PlanGate:
     def _end_block(self, load: _Load) -> None:
         rate, old = self._tokens / self._ms, load.rates[self.arm]
         load.blocks[self.arm] += 1
-        load.rates[self.arm] = rate if old is None else old + max(WEIGHT, 1 / load.blocks[self.arm]) * (rate - old)
+        weight = max(1 - (1 - WEIGHT) ** (1 + load.since[self.arm]), 1 / load.blocks[self.arm])
+        load.rates[self.arm] = rate if old is None else old + weight * (rate - old)
+        load.since[self.arm], load.since[_other(self.arm)] = 0, load.since[_other(self.arm)] + 1
         self._calls, self._tokens, self._ms = 0, 0, 0.0
         leader = load.leader()
         if self.arm is not leader:
