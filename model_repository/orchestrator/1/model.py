@@ -67,6 +67,11 @@ def _run_job(job):
         pb_utils.Logger.log_error(f"sending a response or a metric failed: {exc}")
 
 
+def _key(family, labels):
+    """A series' key: its family's attribute name and its labels in order."""
+    return family, tuple(sorted(labels.items()))
+
+
 @dataclass
 class Client:
     """One request's stream: where its responses go and what they carried so far."""
@@ -112,19 +117,22 @@ class Metrics:
 
     def series(self, family, **labels):
         """`family`: the attribute naming it."""
-        key = (family, tuple(sorted(labels.items())))
+        return self._series_of(_key(family, labels))
+
+    def _series_of(self, key):
         if key not in self._series:
-            self._series[key] = getattr(self, family).Metric(labels=labels)
+            family, labels = key
+            self._series[key] = getattr(self, family).Metric(labels=dict(labels))
         return self._series[key]
 
     def _add(self, family, n, **labels):
-        self.tally.add((family, tuple(sorted(labels.items()))), n)
+        self.tally.add(_key(family, labels), n)
 
     def flush(self, when_due=False):
         """Write the gathered updates; `when_due`: only when the last flush is METRICS_FLUSH_S old."""
         now = time.monotonic()
         if not when_due or self.tally.due(now):
-            self.tally.flush(lambda key, n: self.series(key[0], **dict(key[1])).increment(n), now)
+            self.tally.flush(lambda key, n: self._series_of(key).increment(n), now)
 
     def queued_now(self, n):
         self.series("queued").set(n)

@@ -57,8 +57,10 @@ class TritonPythonModel:
             self.next_check.pop(step.sequence_id, None)
             return False
         due = self.next_check.get(step.sequence_id)
-        self.next_check[step.sequence_id] = now + CANCEL_CHECK_S if due is None or now >= due else due
-        if due is None or now < due:
+        if due is not None and now < due:
+            return False
+        self.next_check[step.sequence_id] = now + CANCEL_CHECK_S
+        if due is None:  # the stream's first response
             return False
         if len(self.next_check) > 4 * 1024:
             self.next_check = {k: t for k, t in self.next_check.items() if t > now - FORGET_AFTER_S}

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Callable, Hashable
+from collections.abc import Hashable
 from itertools import count
 
 import torch
@@ -20,7 +20,7 @@ from adaflash.decoding.planner import Planner
 from adaflash.decoding.policy import LengthController
 from adaflash.decoding.scheduler import Scheduler, Timed, run_now
 from adaflash.decoding.sequence import Request, Sequence, validate_request
-from adaflash.decoding.steps import StepResult, ms_since, step_batch
+from adaflash.decoding.steps import StepResult, StopEarly, ms_since, step_batch
 from adaflash.models.cache import KVCache, Paging
 from adaflash.models.drafter import DFlashDrafter, Draft, block_size_of
 from adaflash.models.placement import place_of
@@ -40,7 +40,7 @@ class LocalBackend:
         self.free_slots = list(range(num_slots - 1, -1, -1))
 
     async def forward(self, prefill: list[Sequence], verify: list[Sequence], feeds: list[list[int]],
-                      runs: list[int] | None = None, stop_early: Callable[[], bool] | None = None
+                      runs: list[int] | None = None, stop_early: StopEarly | None = None
                       ) -> Timed[tuple[list[StepResult], list[StepResult]]]:
         for seq in prefill:
             seq.slot = self.free_slots.pop()

@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 import time
 from collections import deque
-from collections.abc import Callable, Coroutine, Hashable
+from collections.abc import Coroutine, Hashable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
@@ -27,7 +27,7 @@ from adaflash.decoding.gate import Arm, PlanGate
 from adaflash.decoding.modes import Length, Mode, get_mode
 from adaflash.decoding.planner import Candidate, Plan, Planner
 from adaflash.decoding.sequence import Request, Sequence, StepRecord, draft_cap
-from adaflash.decoding.steps import StepResult
+from adaflash.decoding.steps import StepResult, StopEarly
 from adaflash.models.cache import Paging
 
 if TYPE_CHECKING:
@@ -58,7 +58,7 @@ class BackendError(RuntimeError):
 
 class Backend(Protocol):
     async def forward(self, prefill: list[Sequence], verify: list[Sequence], feeds: list[list[int]],
-                      runs: list[int] | None = None, stop_early: Callable[[], bool] | None = None
+                      runs: list[int] | None = None, stop_early: StopEarly | None = None
                       ) -> Timed[tuple[list[StepResult], list[StepResult]]]:
         """One target call: prefill the new sequences (a cache slot each) and verify the others, feeds[i] =
         [anchor] + the draft tokens verify[i] verifies. The time is the verify forward's. `runs` (no new
@@ -103,7 +103,6 @@ class Scheduler:
         self.page = 1 if paging is None else paging.page
         self.reserved = 0
         self.waiting: deque[Sequence] = deque()
-        self.arrivals = 0  # sequences queued so far: a run of plain decoding ends early when one comes meanwhile
         self.running: dict[Hashable, Sequence] = {}
         self._forwards_ms = 0.0  # the current step's model forwards, as their backend timed them
         self.run_steps = run_steps
@@ -133,7 +132,6 @@ class Scheduler:
         seq.can_draft = self.has_drafter and get_mode(seq.request.mode).drafter
         seq.policy = self.planner.controller.new_sequence()
         self.waiting.append(seq)
-        self.arrivals += 1
 
     async def cancel(self, seqs: list[Sequence]) -> None:
         """End sequences now, waiting or running; what the models keep of them is freed at once."""
@@ -227,7 +225,7 @@ class Scheduler:
         steps each sequence ran."""
         try:
             timed = await self.backend.forward([], active, [[s.tokens[-1]] for s in active], runs,
-                                               self._arrived(self.arrivals))
+                                               self._arrived(len(self.waiting)))
         except BackendError as exc:
             _fail(active, exc)
             return runs
@@ -244,10 +242,10 @@ class Scheduler:
                                                              res.log_probs[i : i + 1])))
         return runs
 
-    def _arrived(self, seen: int) -> Callable[[], bool]:
-        """Whether a sequence was queued since `seen` arrivals and a slot is free for it: asked from the thread
-        that runs the target, between steps (the loop's thread only adds to `arrivals` meanwhile)."""
-        return lambda: self.arrivals != seen and len(self.running) < self.max_active
+    def _arrived(self, queued: int) -> StopEarly:
+        """Whether a sequence joined the `queued` waiting ones and a slot is free for it: asked from the thread
+        that runs the target, between steps (meanwhile the loop's thread only adds to `waiting`)."""
+        return lambda: len(self.waiting) > queued and len(self.running) < self.max_active
 
     def _admit(self) -> list[Sequence]:
         batch: list[Sequence] = []

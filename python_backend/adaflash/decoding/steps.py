@@ -41,6 +41,10 @@ def ms_since(t0: float) -> float:
     return (time.perf_counter() - t0) * 1000
 
 
+# Asked by `decode_run` after each step of a run: True ends the run there (a request waits to join the batch).
+StopEarly = Callable[[], bool]
+
+
 def _never() -> bool:
     return False
 
@@ -88,14 +92,13 @@ def prefill_batch(target: Transformer, cache: KVCache, slots: list[int], prompts
 def step_batch(target: Transformer, cache: KVCache, new: int, slots: list[int], feeds: list[list[int]],
                sampling: list[SamplingParams], generators: list[torch.Generator], capture: list[int] | None,
                wants: list[bool] | None = None, histories: list[History | None] | None = None,
-               runs: list[int] | None = None, stop_early: Callable[[], bool] | None = None
-               ) -> tuple[list[StepResult], float]:
+               runs: list[int] | None = None, stop_early: StopEarly | None = None) -> tuple[list[StepResult], float]:
     """One scheduler step on the target: the first `new` sequences are prefilled (feeds: their prompts), the
     others verified (feeds: [anchor] + draft); features go to the sequences that `wants` them (None: all).
     `histories`: per verified sequence, its committed tokens through the anchor (None: it has no logits
     processors). `runs` (no new sequences, feeds of one token): plain decoding of runs[i] steps for sequence
-    i instead (`decode_run`, which `stop_early` may end sooner). Returns the results in order and the verify forwards' milliseconds (what the cost
-    model learns from; 0 without one)."""
+    i instead (`decode_run`, which `stop_early` may end sooner). Returns the results in order and the verify
+    forwards' milliseconds (what the cost model learns from; 0 without one)."""
     wants = [True] * len(slots) if wants is None else wants
     histories = [None] * len(slots) if histories is None else histories
     prefilled = prefill_batch(target, cache, slots[:new], feeds[:new], sampling[:new], generators[:new],
@@ -114,7 +117,7 @@ def step_batch(target: Transformer, cache: KVCache, new: int, slots: list[int], 
 def decode_run(target: Transformer, cache: KVCache, slots: list[int], anchors: list[int], runs: list[int],
                sampling: list[SamplingParams], generators: list[torch.Generator],
                histories: list[History | None], capture: list[int] | None,
-               wants: list[bool], stop_early: Callable[[], bool]) -> list[StepResult]:
+               wants: list[bool], stop_early: StopEarly) -> list[StepResult]:
     """Plain decoding, runs[i] one-token steps for sequence i, each fed the token the step before committed;
     fewer when `stop_early()` turns true after a step (a request waits to join the batch: it waits no longer).
 

@@ -9,9 +9,9 @@ model fails or does not answer. Payloads are protocol.py's.
 from __future__ import annotations
 
 import asyncio
-from functools import partial
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from typing import Protocol
 
 import torch
@@ -19,16 +19,13 @@ import torch
 from adaflash.decoding.costs import CostModel
 from adaflash.decoding.scheduler import BackendError, Timed
 from adaflash.decoding.sequence import Sequence
-from adaflash.decoding.steps import StepResult
+from adaflash.decoding.steps import StepResult, StopEarly
 from adaflash.models.drafter import Draft
 from adaflash.serving import protocol
 from adaflash.serving.protocol import DraftCall, Op, TargetCall, Tensors
 from adaflash.serving.slots import TargetSlots
 
 Call = Callable[[str, Tensors], Awaitable[Tensors]]
-
-
-StopEarly = Callable[[], bool]
 
 
 class Target(Protocol):

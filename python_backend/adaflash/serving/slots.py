@@ -19,7 +19,7 @@ import torch
 from adaflash.decoding.costs import CostModel, load_or_measure_costs
 from adaflash.decoding.sampling import History, SamplingParams
 from adaflash.decoding.scheduler import Timed
-from adaflash.decoding.steps import StepResult, ms_since, step_batch
+from adaflash.decoding.steps import StepResult, StopEarly, ms_since, step_batch
 from adaflash.models.cache import KVCache, Paging
 from adaflash.models.drafter import DFlashDrafter, Draft, DrafterConfig
 from adaflash.models.placement import Placement, place_of
@@ -122,10 +122,11 @@ class TargetSlots(CacheSlots):
         self.sampling: dict[Hashable, tuple[SamplingParams, torch.Generator]] = {}
         self.histories: dict[Hashable, History] = {}  # the committed tokens of sequences with logits processors
 
-    def run(self, call: TargetCall, stop_early: Callable[[], bool] | None = None) -> Timed[list[StepResult]]:
+    def run(self, call: TargetCall, stop_early: StopEarly | None = None) -> Timed[list[StepResult]]:
         """Prefill the call's new sequences and verify the others (the time is the verify forward's), or release
-        them; `stop_early` may end a call's plain decoding run sooner (`steps.decode_run`). Raises ValueError or KeyError for a call that does not fit its sequences (nothing changes then,
-        beyond the releases it carries), RuntimeError when no slot is free."""
+        them; `stop_early` may end a call's plain decoding run sooner (`steps.decode_run`). Raises ValueError or
+        KeyError for a call that does not fit its sequences (nothing changes then, beyond the releases it carries),
+        RuntimeError when no slot is free."""
         self.release_stale()
         for key in call.keys if call.op is Op.RELEASE else call.release:
             self.release(key)
