@@ -224,10 +224,18 @@ async def served_run(server: TritonServer, prompts: list[str], mode: str, max_to
     return served
 
 
+def rotated(layouts: list[str], rep: int) -> list[str]:
+    """The layouts in the order of round `rep`: each starts a round in turn, so that none always runs at the same
+    place in a round. The machine's speed drifts within a round: two servers that ran the same code at that load, in
+    a fixed order, differed by up to 13% in the median of five rounds (docs/results.md, round 16)."""
+    k = rep % len(layouts)
+    return layouts[k:] + layouts[:k]
+
+
 async def alternated_runs(servers: dict[str, TritonServer], engine: Engine, bundle: Bundle, prompts: list[str],
                           args: argparse.Namespace) -> list[dict]:
-    """Per mode and concurrency, `reps` rounds of the in-process run and then each layout's served run; a row per
-    layout, its ratio the median of the rounds' (a round's halves run minutes apart at most)."""
+    """Per mode and concurrency, `reps` rounds of the in-process run and then each layout's served run (`rotated`);
+    a row per layout, its ratio the median of the rounds' (a round's halves run minutes apart at most)."""
     rows = []
     for mode in args.modes:
         engine.generate([Request(bundle.tokenizer.encode(prompts[0]).ids, WARMUP_TOKENS, mode=mode)])
@@ -237,10 +245,10 @@ async def alternated_runs(servers: dict[str, TritonServer], engine: Engine, bund
             chosen = prompts_for(prompts, c, args.requests_per_user, args.min_requests)
             local: list[PathRun] = []
             served: dict[str, list[PathRun]] = {layout: [] for layout in servers}
-            for _ in range(args.reps):
+            for rep in range(args.reps):
                 local.append(run_in_process(engine, bundle, chosen, mode, args.max_tokens, c))
-                for layout, server in servers.items():
-                    served[layout].append(await served_run(server, chosen, mode, args.max_tokens, c))
+                for layout in rotated(list(servers), rep):
+                    served[layout].append(await served_run(servers[layout], chosen, mode, args.max_tokens, c))
             for layout, runs in served.items():
                 row = make_row(mode, c, layout, local, runs)
                 print(f"{mode} c={c} target {layout}: in-process {row['in_process_tokens_per_s']} tok/s, gRPC "
