@@ -226,8 +226,7 @@ async def served_run(server: TritonServer, prompts: list[str], mode: str, max_to
 
 def rotated(layouts: list[str], rep: int) -> list[str]:
     """The layouts in the order of round `rep`: each starts a round in turn, so that none always runs at the same
-    place in a round. The machine's speed drifts within a round: two servers that ran the same code at that load, in
-    a fixed order, differed by up to 13% in the median of five rounds (docs/results.md, round 16)."""
+    place in a round, where the machine's drift within a round would favour it (docs/results.md, round 16)."""
     k = rep % len(layouts)
     return layouts[k:] + layouts[:k]
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from adaflash.decoding.gate import BLOCK_CALLS, EXPLORE_AFTER, SWITCH_MARGIN, WARMUP_CALLS, Arm, PlanGate
+from adaflash.decoding.gate import BLOCK_CALLS, EXPLORE_AFTER, SWITCH_MARGIN, WARMUP_CALLS, WEIGHT, Arm, PlanGate
 
 
 def run_blocks(gate: PlanGate, sequences: int, rates: dict[Arm, float], blocks: int) -> list[Arm]:
@@ -127,7 +127,7 @@ def test_an_arm_run_again_after_many_leader_blocks_catches_up_with_its_new_rate_
     gate = PlanGate()
     run_blocks(gate, 8, {Arm.PLAN: 2.0, Arm.PLAIN: 1.0}, 40)
     load = gate.loads[8 .bit_length()]
-    assert load.leader() is Arm.PLAN and load.blocks[Arm.PLAN] > 1 / 0.15
+    assert load.leader() is Arm.PLAN and load.blocks[Arm.PLAN] > 1 / WEIGHT
     arms = []
     while Arm.PLAIN not in arms:
         arms += run_blocks(gate, 8, {Arm.PLAN: 2.0, Arm.PLAIN: 4.0}, 1)
