@@ -1,8 +1,8 @@
 """Time the served gRPC path against the in-process engine: same model folder, prompts, modes, greedy.
 
-Why: a request served by Triton takes a longer road than `Engine.generate` (gRPC, the ensemble's
-preprocessing and postprocessing, the orchestrator's step loop with its BLS calls to the `target`
-and `drafter` models, one streamed response per step). This measures what that road costs in
+Why: a request served by Triton takes a longer road than `Engine.generate` (gRPC, the `adaflash`
+model's checks, tokenising and step loop with its BLS calls to the `target` and `drafter` models,
+one detokenised response streamed per step). This measures what that road costs in
 output tokens per second at each concurrency, and checks first that it computes the same thing:
 every served text must equal the decoded in-process output, and a concurrency where any differs
 gets no speed (the run then exits 1).
@@ -11,7 +11,7 @@ The client is lean: asyncio gRPC streams in this one process (tritonclient's aio
 CPU time reported, because it shares the machine's cores with the server. The paths run one after
 the other, never at once (the servers' processes and this process's engine would compete for the
 same cores): per mode and concurrency, `--reps` rounds of the in-process run and then a served run
-on each layout (`--layouts`: the target as a model of its own, or in the orchestrator's process; a
+on each layout (`--layouts`: the target as a model of its own, or in the `adaflash` model's process; a
 server each, idle while the others run), because this machine's speed drifts by tens of percent over
 minutes and a ratio is only worth what its two halves share; rows report medians. One verify/draft
 cost table, measured here and given to the servers, is what `adaflash` plans from on every path.

@@ -78,7 +78,7 @@ def test_tensorrt_llm_inputs_this_server_does_not_do_are_refused_by_name(field, 
     ("min_tokens", np.array([[-1]], dtype=np.int32)),
     ("spec_mode", np.array([[b"medusa"]], dtype=object)), ("text_input", np.array([[b"\xc3"]], dtype=object)),
     ("text_input", np.array([[b""]], dtype=object)), ("max_draft", np.array([[-2]])),
-    ("max_draft", np.array([[protocol.UNSET]])), ("top_k", np.array([[1, 2]])),
+    ("max_draft", np.array([[-1]])), ("top_k", np.array([[1, 2]])),
     ("messages", np.array([[b'[{"role": "system"']], dtype=object)),
     ("messages", np.array([[b'[{"role": "system"}]']], dtype=object)),
     ("messages", np.array([[b'{"role": "system", "content": "hi"}']], dtype=object)),
@@ -208,34 +208,17 @@ def test_windowed_deltas_equal_the_whole_output_deltas(name):
             sent = n
 
 
-def _forwarded(tensors):
-    """What the ensemble hands the orchestrator: preprocessing's `out_<name>` outputs as `<name>`."""
-    return {name.removeprefix("out_"): value for name, value in tensors.items()}
-
-
-def test_a_parsed_request_reaches_the_orchestrator_as_the_engine_request():
+def test_a_parsed_request_reaches_the_step_loop_as_the_engine_request():
     values = parse_request(_tensors(temperature=np.array([[0.5]], dtype=np.float32), top_k=np.array([[3]]),
                                     random_seed=np.array([[9]], dtype=np.uint64),
                                     stream=np.array([[True]]), max_draft=np.array([[2]])), LIMITS)
-    got = protocol.decode_generation(_forwarded(protocol.encode_generation(protocol.Encoded([5, 6], [0, 7]), values)))
+    got = protocol.generation_of(protocol.Encoded([5, 6], [0, 7], [[4]], ["stop here"]), values)
     assert (got.request.prompt_ids, got.request.max_tokens, got.request.mode, got.request.max_draft) == ([5, 6], 8,
                                                                                                         "adaflash", 2)
-    assert got.request.sampling == SamplingParams(temperature=0.5, top_k=3, top_p=1.0, seed=9)
-    assert got.stop_ids == {0, 7} and got.stream is True
-
-
-def test_an_unset_max_draft_is_none_on_both_sides_of_the_wire():
-    values = parse_request(_tensors(), LIMITS)
-    tensors = protocol.encode_generation(protocol.Encoded([5], [0]), values)
-    assert values["max_draft"] is None and int(tensors["out_max_draft"].reshape(-1)[0]) == protocol.UNSET
-    assert protocol.decode_generation(_forwarded(tensors)).request.max_draft is None
-
-
-def test_a_generation_request_missing_a_tensor_names_it():
-    tensors = _forwarded(protocol.encode_generation(protocol.Encoded([5], [0]), parse_request(_tensors(), LIMITS)))
-    del tensors["spec_mode"]
-    with pytest.raises(ValueError, match="^spec_mode: required"):
-        protocol.decode_generation(tensors)
+    assert got.request.sampling == SamplingParams(temperature=0.5, top_k=3, top_p=1.0, seed=9, bad_words=((4,),))
+    assert got.stop_ids == {0, 7} and got.stream is True and got.stop_texts == ("stop here",)
+    unset = protocol.generation_of(protocol.Encoded([5], [0]), parse_request(_tensors(), LIMITS))
+    assert unset.request.max_draft is None and unset.request.sampling == SamplingParams()
 
 
 def test_target_calls_and_results_round_trip():
@@ -305,17 +288,15 @@ def test_draft_calls_and_drafts_round_trip():
     assert torch.equal(back.accept_ratio, draft.accept_ratio) and back.hidden is None
 
 
-def test_step_responses_reach_the_client_as_text_and_statistics():
+def test_responses_carry_the_text_and_the_statistics():
     seq = Sequence(id=42, request=Request([1], 4), tokens=[1, 2, 3], generator=None, stop_ids=frozenset(),
                    output=[2, 3], steps=[StepRecord(2, 1, 2)], finish_reason="length")
-    tensors = protocol.encode_step_response(seq, sent_len=1, steps_from=0, final=True)
-    step = protocol.decode_step_response(tensors)
-    assert (step.output_ids, step.sent_len, step.final, step.sequence_id) == ([2, 3], 1, True, 42)
-    out = protocol.encode_text_response("hé", tensors)
-    assert protocol.names(protocol.MODEL_TENSORS["postprocessing"][1])[:1 + len(protocol.STATS)] == list(out)
-    assert out["text_output"].reshape(-1)[0].decode() == "hé"
-    assert out["out_finish_reason"].reshape(-1)[0] == b"length" and out["out_accepted_per_step"].tolist() == [[1]]
-    assert protocol.decode_cancel(protocol.encode_cancel(42)) == 42 and protocol.decode_cancel(tensors) is None
+    generation = protocol.Generation(seq.request, frozenset(), stream=True)
+    out = protocol.encode_response(seq, "hé", sent_len=1, steps_from=0, final=True, generation=generation)
+    assert list(out) == protocol.names((protocol.TEXT_OUTPUT, *protocol.STATS))
+    assert out["text_output"].reshape(-1)[0].decode() == "hé" and out["num_output_tokens"].tolist() == [[2]]
+    assert out["finish_reason"].reshape(-1)[0] == b"length" and out["accepted_per_step"].tolist() == [[1]]
+    assert generation.text_ids(seq, final=True) == [2, 3]
 
 
 def test_what_a_client_asks_for_by_name_is_in_its_responses_only():
@@ -324,40 +305,41 @@ def test_what_a_client_asks_for_by_name_is_in_its_responses_only():
     values = parse_request(_tensors(return_log_probs=np.array([[True]]), return_num_input_tokens=np.array([[True]]),
                                     return_perf_metrics=np.array([[True]]),
                                     exclude_input_in_output=np.array([[False]])), LIMITS)
-    generation = protocol.decode_generation(_forwarded(protocol.encode_generation(protocol.Encoded([1, 5], [0]),
-                                                                                  values)))
+    generation = protocol.generation_of(protocol.Encoded([1, 5], [0]), values)
     assert generation.echo and generation.request.sampling.log_probs
     seq = Sequence(id=7, request=generation.request, tokens=[1, 5, 2, 3], generator=None, stop_ids=frozenset(),
                    output=[2, 3], log_probs=[-0.5, -0.25], steps=[StepRecord(4, 1, 2), StepRecord(2, 0, 1)],
                    finish_reason="length")
-    step = protocol.encode_step_response(seq, sent_len=1, steps_from=0, final=True, generation=generation)
-    assert step["echo_ids"].tolist() == [[1, 5]] and protocol.decode_step_response(step).echo_ids == [1, 5]
-    out = protocol.encode_text_response("x", step)
-    assert out["out_cum_log_probs"].tolist() == [[-0.75]] and out["out_output_log_probs"].tolist() == [[[-0.25]]]
-    assert out["out_output_token_ids"].tolist() == [[[3]]]
-    assert out["out_num_input_tokens"].tolist() == [[2]] and out["out_total_draft_tokens"].tolist() == [[6]]
-    assert out["out_total_accepted_draft_tokens"].tolist() == [[1]]
-    assert out["out_acceptance_rate"].tolist() == [[np.float32(1 / 6)]]
-    asked_nothing = protocol.encode_step_response(seq, 1, 0, True, protocol.Generation(seq.request, frozenset(), True))
-    assert set(asked_nothing) == set(protocol.names(protocol.STEP_REQUIRED)) | {"cum_log_probs", "output_log_probs",
-                                                                               "output_token_ids"}
+    assert generation.text_ids(seq, final=True) == [1, 5, 2, 3]  # the one response of a request not streamed
+    assert generation.text_ids(seq, final=False) == [2, 3]
+    out = protocol.encode_response(seq, "x", sent_len=1, steps_from=0, final=True, generation=generation)
+    assert out["cum_log_probs"].tolist() == [[-0.75]] and out["output_log_probs"].tolist() == [[[-0.25]]]
+    assert out["output_token_ids"].tolist() == [[[3]]]
+    assert out["num_input_tokens"].tolist() == [[2]] and out["total_draft_tokens"].tolist() == [[6]]
+    assert out["total_accepted_draft_tokens"].tolist() == [[1]]
+    assert out["acceptance_rate"].tolist() == [[np.float32(1 / 6)]]
+    asked_nothing = protocol.encode_response(seq, "x", 1, 0, True, protocol.Generation(seq.request, frozenset(), True))
+    assert set(asked_nothing) == set(protocol.names((protocol.TEXT_OUTPUT, *protocol.STATS))) | {
+        "cum_log_probs", "output_log_probs", "output_token_ids"}
 
 
 def test_every_encoded_payload_matches_its_declaration():
     """What the encoders write is what the model configs (written from the declarations) promise."""
-    values = parse_request(_tensors(), LIMITS)
-    seq = Sequence(id=1, request=Request([1], 4), tokens=[1, 2], generator=None, stop_ids=frozenset(), output=[2])
-    step = protocol.encode_step_response(seq, 0, 0, False)
+    values = parse_request(_tensors(return_num_input_tokens=np.array([[True]]),
+                                    return_perf_metrics=np.array([[True]]),
+                                    return_log_probs=np.array([[True]])), LIMITS)
+    generation = protocol.generation_of(protocol.Encoded([1], [0]), values)
+    seq = Sequence(id=1, request=generation.request, tokens=[1, 2], generator=None, stop_ids=frozenset(), output=[2],
+                   log_probs=[-0.5])
     payloads = {
-        ("preprocessing", 1): protocol.encode_generation(protocol.Encoded([1], [0]), values),
-        ("orchestrator", 1): step,
-        ("postprocessing", 1): protocol.encode_text_response("x", step),
+        ("adaflash", 1): protocol.encode_response(seq, "x", 0, 0, False, generation),
         ("target", 0): protocol.encode_target_call(protocol.TargetCall(protocol.Op.STEP, [1], [[1]],
                                                                        [SamplingParams()])),
         ("target", 1): protocol.encode_target_result([StepResult([1], 0, 0.0, torch.zeros(1, 2))], 1.0),
         ("drafter", 0): protocol.encode_draft_call(protocol.DraftCall([1], [1], [torch.zeros(1, 2)], 2)),
         ("drafter", 1): protocol.encode_draft(Draft(torch.zeros(1, 1, dtype=torch.long), None, None, None), 1.0),
     }
+    assert set(payloads[("adaflash", 1)]) == set(protocol.names(protocol.RESPONSE))  # every output, asked for
     unbatched = {"target", "drafter"}  # called once per step: no batch dimension
     for (model, side), tensors in payloads.items():
         specs = {s.name: s for s in protocol.MODEL_TENSORS[model][side]}

@@ -1,5 +1,5 @@
-"""Faults: a request inside the orchestrator when its process dies ends (the server is restarted); a drafter
-that fails leaves the requests in flight decoding plainly, with the same text. SIGKILL of each model process
+"""Faults: a request inside the `adaflash` model (the orchestrator) when its process dies ends (the server is
+restarted); a drafter that fails leaves the requests in flight decoding plainly, with the same text. SIGKILL of each model process
 under traffic is the reliability suite's `faults` scenario (tests/test_reliability.py)."""
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ def server(tmp_path_factory):
 def test_a_request_inside_the_orchestrator_when_it_dies_ends_with_an_error_not_a_hang(server):
     """Triton never ends a decoupled model's requests when its process dies (before, the client waited for
     its own timeout); the healer restarts the server, which ends them, and it serves again."""
-    errors = kill_mid_stream(server, "orchestrator")
+    errors = kill_mid_stream(server, "adaflash")
     assert len(errors) == 1 and "DEADLINE_EXCEEDED" not in str(errors[0].status), errors
     wait_until(lambda: ready(server), 120, "the restarted server")
     with AdaFlashClient(server.grpc_url, timeout_s=60) as client:

@@ -41,7 +41,7 @@ def served(tmp_path_factory):
     costs = root / "cost.json"
     fixed_costs(16).save(costs)
     cfg = RepositoryConfig(max_active=16, max_batch_size=16, max_len=1024, max_prompt_tokens=400,
-                           max_output_tokens=600, preprocessing_instances=1)
+                           max_output_tokens=600)
     repo = build_repository(root / "model_repository", model_dir, "drafter", cfg, costs)
     with TritonServer(ServerConfig(model_repository=repo, state_dir=root / "state")) as server:
         front = FrontServer(server.grpc_url, "127.0.0.1", free_ports(1)[0]).start()
@@ -304,7 +304,7 @@ def _generation(chat: bool) -> Generation:
 
 
 @pytest.mark.parametrize(("message", "chat", "status", "param"), [
-    ("in ensemble 'adaflash', INVALID_ARGUMENT: apply_chat_template: the target has no chat template", True, 400,
+    ("INVALID_ARGUMENT: apply_chat_template: the target has no chat template", True, 400,
      "messages"),
     ("INVALID_ARGUMENT: text_input: prompt of 900 tokens exceeds the limit of 400", False, 400, "prompt"),
     ("INVALID_ARGUMENT: max_tokens: must be in [1, 600], got 0", True, 400, "max_completion_tokens"),

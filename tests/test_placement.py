@@ -144,7 +144,7 @@ def test_a_bfloat16_repository_serves_like_the_bfloat16_engine(trained_tiny, tmp
     cfg = RepositoryConfig(max_active=4, max_batch_size=8, max_len=512, max_prompt_tokens=128, max_output_tokens=256,
                            device="cpu", dtype="bfloat16", kv_cache_memory=str(2 * 512 * per_token), kv_page=32)
     repo = build_repository(tmp_path / "model_repository", model_dir, "drafter", cfg)
-    assert "kv_pages\" value: { string_value: \"32\"" in (repo / "orchestrator" / "config.pbtxt").read_text()
+    assert "kv_pages\" value: { string_value: \"32\"" in (repo / "adaflash" / "config.pbtxt").read_text()
     bundle = load_bundle(model_dir, None, placement("cpu", "bfloat16"))
     prompts = ["def add(a, b):", "The capital of France is", "1, 2, 3, 4,"]
     engine = Engine(bundle.target, None, num_slots=1, max_len=512)

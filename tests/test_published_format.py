@@ -140,7 +140,7 @@ def test_a_server_on_the_published_formats_streams_the_greedy_text(published_mod
     tokenizer = load_bundle(published_models, drafter=None).tokenizer
     reference = [tokenizer.decode(ids) for ids in greedy]
     cfg = RepositoryConfig(max_active=4, max_batch_size=4, max_len=256, max_prompt_tokens=64,
-                           max_output_tokens=MAX_TOKENS, preprocessing_instances=1, device="cpu")
+                           max_output_tokens=MAX_TOKENS, device="cpu")
     fixed_costs(4).save(tmp_path / "costs.json")  # measuring them would take most of the test's time
     repo = build_repository(tmp_path / "model_repository", published_models, "drafter", cfg, tmp_path / "costs.json")
     with TritonServer(ServerConfig(model_repository=repo, state_dir=tmp_path / "state")) as server:

@@ -34,9 +34,9 @@ def test_the_malformed_corpus_has_thirty_kinds_on_both_protocols():
 def test_a_refusal_by_our_models_must_be_a_client_error_naming_the_field():
     case = Malformed("top_p 0", "top_p")
     row = reliability._malformed_row
-    assert row(case, "http", True, 400, "in ensemble 'adaflash', INVALID_ARGUMENT: top_p: must be in (0, 1]")["passed"]
-    assert not row(case, "http", True, 500, "in ensemble 'adaflash', INVALID_ARGUMENT: top_p: must be in (0, 1]")["passed"]
-    assert not row(case, "grpc", True, None, "in ensemble 'adaflash', INVALID_ARGUMENT: temperature: bad")["passed"]
+    assert row(case, "http", True, 400, "INVALID_ARGUMENT: top_p: must be in (0, 1]")["passed"]
+    assert not row(case, "http", True, 500, "INVALID_ARGUMENT: top_p: must be in (0, 1]")["passed"]
+    assert not row(case, "grpc", True, None, "INVALID_ARGUMENT: temperature: bad")["passed"]
     assert not row(case, "http", False, 200, '{"text_output": "accepted"}')["passed"]
     assert row(case, "http", True, 500, "Unable to parse 'data'")["refused_by"] == "triton"
 

@@ -1,5 +1,5 @@
 """The repository builder: it fills the templates and copies code, and loads no model (the process that runs the
-target's forwards measures the cost table when it starts: the orchestrator by default, else the `target` model), so
+target's forwards measures the cost table when it starts: the `adaflash` model by default, else `target`), so
 a server holds one copy of the target."""
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ LAYOUTS = [True, False]  # target_in_orchestrator
 
 def _host(cfg: RepositoryConfig) -> str:
     """The model whose process runs the target's forwards."""
-    return "orchestrator" if cfg.target_in_orchestrator else "target"
+    return "adaflash" if cfg.target_in_orchestrator else "target"
 
 
 def _parameter(config: str, key: str) -> str:
@@ -58,23 +58,22 @@ def test_a_given_cost_table_is_handed_to_the_target(tmp_path, here):
 
 
 def test_the_target_runs_in_the_orchestrator_unless_asked_apart(tmp_path):
-    """By default no `target` model is written (one copy of the target, in the orchestrator's process); asked
-    apart, the `target` model holds it and the orchestrator calls it."""
+    """By default no `target` model is written (one copy of the target, in the process of `adaflash`, the
+    orchestrator); asked apart, the `target` model holds it and the orchestrator calls it."""
     assert RepositoryConfig().target_in_orchestrator
     here = build_repository(tmp_path / "here", _configs_only(tmp_path / "a"), "drafter", CFG)
-    assert sorted(p.name for p in here.iterdir()) == ["adaflash", "drafter", "orchestrator", "postprocessing",
-                                                     "preprocessing"]
-    assert _parameter((here / "orchestrator" / "config.pbtxt").read_text(), "target_in_orchestrator") == "True"
+    assert sorted(p.name for p in here.iterdir()) == ["adaflash", "drafter"]
+    assert _parameter((here / "adaflash" / "config.pbtxt").read_text(), "target_in_orchestrator") == "True"
     apart = build_repository(tmp_path / "apart", _configs_only(tmp_path / "b"), "drafter",
                              replace(CFG, target_in_orchestrator=False))
     assert (apart / "target" / "config.pbtxt").exists()
-    assert _parameter((apart / "orchestrator" / "config.pbtxt").read_text(), "target_in_orchestrator") == "False"
+    assert _parameter((apart / "adaflash" / "config.pbtxt").read_text(), "target_in_orchestrator") == "False"
 
 
 @pytest.mark.parametrize("here", LAYOUTS)
 def test_a_gpu_repository_puts_the_models_on_the_named_gpu_in_bf16(tmp_path, here):
     """Written on a machine without a GPU for one with: the target's host and the drafter get a GPU instance on
-    the device asked for, in the device's default dtype; the Python-only models stay on the CPU."""
+    the device asked for, in the device's default dtype; the orchestrator without the target stays on the CPU."""
     gpu = replace(CFG, device="cuda:1", target_in_orchestrator=here)
     repo = build_repository(tmp_path / "model_repository", _configs_only(tmp_path), "drafter", gpu)
     for model in (_host(gpu), "drafter"):
@@ -82,9 +81,7 @@ def test_a_gpu_repository_puts_the_models_on_the_named_gpu_in_bf16(tmp_path, her
         assert "kind: KIND_GPU gpus: [ 1 ]" in config
         assert (_parameter(config, "device"), _parameter(config, "dtype")) == ("cuda", "bfloat16")
     if not here:
-        assert "KIND_GPU" not in (repo / "orchestrator" / "config.pbtxt").read_text()
-    for model in ("preprocessing", "postprocessing"):
-        assert "KIND_GPU" not in (repo / model / "config.pbtxt").read_text()
+        assert "KIND_GPU" not in (repo / "adaflash" / "config.pbtxt").read_text()
     cpu = replace(CFG, device="cpu", dtype="bfloat16", target_in_orchestrator=here)
     config = (build_repository(tmp_path / "cpu_repository", _configs_only(tmp_path / "b"), "drafter", cpu)
               / _host(cpu) / "config.pbtxt").read_text()
@@ -106,13 +103,13 @@ def test_a_kv_cache_budget_pages_the_caches(tmp_path):
     per_token = sum(c.k.nbytes + c.v.nbytes for c in (bundle.target.new_cache(1, 1), bundle.drafter.new_cache(1, 1)))
     budget = replace(CFG, device="cpu", kv_page=32, kv_cache_memory=str(int(2.5 * CFG.max_len * per_token)))
     repo = build_repository(tmp_path / "model_repository", _configs_only(tmp_path), "drafter", budget)
-    for model in ("drafter", "orchestrator"):
+    for model in ("drafter", "adaflash"):
         config = (repo / model / "config.pbtxt").read_text()
         assert _parameter(config, "max_active") == "4"
         assert (_parameter(config, "kv_page"), _parameter(config, "kv_pages")) == ("32", str(int(2.5 * 512) // 32))
     roomy = replace(budget, kv_cache_memory=str(4 * CFG.max_len * per_token))
     repo = build_repository(tmp_path / "roomy", _configs_only(tmp_path / "a"), "drafter", roomy)
-    assert _parameter((repo / "orchestrator" / "config.pbtxt").read_text(), "kv_pages") == "0"
+    assert _parameter((repo / "adaflash" / "config.pbtxt").read_text(), "kv_pages") == "0"
     with pytest.raises(ValueError, match="^kv_cache_memory: .* less than one sequence"):
         build_repository(tmp_path / "r", _configs_only(tmp_path / "b"), "drafter",
                          replace(budget, kv_cache_memory=str(per_token * 10)))

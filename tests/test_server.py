@@ -1,4 +1,4 @@
-"""A real tritonserver serving the adaflash ensemble over real gRPC: equality, streaming, cancellation, bad input."""
+"""A real tritonserver serving the `adaflash` model over real gRPC: equality, streaming, cancellation, bad input."""
 
 from __future__ import annotations
 
@@ -29,6 +29,7 @@ from adaflash.serving.api import TextStops
 from adaflash.serving.protocol import OWN_INPUTS, OWN_OUTPUTS, STOCK_CONTRACT, names
 from adaflash_build.repository import RepositoryConfig, build_repository
 from adaflash_client import AdaFlashClient, GenerationParams
+from adaflash_client.client import build_inputs
 from adaflash_client.reliability import send_grpc, send_http
 from adaflash_client.sweep import completion_record, summarize_level, write_tidy_csv
 from adaflash_server.launcher import ServerConfig, TritonServer
@@ -36,7 +37,7 @@ from adaflash_server.launcher import ServerConfig, TritonServer
 MAX_TOKENS = 24
 MAX_PROMPT = 160
 QWEN3_CHAT = Path(__file__).parent / "fixtures" / "qwen3_chat"
-STOCK = "trtllm_contract"  # the second ensemble: TensorRT-LLM's tensors only, over the same models
+STOCK = "trtllm_contract"  # an ensemble over `adaflash` with TensorRT-LLM's tensors only
 
 
 @pytest.fixture(scope="module")
@@ -158,6 +159,23 @@ def test_cancelled_streams_free_their_sequences(served, prompts):
     wait_until(lambda: _cancelled(server, "ar") - before["ar"] == 25, 30, "25 ar streams ended as cancelled")
     with _client(served) as client:
         assert client.generate("still serving?", GenerationParams(max_tokens=4)).num_output_tokens == 4
+
+
+def test_a_request_not_streamed_is_cancelled_too(served, prompts):
+    """A non-streaming request sends nothing before its end, so only the loop's own question to Triton can see
+    its client leave (an ensemble's postprocessing step never could): it ends as cancelled, long before its 600
+    `ar` steps, and frees its sequence."""
+    server = served[0]
+    before = _cancelled(server, "ar")
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    client.start_stream(callback=lambda result, error: None)
+    inputs = build_inputs(prompts[0], GenerationParams(max_tokens=600, spec_mode="ar"), stream=False)
+    client.async_stream_infer("adaflash", inputs)
+    wait_until(lambda: _active_sequences(server) >= 1, 30, "the request to start")
+    client.stop_stream(cancel_requests=True)
+    wait_until(lambda: _cancelled(server, "ar") - before == 1, 30, "the request to end as cancelled")
+    assert _wait_until_idle(server) == 0
+    client.close()
 
 
 def _text(s: bytes) -> tuple[str, np.ndarray]:

@@ -76,8 +76,7 @@ def served(pki, tmp_path_factory):
     model_dir = save_bundle(tiny_random_bundle(seed=0), root / MODEL)
     costs = root / "cost.json"
     fixed_costs(4).save(costs)
-    cfg = RepositoryConfig(max_active=4, max_batch_size=4, max_len=256, max_prompt_tokens=64, max_output_tokens=64,
-                           preprocessing_instances=1)
+    cfg = RepositoryConfig(max_active=4, max_batch_size=4, max_len=256, max_prompt_tokens=64, max_output_tokens=64)
     repo = build_repository(root / "model_repository", model_dir, "drafter", cfg, costs)
     restricted = f"--grpc-restricted-protocol=inference:{RESTRICTION[0]}={RESTRICTION[1]}"
     config = ServerConfig(model_repository=repo, state_dir=root / "state", tls=pki.server, extra_args=[restricted])

@@ -1,8 +1,8 @@
 """Build a Triton model repository from the templates in `model_repository/`.
 
 The templates carry `${...}` fields (model folders, instance counts, sequence slots, queue
-delays, limits, and each model's tensors and the ensemble's wiring, written from the declarations
-in `adaflash.serving.protocol`); this fills them and copies the model code. It loads no model: the
+delays, limits, and each model's tensors, written from the declarations in
+`adaflash.serving.protocol`); this fills them and copies the model code. It loads no model: the
 verify/draft cost table of the length policy is measured by the target model when it starts, in
 the process and on the device that run its forwards (or a given table is reused).
 """
@@ -27,23 +27,36 @@ from adaflash.models.placement import CPU, Placement, placement
 from adaflash.models.target import TargetConfig
 from adaflash.serving.pacing import AUTO
 from adaflash.serving.protocol import (
-    GENERATION,
+    ENTRY,
     MODEL_TENSORS,
-    REQUEST_FIELDS,
-    REQUESTED,
-    STATS,
-    STEP_RESPONSE,
     STOCK_CONTRACT,
-    TEXT_OUTPUT,
-    RequestField,
     TensorSpec,
     drafter_models_in,
-    forwarded_name,
     next_drafter_name,
 )
 
 TEMPLATES = Path(__file__).resolve().parents[2] / "model_repository"
 MODELS = tuple(MODEL_TENSORS)
+# A stock-contract ensemble: one step, the entry model, with TensorRT-LLM's tensors only.
+STOCK_ENSEMBLE = """name: "${name}"
+platform: "ensemble"
+max_batch_size: ${max_batch_size}
+input [
+${inputs}
+]
+output [
+${outputs}
+]
+ensemble_scheduling {
+  step [
+    {
+      model_name: "${entry}"
+      model_version: -1
+${maps}
+    }
+  ]
+}
+"""
 
 
 @dataclass
@@ -54,14 +67,13 @@ class RepositoryConfig:
     stream_interval_ms: float = 0.0  # a stream's responses at most this often; 0: one per step (serving/pacing.py)
     max_responses_per_s: float = AUTO  # streamed responses per second, shared by the streams; 0: no limit;
     # AUTO (-1): RESPONSES_PER_CORE_S per CPU core of the serving machine
-    max_batch_size: int = 64  # requests per execute of the ensemble-facing models
+    max_batch_size: int = 64  # requests per execute of the public model
     max_len: int = 2048  # tokens per sequence (prompt + output + one draft block)
     max_prompt_tokens: int = 1024
     max_output_tokens: int = 1000
     idle_timeout_s: int = 600  # a sequence silent this long is reclaimed
     drafter_timeout_s: float = 10.0  # a slower draft is dropped and the request decodes plainly
     target_timeout_s: float = 120.0  # a target call unanswered this long fails the request (never a hang)
-    preprocessing_instances: int = 2
     default_spec_mode: str = "adaflash"
     device: str = "auto"  # the target's and drafter's: auto (CUDA when this machine's PyTorch sees one), cpu, cuda[:N]
     dtype: str = ""  # their floating dtype; empty: the device's default (placement.py)
@@ -80,9 +92,10 @@ def build_repository(out_dir: str | Path, model_dir: str | Path, drafter: str | 
                      stock_contract_ensemble: str | None = None) -> Path:
     """Write the repository to `out_dir` (replaced); returns it. Without a drafter only ar/ngram are served.
 
-    `stock_contract_ensemble`: the name of a second ensemble over the same models with TensorRT-LLM's tensors only
-    (`protocol.STOCK_CONTRACT`), to try or compare a client against that contract without TensorRT-LLM. Not a
-    RepositoryConfig field, so `adaflash serve` has none: its drain stops the `adaflash` ensemble only."""
+    `stock_contract_ensemble`: the name of an ensemble over the `adaflash` model with TensorRT-LLM's tensors only
+    (`protocol.STOCK_CONTRACT`), to try or compare a client against that contract without TensorRT-LLM. Triton
+    tells an ensemble's running step nothing of a client's cancellation, so a stream cancelled there runs to its
+    end. Not a RepositoryConfig field, so `adaflash serve` has none: its drain stops the `adaflash` model only."""
     out_dir, model_dir = Path(out_dir).resolve(), Path(model_dir).resolve()
     cfg = fit_to_context(config or RepositoryConfig(), _target_context(model_dir))
     drafter_dir = model_dir / drafter if drafter else None
@@ -104,10 +117,9 @@ def build_repository(out_dir: str | Path, model_dir: str | Path, drafter: str | 
         shutil.copyfile(cost_table, cost_path)
     fields = {**{k: str(v) for k, v in asdict(cfg).items()}, "target_dir": str(model_dir / "target"),
               "kv_pages": str(kv_pages), "device": place.device.type, "dtype": place.dtype_name, "model_instances": _instances(place),
-              "orchestrator_instances": _instances(place) if cfg.target_in_orchestrator else _instances(CPU),
+              "entry_instances": _instances(place) if cfg.target_in_orchestrator else _instances(CPU),
               "drafter_dir": str(drafter_dir or ""), "cost_table": str(cost_path if cost_path.exists() else ""),
-              "idle_us": str(cfg.idle_timeout_s * 1_000_000), "default_spec_mode": default_mode,
-              **_ensemble_wiring(REQUEST_FIELDS, (*STATS, *REQUESTED))}
+              "idle_us": str(cfg.idle_timeout_s * 1_000_000), "default_spec_mode": default_mode}
     for name in MODELS:
         if (name == "drafter" and not drafter_dir) or (name == "target" and cfg.target_in_orchestrator):
             continue
@@ -117,19 +129,18 @@ def build_repository(out_dir: str | Path, model_dir: str | Path, drafter: str | 
     if drafter_dir:
         shutil.copytree(drafter_dir, out_dir / "drafter" / "1" / "weights")
     if stock_contract_ensemble:
-        _write_stock_ensemble(out_dir / stock_contract_ensemble, fields)
+        _write_stock_ensemble(out_dir / stock_contract_ensemble, cfg.max_batch_size)
     return out_dir
 
 
-def _write_stock_ensemble(path: Path, fields: dict[str, str]) -> None:
-    """The `adaflash` ensemble's template under another name, declaring and wiring TensorRT-LLM's tensors only."""
+def _write_stock_ensemble(path: Path, max_batch_size: int) -> None:
     inputs, outputs = STOCK_CONTRACT
-    shutil.copytree(TEMPLATES / "adaflash", path, ignore=shutil.ignore_patterns(".gitkeep"))
-    config = path / "config.pbtxt"
-    text = string.Template(config.read_text()).substitute(
-        fields, inputs=_tensor_list(inputs, True), outputs=_tensor_list(outputs, False),
-        **_ensemble_wiring(tuple(f for f in REQUEST_FIELDS if f.spec in inputs), outputs))
-    config.write_text(re.sub(r'^name: "[^"]*"', f'name: "{path.name}"', text, count=1, flags=re.M))
+    (path / "1").mkdir(parents=True)
+    maps = "\n".join([*(f'      input_map {{ key: "{s.name}" value: "{s.name}" }}' for s in inputs),
+                      *(f'      output_map {{ key: "{s.name}" value: "{s.name}" }}' for s in outputs)])
+    (path / "config.pbtxt").write_text(string.Template(STOCK_ENSEMBLE).substitute(
+        name=path.name, max_batch_size=max_batch_size, inputs=_tensor_list(inputs, True),
+        outputs=_tensor_list(outputs, False), entry=ENTRY, maps=maps))
 
 
 def pages_for_budget(cfg: RepositoryConfig, model_dir: Path, drafter_dir: Path | None, place: Placement) -> int:
@@ -175,29 +186,6 @@ def _tensor_list(specs: tuple[TensorSpec, ...], is_input: bool) -> str:
 def _tensors(model: str) -> dict[str, str]:
     inputs, outputs = MODEL_TENSORS[model]
     return {"inputs": _tensor_list(inputs, True), "outputs": _tensor_list(outputs, False)}
-
-
-def _maps(inputs: dict[str, str], outputs: dict[str, str]) -> str:
-    """An ensemble step's input_map and output_map entries: the model's tensor -> the ensemble's."""
-    lines = [f'      input_map {{ key: "{k}" value: "{v}" }}' for k, v in inputs.items()]
-    lines += [f'      output_map {{ key: "{k}" value: "{v}" }}' for k, v in outputs.items()]
-    return "\n".join(lines)
-
-
-def _ensemble_wiring(request_fields: tuple[RequestField, ...], outputs: tuple[TensorSpec, ...]) -> dict[str, str]:
-    """The ensemble's steps: request fields -> preprocessing -> orchestrator -> postprocessing -> response.
-    Tensors passed between steps are named `_<name>` after the orchestrator's inputs and outputs; the ensemble's
-    `request_fields` reach preprocessing (the others are absent: their defaults apply) and its `outputs` leave
-    postprocessing (the others are dropped)."""
-    generation = [s.name for s in GENERATION]
-    return {
-        "preprocessing_maps": _maps({f.name: f.name for f in request_fields},
-                                    {forwarded_name(n): f"_{n}" for n in generation}),
-        "orchestrator_maps": _maps({n: f"_{n}" for n in generation}, {s.name: f"_{s.name}" for s in STEP_RESPONSE}),
-        "postprocessing_maps": _maps({s.name: f"_{s.name}" for s in STEP_RESPONSE},
-                                     {TEXT_OUTPUT.name: TEXT_OUTPUT.name,
-                                      **{forwarded_name(s.name): s.name for s in outputs if s is not TEXT_OUTPUT}}),
-    }
 
 
 # What the rest of the running server assumes of the drafter: the target features it receives, the block

@@ -1,4 +1,4 @@
-"""Python client and CLI for the `adaflash` Triton ensemble model (gRPC, streamed tokens)."""
+"""Python client and CLI for the `adaflash` Triton model (gRPC, streamed tokens)."""
 
 from adaflash_client.client import (
     SPEC_MODES,

@@ -1,4 +1,4 @@
-"""gRPC client for the `adaflash` Triton ensemble: streamed tokens plus speculative-decoding statistics.
+"""gRPC client for the `adaflash` Triton model: streamed tokens plus speculative-decoding statistics.
 
 Why a wrapper around tritonclient: the model is decoupled (one response per decode step, then a
 final flag that may come in an empty response), reports cumulative counters and per-step lists
@@ -62,7 +62,7 @@ _STOCK_ASKS = (("exclude_input_in_output", None), ("return_num_output_tokens", "
 class ModelContract:
     """The inputs and outputs a model declares (Triton's model metadata): what a request may send and read.
 
-    This server's `adaflash` ensemble has them all; a stock TensorRT-LLM ensemble has TensorRT-LLM's tensors only:
+    This server's `adaflash` model has them all; a stock TensorRT-LLM ensemble has TensorRT-LLM's tensors only:
     none of this server's inputs (`spec_mode`, `max_draft`, the chat fields) or statistics outputs.
     """
 
@@ -331,7 +331,7 @@ def _tensor(name: str, datatype: str, value: np.ndarray) -> grpcclient.InferInpu
 def parse_chunk(result: grpcclient.InferResult, contract: ModelContract | None = None) -> Chunk | None:
     """The chunk a response carries, or None for an empty (flags-only) final response.
 
-    `contract`: the model's; None for this server's ensemble. Where the model declares this server's statistics,
+    `contract`: the model's; None for this server's `adaflash` model. Where the model declares this server's statistics,
     a response without them is an error; a model without them (TensorRT-LLM's) leaves them None, and its
     `num_output_tokens`, when sent, counts this response's tokens only (`AdaFlashClient` adds them up).
     """

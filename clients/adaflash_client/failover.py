@@ -46,7 +46,7 @@ READY_TIMEOUT_S = 300.0  # two replicas loading their models at once on 2 cores
 STOP_TIMEOUT_S = 30.0
 # What each replica runs besides its ports and state folder: the seeded tiny random models without a drafter
 # (fewer model processes, no cost table to measure: a faster start; failover is the subject here).
-SERVE_ARGS = ["--tiny-random", "--drafter", "", "--preprocessing-instances", "1", "--openai-port", "0"]
+SERVE_ARGS = ["--tiny-random", "--drafter", "", "--openai-port", "0"]
 REPLICA_COMMAND = shlex.join(["adaflash", "serve", *SERVE_ARGS]) \
     + " --state-dir <own> --{grpc,http,metrics}-port <free>"
 

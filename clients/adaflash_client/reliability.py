@@ -37,7 +37,7 @@ from adaflash_build.repository import RepositoryConfig, build_repository, tiny_m
 from adaflash_client.client import AdaFlashClient, GenerationError, GenerationParams, build_inputs, is_final, parse_chunk
 from adaflash_server.launcher import ServerConfig, TritonServer, stub_pids
 
-MODELS = ("target", "drafter", "orchestrator", "preprocessing", "postprocessing")
+MODELS = ("target", "drafter", "adaflash")
 SCENARIOS = ("malformed", "cancellations", "overload", "soak", "faults")
 CANARY = "The canary: greedy, the same answer every time."
 PROMPTS = [f"Request {i}: {w}" for i, w in enumerate(
@@ -65,11 +65,10 @@ class Scale:
 
 FULL = Scale(max_active=64, max_queued=256, overload_factor=4, overload_s=60, max_tokens=32, cancellations=1000,
              fault_users=8, soak_s=1800, memory_every_s=10)
-# The short run kills the three processes whose loss differs (the decoding loop, the forward, the drafter with its
-# fallback; the forward's is the orchestrator's own where the target runs there); pre- and postprocessing are
-# restarted by the same Triton mechanism, which the full run covers.
+# Both runs kill each model's process in turn: the decoding loop (`adaflash`), the forward (the loop's own where the
+# target runs there), the drafter with its fallback.
 SHORT = Scale(max_active=4, max_queued=16, overload_factor=4, overload_s=5, max_tokens=16, cancellations=40,
-              fault_users=2, soak_s=20, memory_every_s=2, fault_models=("target", "drafter", "orchestrator"))
+              fault_users=2, soak_s=20, memory_every_s=2)
 
 
 def repository_config(scale: Scale) -> RepositoryConfig:
@@ -499,7 +498,7 @@ def _malformed_row(case: Malformed, protocol: str, refused: bool, status: int | 
     before any model sees them: a wrong data type or shape over gRPC (naming the input), and over HTTP a
     body it cannot parse or a JSON value of the wrong type, with status 500 and a message naming the parse
     failure, not the field (Triton 2.51's HTTP frontend; docs/reliability.md). Those must be refused."""
-    by_models = "INVALID_ARGUMENT:" in message or "in ensemble" in message
+    by_models = "INVALID_ARGUMENT:" in message
     names = case.field is None or case.field in message
     ok = (400 <= status < 500 if status is not None else refused) and names if by_models else refused
     return {"kind": case.kind, "protocol": protocol, "field": case.field, "status": status, "refused": refused,

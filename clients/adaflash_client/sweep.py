@@ -140,7 +140,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     target.add_argument("--openai-url", help="with --url and --tool aiperf: the server's OpenAI endpoint "
                         f"(default: http://<--url's host>:{OPENAI_PORT}; a started server gets one on a free port)")
     target.add_argument("--tokenizer", type=Path, help="the target's folder, for token counts and aiperf "
-                        "(default: the one the server's preprocessing reads, asked over gRPC); Locust also counts "
+                        "(default: the one the server's `adaflash` model reads, asked over gRPC); Locust also counts "
                         "the output tokens of a model that reports none with it")
     add_connection_arguments(p.add_argument_group("connection to --url (TLS, headers)"))
 
@@ -776,12 +776,12 @@ def endpoints(args: argparse.Namespace, grpc_url: str, metrics_url: str | None, 
 
 
 def served_target_dir(args: argparse.Namespace, url: str) -> Path:
-    """--tokenizer, else the target folder the server's preprocessing reads (the same machine's path)."""
+    """--tokenizer, else the target folder the server's `adaflash` model reads (the same machine's path)."""
     if args.tokenizer:
         return args.tokenizer
-    from adaflash_server.openai_front import Upstream, preprocessing_parameters
+    from adaflash_server.openai_front import Upstream, served_parameters
 
-    return Path(preprocessing_parameters(Upstream(url, tls_from_args(args), headers_from_args(args) or None))[
+    return Path(served_parameters(Upstream(url, tls_from_args(args), headers_from_args(args) or None))[
         "tokenizer_dir"])
 
 

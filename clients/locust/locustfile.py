@@ -1,4 +1,4 @@
-"""Locust load for the `adaflash` Triton ensemble: gRPC streaming requests, one per task, no think time.
+"""Locust load for the `adaflash` Triton model: gRPC streaming requests, one per task, no think time.
 
     .venv/bin/locust -f clients/locust/locustfile.py --headless -u 8 -r 8 -t 30s --host 127.0.0.1:8001 \
         --spec-mode adaflash --max-tokens 128 --prompts prompts/ --csv out/run

@@ -255,7 +255,7 @@ class Healer(threading.Thread):
     * a model whose process died is unloaded, so that the server says it is not ready while the model is
       away (a load balancer stops sending), then loaded again. Requests running on it end with its error;
       the others go on (without the drafter, exactly, while it reloads);
-    * a decoupled model (the orchestrator) is the exception: Triton never ends the requests that were
+    * a decoupled model (`adaflash`, the orchestrator) is the exception: Triton never ends the requests that were
       inside its dead process, so they would hang; the whole server is restarted at once instead, which
       ends them (their clients see the connection close) and serves again;
     * a server that exits on its own is started again on the same ports after a growing pause (1, 2,
@@ -322,8 +322,8 @@ class Healer(threading.Thread):
             self.heal(client, dead)
 
     def _dead(self, client, pid: int) -> list[str]:
-        """Models Triton calls ready with fewer live processes than instances; an ensemble (the entry model, a
-        stock-contract one) runs no process of its own."""
+        """Models Triton calls ready with fewer live processes than instances; an ensemble (a stock-contract one)
+        runs no process of its own."""
         index = client.get_model_repository_index(as_json=True).get("models", [])
         ready = [m["name"] for m in index if m.get("state") == "READY"]
         live = stub_pids(pid)
@@ -509,11 +509,11 @@ class TritonServer:
         Triton's own SIGTERM drain does not work for this pipeline: every step of a running request is
         a new BLS request to the target, which a stopping server refuses, so in-flight requests would
         fail at their next step. Unloading only the entry model instead makes readiness false and refuses
-        new requests at once, while the requests it admitted (queued ones included) run to their end on
-        the models behind it; Triton finishes the unload when the last one ends. A stream its client cancelled
-        never ends for Triton 2.51's ensemble (the unload would wait out the timeout), so the drain is also over
-        when the orchestrator reports nothing running and nothing queued (the server is then stopped with a
-        kill: nothing is left to finish).
+        new requests at once, while the requests it admitted (queued ones included) run to their end with
+        the models behind it; Triton finishes the unload when the last one ends. Triton may count a stream
+        its client cancelled as in flight after the model ended it (Triton 2.51 did behind an ensemble: the
+        unload would wait out the timeout), so the drain is also over when the model reports nothing running
+        and nothing queued (the server is then stopped with a kill: nothing is left to finish).
         """
         client = self.connect()
         try:

@@ -1,9 +1,9 @@
 """An OpenAI-compatible HTTP endpoint (`/v1/models`, `/v1/completions`, `/v1/chat/completions`) in front of the
 server's own gRPC stream: `adaflash serve --openai-port`, or alone as `adaflash openai-front`.
 
-Why a front and not a second engine: every request goes through the `adaflash` ensemble exactly as a gRPC client's
+Why a front and not a second engine: every request goes through the `adaflash` model exactly as a gRPC client's
 would (the same admission queue, pacing, metrics and lossless decoding), so the HTTP text equals the gRPC text. The
-front only translates: OpenAI fields to the ensemble's inputs (chat messages through the server's own
+front only translates: OpenAI fields to the model's inputs (chat messages through the server's own
 `apply_chat_template` + `messages` fields), chunks to server-sent events, the server's field-naming errors to
 OpenAI's error format. A field the server cannot honour is refused by name with a 400, never ignored, because an
 OpenAI client has no other way to learn that its `n`, `top_logprobs` or penalty had no effect.
@@ -61,10 +61,10 @@ from adaflash_server.security import (
 )
 
 DEFAULT_PORT = 9000  # the port of Triton's own OpenAI frontend
-_PREPROCESSING = "preprocessing"  # the model whose config names the tokenizer and the output limit
+_SERVED = "adaflash"  # the model the front sends to: its config names the tokenizer and the output limit
 _COMPLETION_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 _SERVER_ERROR = re.compile(r"\b(INVALID_ARGUMENT|UNAVAILABLE): (?:(\w+): )?")
-# The ensemble's inputs under the OpenAI field a client sent (text_input depends on the route).
+# The model's inputs under the OpenAI field a client sent (text_input depends on the route).
 _PARAM_OF_INPUT = {"max_tokens": "max_tokens", "temperature": "temperature", "top_p": "top_p", "top_k": "top_k",
                    "seed": "seed", "stop_words": "stop", "presence_penalty": "presence_penalty",
                    "frequency_penalty": "frequency_penalty", "repetition_penalty": "repetition_penalty",
@@ -111,7 +111,7 @@ class Target:
     chat: ChatTemplate | None = None
 
     def prompt_tokens(self, values: dict[str, Any]) -> int:
-        """The prompt's length as the server's preprocessing computes it (the same function, the same files)."""
+        """The prompt's length as the server computes it (the same function, the same files)."""
         if self.tokenizer is None:
             return 0
         return len(prompt_ids(self.tokenizer, values, self.chat))
@@ -129,21 +129,21 @@ class Upstream:
         return AdaFlashClient(self.url, tls=self.tls, headers=self.headers)
 
 
-def preprocessing_parameters(upstream: Upstream) -> dict[str, str]:
-    """The running server's preprocessing model config parameters: among them the target's folder
+def served_parameters(upstream: Upstream) -> dict[str, str]:
+    """The running server's `adaflash` model config parameters: among them the target's folder
     (`tokenizer_dir`) and the output limit (`max_output_tokens`)."""
     client = connect(upstream.url, upstream.tls)
     try:
-        config = client.get_model_config(_PREPROCESSING, as_json=True, headers=upstream.headers)["config"]
+        config = client.get_model_config(_SERVED, as_json=True, headers=upstream.headers)["config"]
     finally:
         client.close()
     return {k: v.get("string_value", "") for k, v in config.get("parameters", {}).items()}
 
 
 def describe_target(upstream: Upstream, served_model_name: str | None = None) -> Target:
-    """Read the target from the running server's preprocessing model config: its folder (the model folder's
+    """Read the target from the running server's `adaflash` model config: its folder (the model folder's
     name is the served name unless one is given) and its output limit."""
-    params = preprocessing_parameters(upstream)
+    params = served_parameters(upstream)
     target_dir = Path(params["tokenizer_dir"])
     name = served_model_name or target_dir.parent.name
     if not (target_dir / "tokenizer.json").is_file():
@@ -152,7 +152,7 @@ def describe_target(upstream: Upstream, served_model_name: str | None = None) ->
 
 
 # ---------------------------------------------------------------------------------------------
-# OpenAI request -> the ensemble's request
+# OpenAI request -> the model's request
 
 
 @dataclass
@@ -168,7 +168,7 @@ class Generation:
     logprobs: bool = False  # each output token's log-probability in the answer (the server's return_log_probs)
 
     def values(self) -> dict[str, Any]:
-        """The request as the server's preprocessing sees it, for counting the prompt's tokens."""
+        """The request as the server sees it, for counting the prompt's tokens."""
         return {"text_input": self.prompt, "apply_chat_template": bool(self.params.apply_chat_template),
                 "messages": tuple(self.params.messages or ()),
                 "chat_template_kwargs": self.params.chat_template_kwargs or {}}
@@ -212,7 +212,7 @@ def completion_generation(body: dict[str, Any], target: Target) -> Generation:
 
 
 def chat_generation(body: dict[str, Any], target: Target) -> Generation:
-    """/v1/chat/completions: the last message is the user's turn (the ensemble's text_input), the ones before
+    """/v1/chat/completions: the last message is the user's turn (the model's text_input), the ones before
     travel as `messages`, and the server renders them all in the target's chat template."""
     _check_fields(body, _CHAT_FIELDS, target)
     *history, last = _chat_messages(body.get("messages"))
@@ -623,7 +623,7 @@ class TokenLogprobs:
     """Each output token's text and log-probability (the server's `output_token_ids`, `output_log_probs`), handed out
     with the text they make up.
 
-    A token's text is what it adds to the decoded output (`api.Detokenizer`, token by token, as postprocessing
+    A token's text is what it adds to the decoded output (`api.Detokenizer`, token by token, as the server
     decodes each response): a token ending inside a multi-byte character adds nothing and the one completing it adds
     the character, so the tokens join to exactly the text. Tokens wait while `StopTrimmer` holds their text back;
     where it cuts the text before a stop string, the token the cut falls inside keeps its text up to the cut and

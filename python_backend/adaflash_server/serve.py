@@ -101,7 +101,7 @@ def run(args: argparse.Namespace) -> int:
     client = f"--url {server.grpc_url}{_client_flags(tls)}"
     openai = f"{front.url}{' (API key required)' if api_key else ''}" if front else "off (--openai-port 0)"
     print(f"""
-Triton is serving the `adaflash` ensemble (log: {server.log_path})
+Triton is serving the `adaflash` model (log: {server.log_path})
   gRPC     {server.grpc_url}{_tls_note(tls)}
   HTTP     {server.http_url} (Triton's own; no TLS)
   metrics  {server.metrics_url}

@@ -1,7 +1,7 @@
 """How often a stream gets a response: every streamed response costs the server a fixed amount of CPU (Triton's
-gRPC frontend, the ensemble's postprocessing step, the orchestrator's send) and the client some more, whatever
-it carries. Where those cores are the ones the target computes on, one response per sequence per step takes
-them from the forwards under load; a response carrying the tokens of several steps costs the same as one.
+gRPC frontend, the orchestrator's detokenising and send) and the client some more, whatever it carries. Where
+those cores are the ones the target computes on, one response per sequence per step takes them from the
+forwards under load; a response carrying the tokens of several steps costs the same as one.
 
 So a server paces its streams: a stream's responses at most every `stream_interval_s`, and all streams
 together at most `max_responses_per_s`, shared equally. The first response (the time to first token) and the

@@ -1,13 +1,12 @@
 """The wire contract between the Triton models: tensor names, op codes, payloads and their encoding.
 
 Declared once, here, so a tensor is named, typed and converted in one place: the repository
-builder writes the `config.pbtxt` input and output lists (and the ensemble's wiring) from
-these declarations, and every model's `model.py` only moves `dict[str, np.ndarray]` between
+builder writes the `config.pbtxt` input and output lists from these declarations, and every model's `model.py` only moves `dict[str, np.ndarray]` between
 Triton and the functions below. A request field is one `RequestField` (its tensor, its parse
 rule, where its value goes); its consumer and the client are the only other places it appears.
 
-Arrays carry the leading batch dimension of 1 that Triton's batching models expect. An integer
-left unset travels as `UNSET` and is None again after one `decode`.
+The public request's and responses' arrays carry the leading batch dimension of 1 that Triton's
+batching models expect; the per-step calls to the target and drafter carry none.
 """
 
 from __future__ import annotations
@@ -34,9 +33,8 @@ from adaflash.models.placement import Placement, placement
 
 Tensors = dict[str, np.ndarray]
 
-UNSET = -1  # an integer field's wire value for "not set" (None in Python): the mode's default applies
-
-TARGET, DRAFTER, ORCHESTRATOR = "target", "drafter", "orchestrator"  # the models called by name (BLS)
+TARGET, DRAFTER = "target", "drafter"  # the models the entry model calls by name (BLS)
+ENTRY = "adaflash"  # the public model: checks, tokenises, runs the step loop, detokenises, streams
 DRAFTER_NAME = re.compile(r"drafter(?:_(\d+))?")  # `drafter`, then each published `drafter_<n>`
 
 
@@ -82,12 +80,12 @@ class RequestLimits:
 
 
 class Into(Enum):
-    """Where a request field's value goes after preprocessing checked it."""
+    """Where a request field's value goes once checked."""
 
-    PROMPT = "prompt"  # preprocessing turns it into the prompt or stop ids; not forwarded
+    PROMPT = "prompt"  # turned into the prompt or stop ids (serving/api.py's `encode`)
     REQUEST = "request"  # an attribute of the engine's Request
     SAMPLING = "sampling"  # an attribute of SamplingParams; also sent with the target's prefill
-    ORCHESTRATOR = "orchestrator"  # read by the orchestrator itself
+    GENERATION = "generation"  # how the entry model answers (`Generation`)
     CHECKED = "checked"  # a TensorRT-LLM input checked and dropped: what it asks is what this server does anyway
     ALIAS = "alias"  # another name of the field `attr` names
 
@@ -120,11 +118,6 @@ class RequestField:
     def default_value(self, limits: RequestLimits) -> Any:
         default = self._default()
         return default(limits) if callable(default) else default
-
-    @property
-    def nullable(self) -> bool:
-        """Whether None (its default) is a value of this field: it travels as UNSET."""
-        return self.spec.optional and self._default() is None
 
 
 def _text(value: Any) -> str:
@@ -240,7 +233,7 @@ def _mode(value: Any, limits: RequestLimits) -> str:
 REQUEST_FIELDS: tuple[RequestField, ...] = (
     RequestField(TensorSpec("text_input", BYTES), _prompt, Into.PROMPT),
     RequestField(TensorSpec("max_tokens", INT32), _max_tokens, Into.REQUEST),
-    RequestField(TensorSpec("stream", BOOL, optional=True), _flag, Into.ORCHESTRATOR, default=False),
+    RequestField(TensorSpec("stream", BOOL, optional=True), _flag, Into.GENERATION, default=False),
     RequestField(TensorSpec("temperature", FP32, optional=True), _temperature, Into.SAMPLING),
     RequestField(TensorSpec("top_k", INT32, optional=True), _count, Into.SAMPLING),
     RequestField(TensorSpec("top_p", FP32, optional=True), _top_p, Into.SAMPLING),
@@ -255,11 +248,11 @@ REQUEST_FIELDS: tuple[RequestField, ...] = (
     RequestField(TensorSpec("pad_id", INT32, optional=True), _integer, Into.PROMPT, default=None),
     RequestField(TensorSpec("stop_words", BYTES, (-1,), optional=True), _words, Into.PROMPT, default=()),
     RequestField(TensorSpec("bad_words", BYTES, (-1,), optional=True), _words, Into.PROMPT, default=()),
-    RequestField(TensorSpec("exclude_input_in_output", BOOL, optional=True), _flag, Into.ORCHESTRATOR, default=True),
-    RequestField(TensorSpec("return_num_input_tokens", BOOL, optional=True), _flag, Into.ORCHESTRATOR, default=False),
+    RequestField(TensorSpec("exclude_input_in_output", BOOL, optional=True), _flag, Into.GENERATION, default=True),
+    RequestField(TensorSpec("return_num_input_tokens", BOOL, optional=True), _flag, Into.GENERATION, default=False),
     # num_output_tokens is in every response anyway: the flag is accepted and changes nothing.
     RequestField(TensorSpec("return_num_output_tokens", BOOL, optional=True), _flag, Into.CHECKED, default=False),
-    RequestField(TensorSpec("return_perf_metrics", BOOL, optional=True), _flag, Into.ORCHESTRATOR, default=False),
+    RequestField(TensorSpec("return_perf_metrics", BOOL, optional=True), _flag, Into.GENERATION, default=False),
     RequestField(TensorSpec("spec_mode", BYTES, optional=True), _mode, Into.REQUEST, attr="mode",
                  default=lambda limits: limits.default_mode),
     RequestField(TensorSpec("max_draft", INT32, optional=True), _count, Into.REQUEST),
@@ -313,18 +306,6 @@ def refuse_parameters(parameters: dict) -> None:
 
 SAMPLING_FIELDS = tuple(f for f in REQUEST_FIELDS if f.into is Into.SAMPLING)
 
-
-def forwarded_name(name: str) -> str:
-    """A model's output that carries its input `name` on: an input and an output cannot share a name."""
-    return f"out_{name}"
-
-
-# word_lists: JSON {"bad_words": [[ids]], "stop_texts": [str]}: bad words as token ids, stop words longer than a token
-# as text (matched in the decoded output by the orchestrator).
-PROMPT_IDS = (TensorSpec("input_ids", INT32, (-1,)), TensorSpec("stop_ids", INT32, (-1,)),
-              TensorSpec("word_lists", BYTES))
-GENERATION = (*PROMPT_IDS, *(f.spec for f in FORWARDED))  # preprocessing -> orchestrator
-CANCEL = TensorSpec("cancel_sequence", UINT64, optional=True)  # postprocessing -> orchestrator: the client left
 STATS = (  # per-response statistics the client receives beside text_output
     TensorSpec("num_output_tokens", INT32),
     TensorSpec("target_forwards", INT32),
@@ -346,16 +327,7 @@ REQUESTED = (
     TensorSpec("total_draft_tokens", INT32),
 )
 TEXT_OUTPUT = TensorSpec("text_output", BYTES)
-STEP_REQUIRED = (
-    TensorSpec("output_ids", INT32, (-1,)),
-    TensorSpec("sent_len", INT32),
-    TensorSpec("is_final", BOOL),
-    *STATS,
-    TensorSpec("sequence_id", UINT64),
-)
-# exclude_input_in_output false (a final response, not streaming): the prompt's ids, decoded before the output
-ECHO_IDS = TensorSpec("echo_ids", INT32, (-1,))
-STEP_RESPONSE = (*STEP_REQUIRED, ECHO_IDS, *REQUESTED)
+RESPONSE = (TEXT_OUTPUT, *STATS, *REQUESTED)
 # The target and drafter models take one call per engine step carrying every sequence in it (no batch
 # dimension): `keys` names the sequences, ragged token lists travel flat with their `lengths`, features flat
 # with their `feature_rows`. Features travel in the target's own dtype, bit for bit: as the bytes of each row
@@ -411,13 +383,7 @@ DRAFTER_RESULT = (
 
 # Every model's inputs and outputs, by model name (published drafters use the `drafter` entry).
 MODEL_TENSORS: dict[str, tuple[tuple[TensorSpec, ...], tuple[TensorSpec, ...]]] = {
-    "adaflash": (tuple(f.spec for f in REQUEST_FIELDS), (TEXT_OUTPUT, *STATS, *REQUESTED)),
-    "preprocessing": (tuple(f.spec for f in REQUEST_FIELDS),
-                      tuple(replace(s, name=forwarded_name(s.name), optional=False) for s in GENERATION)),
-    # Optional: a request may instead carry only `cancel_sequence`.
-    ORCHESTRATOR: (tuple(replace(s, optional=True) for s in (*GENERATION, CANCEL)), STEP_RESPONSE),
-    "postprocessing": (tuple(s if s in STEP_REQUIRED else replace(s, optional=True) for s in STEP_RESPONSE),
-                       (TEXT_OUTPUT, *(replace(s, name=forwarded_name(s.name)) for s in (*STATS, *REQUESTED)))),
+    ENTRY: (tuple(f.spec for f in REQUEST_FIELDS), RESPONSE),
     TARGET: (TARGET_CALL, (*TARGET_RESULT, COST_TABLE)),
     DRAFTER: (DRAFTER_CALL, DRAFTER_RESULT),
 }
@@ -436,7 +402,7 @@ OWN_INPUTS = frozenset({"random_seed", "spec_mode", "max_draft", "apply_chat_tem
                         "chat_template_kwargs"})
 OWN_OUTPUTS = frozenset({*names(STATS), "output_token_ids"})
 STOCK_CONTRACT = (tuple(f.spec for f in REQUEST_FIELDS if f.name not in OWN_INPUTS),
-                  tuple(s for s in (TEXT_OUTPUT, *STATS, *REQUESTED) if s.name not in OWN_OUTPUTS))
+                  tuple(s for s in RESPONSE if s.name not in OWN_OUTPUTS))
 
 
 def model_parameters(model_config: dict) -> dict[str, str]:
@@ -483,24 +449,6 @@ def _scalar(tensors: Tensors, name: str) -> Any:
 
 def _list(tensors: Tensors, name: str) -> list:
     return np.asarray(tensors[name]).reshape(-1).tolist()
-
-
-def _to_wire(spec: TensorSpec, value: Any) -> np.ndarray:
-    return _array(UNSET if value is None else value, spec.dtype)
-
-
-def _from_wire(spec: TensorSpec, array: np.ndarray, nullable: bool = False) -> Any:
-    """The Python value of a tensor that went through `_to_wire`."""
-    if spec.dims == (-1,):
-        return _list({spec.name: array}, spec.name)
-    value = _scalar({spec.name: array}, spec.name)
-    if spec.dtype == BYTES:
-        return value.decode() if isinstance(value, bytes) else str(value)
-    if spec.dtype == BOOL:
-        return bool(value)
-    if spec.dtype == FP32:
-        return float(value)
-    return None if nullable and int(value) == UNSET else int(value)
 
 
 def _required(tensors: Tensors, required: Iterable[str]) -> None:
@@ -555,7 +503,7 @@ def decode_keys(tensors: Tensors) -> list[int]:
 
 
 # ---------------------------------------------------------------------------------------------
-# The generation request: client -> preprocessing -> orchestrator
+# The generation request
 
 
 def parse_request(tensors: dict[str, np.ndarray | None], limits: RequestLimits) -> dict[str, Any]:
@@ -586,7 +534,7 @@ def parse_request(tensors: dict[str, np.ndarray | None], limits: RequestLimits) 
 
 @dataclass(frozen=True)
 class Encoded:
-    """A request's text turned into token ids by preprocessing (`api.encode`)."""
+    """A request's text turned into token ids (`api.encode`)."""
 
     prompt_ids: list[int]
     stop_ids: list[int]  # end_id (or the model's end of sequence) and the stop words of one token
@@ -596,7 +544,7 @@ class Encoded:
 
 @dataclass
 class Generation:
-    """What the orchestrator runs: the engine's request, the ids that stop it, and how it answers."""
+    """What the step loop runs: the engine's request, the ids that stop it, and how the entry model answers."""
 
     request: Request
     stop_ids: frozenset[int]
@@ -605,79 +553,48 @@ class Generation:
     echo: bool = False  # exclude_input_in_output false: the final text starts with the prompt
     returns: frozenset[str] = frozenset()  # the return_* fields the client set
 
+    def text_ids(self, seq: Sequence, final: bool) -> list[int]:
+        """The ids a response's text is decoded from: the output, after the prompt in an echoing request's one
+        response."""
+        return [*self.request.prompt_ids, *seq.output] if self.echo and final and not self.stream else seq.output
+
 
 RETURNS = ("return_num_input_tokens", "return_perf_metrics")
 
 
-def encode_generation(encoded: Encoded, values: dict[str, Any]) -> Tensors:
-    """Preprocessing's outputs: the tokenised prompt and the checked fields the orchestrator needs."""
-    lists = json.dumps({"bad_words": encoded.bad_words, "stop_texts": encoded.stop_texts})
-    out = {forwarded_name(s.name): _array(v, s.dtype)
-           for s, v in zip(PROMPT_IDS, (encoded.prompt_ids, encoded.stop_ids, lists))}
-    out.update({forwarded_name(f.name): _to_wire(f.spec, values[f.name]) for f in FORWARDED})
-    return out
-
-
-def decode_generation(tensors: Tensors) -> Generation:
-    """The orchestrator's view of `encode_generation` (with the names the ensemble maps them to)."""
-    _required(tensors, names(GENERATION))
-    values = {f.name: _from_wire(f.spec, tensors[f.name], f.nullable) for f in FORWARDED}
-    lists = json.loads(_scalar(tensors, "word_lists"))
+def generation_of(encoded: Encoded, values: dict[str, Any]) -> Generation:
+    """What the step loop runs for a request: its tokenised text (`encoded`) and its checked fields (`values`,
+    `parse_request`'s)."""
     sampling = SamplingParams(**{f.target: values[f.name] for f in SAMPLING_FIELDS},
-                              bad_words=tuple(tuple(w) for w in lists["bad_words"]))
-    request = Request(prompt_ids=_list(tensors, "input_ids"), sampling=sampling,
-                      **{f.target: values[f.name] for f in FORWARDED if f.into is Into.REQUEST})
-    return Generation(request, frozenset(_list(tensors, "stop_ids")), values["stream"], tuple(lists["stop_texts"]),
+                              bad_words=tuple(tuple(w) for w in encoded.bad_words))
+    request = Request(prompt_ids=list(encoded.prompt_ids), sampling=sampling,
+                      **{f.target: values[f.name] for f in REQUEST_FIELDS if f.into is Into.REQUEST})
+    return Generation(request, frozenset(encoded.stop_ids), values["stream"], tuple(encoded.stop_texts),
                       echo=not values["exclude_input_in_output"], returns=frozenset(r for r in RETURNS if values[r]))
 
 
-def encode_cancel(sequence_id: int) -> Tensors:
-    """Postprocessing tells the orchestrator that the client of this sequence went away."""
-    return {CANCEL.name: _array(sequence_id, CANCEL.dtype)}
-
-
-def decode_cancel(tensors: Tensors) -> int | None:
-    """The sequence to stop, or None for a generation request."""
-    return None if tensors.get(CANCEL.name) is None else int(_scalar(tensors, CANCEL.name))
-
-
 # ---------------------------------------------------------------------------------------------
-# The orchestrator's responses: orchestrator -> postprocessing -> client
+# The responses
 
 
-@dataclass
-class StepResponse:
-    """What postprocessing needs of a response: the tokens so far, how many were sent as text, and whose."""
-
-    output_ids: list[int]
-    sent_len: int
-    final: bool
-    sequence_id: int
-    echo_ids: list[int] = field(default_factory=list)
-
-
-def encode_step_response(seq: Sequence, sent_len: int, steps_from: int, final: bool,
-                         generation: Generation | None = None) -> Tensors:
-    """One streamed response: all output ids (the text delta needs them), the steps since the last one, and what
-    the client asked for by name (`generation`; None: nothing)."""
+def encode_response(seq: Sequence, text: str, sent_len: int, steps_from: int, final: bool,
+                    generation: Generation) -> Tensors:
+    """One streamed response: `text` (the delta since the last one), the statistics so far, the steps since the last
+    response, and what the client asked for by name."""
     steps = seq.steps[steps_from:]
     values = {
-        "output_ids": seq.output, "sent_len": sent_len, "is_final": final, "num_output_tokens": len(seq.output),
-        "target_forwards": 1 + len(seq.steps), "accepted_per_step": [s.accepted for s in steps],
-        "draft_len_per_step": [s.draft_len for s in steps], "finish_reason": seq.finish_reason or "",
-        "sequence_id": seq.id,
+        "text_output": text, "num_output_tokens": len(seq.output), "target_forwards": 1 + len(seq.steps),
+        "accepted_per_step": [s.accepted for s in steps], "draft_len_per_step": [s.draft_len for s in steps],
+        "finish_reason": seq.finish_reason or "",
     }
-    out = {s.name: _array(values[s.name], s.dtype) for s in STEP_REQUIRED}
-    if generation is not None:
-        out.update(_requested(seq, sent_len, final, generation))
+    out = {s.name: _array(values[s.name], s.dtype) for s in (TEXT_OUTPUT, *STATS)}
+    out.update(_requested(seq, sent_len, generation))
     return out
 
 
-def _requested(seq: Sequence, sent_len: int, final: bool, generation: Generation) -> Tensors:
-    """The echoed prompt and the return_* outputs, in TensorRT-LLM's shapes ([1, beams] and [1, beams, tokens])."""
+def _requested(seq: Sequence, sent_len: int, generation: Generation) -> Tensors:
+    """The return_* outputs, in TensorRT-LLM's shapes ([1, beams] and [1, beams, tokens])."""
     out = {}
-    if generation.echo and final and not generation.stream:
-        out[ECHO_IDS.name] = _array(seq.request.prompt_ids, INT32)
     if seq.sampling.log_probs:
         out["cum_log_probs"] = np.asarray([[sum(seq.log_probs)]], dtype=np.float32)
         out["output_log_probs"] = np.asarray([[seq.log_probs[sent_len:]]], dtype=np.float32)
@@ -692,21 +609,8 @@ def _requested(seq: Sequence, sent_len: int, final: bool, generation: Generation
     return out
 
 
-def decode_step_response(tensors: Tensors) -> StepResponse:
-    echo = tensors.get(ECHO_IDS.name)
-    return StepResponse(_list(tensors, "output_ids"), int(_scalar(tensors, "sent_len")),
-                        bool(_scalar(tensors, "is_final")), int(_scalar(tensors, "sequence_id")),
-                        [] if echo is None else _list(tensors, ECHO_IDS.name))
-
-
-def encode_text_response(text: str, step: Tensors) -> Tensors:
-    """Postprocessing's outputs: the text delta, and the statistics of `step` (those present) passed on unchanged."""
-    return {TEXT_OUTPUT.name: _array(text, BYTES),
-            **{forwarded_name(s.name): step[s.name] for s in (*STATS, *REQUESTED) if step.get(s.name) is not None}}
-
-
 # ---------------------------------------------------------------------------------------------
-# The target model: orchestrator <-> target
+# The target model: entry model <-> target
 
 
 @dataclass
@@ -850,7 +754,7 @@ def decode_target_result(tensors: Tensors) -> tuple[list[StepResult], float]:
 
 
 # ---------------------------------------------------------------------------------------------
-# The drafter model: orchestrator <-> drafter
+# The drafter model: entry model <-> drafter
 
 
 @dataclass

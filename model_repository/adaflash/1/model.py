@@ -1,9 +1,10 @@
-"""Decoupled BLS orchestrator: one step loop for every active request (the core's Scheduler).
+"""The public model, a decoupled BLS orchestrator: one step loop for every active request (the core's Scheduler).
 
-Requests are admitted through the bounded queue and handed to the loop, which per step calls
-the target once for every running sequence and each drafter model at most once, then streams
-a response per advanced sequence. The target runs in this process (`target_in_orchestrator`) or
-is the `target` model. This file maps the loop's calls to BLS requests and its sequences to
+A request is checked and tokenised (`protocol.parse_request`, `api.encode`), admitted through the
+bounded queue and handed to the loop, which per step calls the target once for every running
+sequence and each drafter model at most once, then streams a response per advanced sequence, its
+text detokenised here (`api.Detokenizer`). The target runs in this process (`target_in_orchestrator`)
+or is the `target` model. This file maps the loop's calls to BLS requests and its sequences to
 responses, and keeps the Prometheus metrics. Every payload is protocol.py's.
 """
 
@@ -27,16 +28,18 @@ spin_target_threads()  # before torch loads: the target's threads, when it runs 
 import torch  # noqa: E402
 
 from adaflash.decoding.gate import SERVED_MIN_SEQUENCES, PlanGate  # noqa: E402
+from adaflash.decoding.modes import modes_served  # noqa: E402
 from adaflash.decoding.planner import Planner  # noqa: E402
 from adaflash.decoding.policy import LengthController  # noqa: E402
 from adaflash.decoding.scheduler import BackendError, Scheduler  # noqa: E402
 from adaflash.decoding.sequence import Sequence, validate_request  # noqa: E402
+from adaflash.models.chat_template import load_chat_template  # noqa: E402
 from adaflash.models.drafter import DEFAULT_BLOCK_SIZE, DrafterConfig  # noqa: E402
 from adaflash.models.target import TargetConfig  # noqa: E402
 from adaflash.models.tokenizer import load_tokenizer  # noqa: E402
 from adaflash.serving import protocol  # noqa: E402
 from adaflash.serving.admission import Admission, AdmissionCancelled, AdmissionRefused  # noqa: E402
-from adaflash.serving.api import TextStops  # noqa: E402
+from adaflash.serving.api import Detokenizer, TextStops, encode  # noqa: E402
 from adaflash.serving.pacing import response_gap, response_rate  # noqa: E402
 from adaflash.serving.remote import RemoteBackend, TargetInProcess  # noqa: E402
 from adaflash.serving.slots import OccupancyReporter, load_target  # noqa: E402
@@ -44,7 +47,7 @@ from adaflash.serving.tally import Tally  # noqa: E402
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 WAIT_BUCKETS = [0.001, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0]
-CANCEL_CHECK_S = 0.25  # how often the loop asks Triton whether a running request's client went away
+CANCEL_CHECK_S = 0.25  # how often the loop asks Triton whether a client went away (each ask is a round trip)
 METRICS_FLUSH_S = 0.25  # counters reach Triton at most this late (serving/tally.py)
 
 
@@ -170,7 +173,12 @@ class TritonPythonModel:
         with open(f"{params['target_dir']}/config.json") as f:
             self.target_config = TargetConfig.from_hf(json.load(f))
         self.has_drafter = bool(params["drafter_dir"])
-        self.tokenizer = load_tokenizer(params["tokenizer_dir"])  # stop strings are matched in the text
+        self.tokenizer = load_tokenizer(params["tokenizer_dir"])
+        self.chat = load_chat_template(params["tokenizer_dir"])
+        self.detokenizer = Detokenizer(self.tokenizer)
+        self.max_prompt_tokens = int(params["max_prompt_tokens"])
+        self.limits = protocol.RequestLimits(int(params["max_output_tokens"]), modes_served(self.has_drafter),
+                                             params["default_spec_mode"])
         block_size = DEFAULT_BLOCK_SIZE
         if self.has_drafter:
             with open(f"{params['drafter_dir']}/config.json") as f:
@@ -199,7 +207,6 @@ class TritonPythonModel:
                                    self.has_drafter, paging=protocol.model_paging(params),
                                    gate=PlanGate(SERVED_MIN_SEQUENCES))
         self.clients = {}  # sequence id -> Client
-        self.cancelled = set()  # sequence ids whose client went away (told by postprocessing)
         self.next_cancel_check = 0.0
         self.ids = itertools.count(int.from_bytes(os.urandom(4), "little") << 20)
         self.wake = None
@@ -245,7 +252,7 @@ class TritonPythonModel:
 
     @staticmethod
     def _send(sender, payload, flags):
-        """payload: a step response's tensors, an error message, or None (nothing but the flags)."""
+        """payload: a response's tensors, an error message, or None (nothing but the flags)."""
         if payload is None:
             sender.send(flags=flags)
         elif isinstance(payload, str):
@@ -261,15 +268,8 @@ class TritonPythonModel:
     async def _serve(self, request):
         """Admit one request and wait until the loop has sent its final response."""
         sender = request.get_response_sender()
-        tensors = _inputs(request)
-        cancel = protocol.decode_cancel(tensors)
-        if cancel is not None:
-            self.cancelled.add(cancel)
-            self.wake.set()
-            sender.send(flags=FINAL)
-            return
         try:
-            generation = protocol.decode_generation(tensors)
+            generation = self._generation(request)
             validate_request(generation.request, self.target_config.vocab_size, self.max_len, self.planner.block_size,
                              self.has_drafter)
             self.scheduler.check_capacity(generation.request)
@@ -289,6 +289,14 @@ class TritonPythonModel:
         self.scheduler.add(seq)
         self.wake.set()
         await client.done
+
+    def _generation(self, request):
+        """The request checked and tokenised; ValueError naming the field."""
+        protocol.refuse_parameters(json.loads(request.parameters()))
+        values = protocol.parse_request(_inputs(request), self.limits)
+        encoded = encode(self.tokenizer, values, self.max_prompt_tokens, self.target_config.vocab_size,
+                         self.target_config.eos_token_ids, self.chat)
+        return protocol.generation_of(encoded, values)
 
     async def _admit(self, sender):
         """Wait for a sequence slot in the bounded queue; False (the client told) when refused or cancelled."""
@@ -329,13 +337,12 @@ class TritonPythonModel:
             self.planner.controller.cost = self.scheduler.cost = cost
 
     async def _cancel_departed(self):
-        """End the sequences whose client went away: told by postprocessing, or asked of Triton now and then."""
+        """End the sequences whose client went away, asked of Triton every CANCEL_CHECK_S."""
+        if time.monotonic() < self.next_cancel_check:
+            return []
+        self.next_cancel_check = time.monotonic() + CANCEL_CHECK_S
         seqs = [*self.scheduler.waiting, *self.scheduler.running.values()]
-        ask = time.monotonic() >= self.next_cancel_check
-        if ask:
-            self.next_cancel_check = time.monotonic() + CANCEL_CHECK_S
-        gone = [s for s in seqs if s.id in self.cancelled or (ask and self.clients[s.id].sender.is_cancelled())]
-        self.cancelled.clear()
+        gone = [s for s in seqs if self.clients[s.id].sender.is_cancelled()]
         if gone:
             await self.scheduler.cancel(gone)
         return gone
@@ -350,10 +357,14 @@ class TritonPythonModel:
             if seq.finished:
                 self._finish(seq, client)
             elif client.generation.stream and now - client.sent_at >= gap:
-                tensors = protocol.encode_step_response(seq, client.sent_tokens, client.sent_steps, final=False,
-                                                        generation=client.generation)
-                self._later(self._send, client.sender, tensors, 0)
+                self._later(self._send, client.sender, self._response(seq, client, final=False), 0)
                 client.sent_tokens, client.sent_steps, client.sent_at = len(seq.output), len(seq.steps), now
+
+    def _response(self, seq, client, final):
+        """The response's tensors: the text since the last one (a multi-byte character is never split) and the
+        statistics."""
+        text = self.detokenizer.delta(client.generation.text_ids(seq, final), client.sent_tokens, final)
+        return protocol.encode_response(seq, text, client.sent_tokens, client.sent_steps, final, client.generation)
 
     def _finish(self, seq, client):
         """The final response; the loop released the sequence in the models before."""
@@ -362,8 +373,7 @@ class TritonPythonModel:
         elif seq.finish_reason == "error":
             payload = f"generation failed: {seq.error}"
         else:
-            payload = protocol.encode_step_response(seq, client.sent_tokens, client.sent_steps, final=True,
-                                                    generation=client.generation)
+            payload = self._response(seq, client, final=True)
         self._later(self._send, client.sender, payload, FINAL)
         self._later(self.metrics.finished, seq)
         del self.clients[seq.id]
