@@ -23,6 +23,9 @@ def server(tmp_path_factory):
 def test_the_short_scenario_passes(server, scenario):
     result = reliability.SCENARIO_FUNCTIONS[scenario](server, reliability.SHORT)
     assert result["passed"], json.dumps(result, indent=1)
+    if scenario == "soak":
+        series = result["memory_kib_series"]
+        assert len(series) == result["memory_samples"] and all("tritonserver" in kib for _, kib in series)
 
 
 def test_the_malformed_corpus_has_thirty_kinds_on_both_protocols():

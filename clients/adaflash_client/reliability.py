@@ -630,7 +630,8 @@ def soak(server: TritonServer, scale: Scale) -> dict:
     """70% of the sequence slots kept busy for `soak_s` by closed-loop users (each sends its next request
     when the last one ended), sampling every process's resident memory. Passes with 0 errors, every
     process's memory within 5% of its value after the warm-up (the first tenth), and the canary answered
-    the same at the start and the end."""
+    the same at the start and the end. The whole memory series is kept: growth at the end alone does not tell
+    a leak (growing on) from an allocator settling (levelling off)."""
     users = max(1, round(0.7 * scale.max_active))
     params = GenerationParams(max_tokens=scale.max_tokens, spec_mode="adaflash")
     first = canary(server, 32)
@@ -670,6 +671,7 @@ def soak(server: TritonServer, scale: Scale) -> dict:
             "ttft_p50_s": percentile([o.ttft_s for o in outcomes if o.ttft_s], 50),
             "ttft_p99_s": percentile([o.ttft_s for o in outcomes if o.ttft_s], 99),
             "memory_kib_after_warmup_and_at_end": growth, "memory_samples": len(samples),
+            "memory_kib_series": [[round(t, 1), kib] for t, kib in samples],
             "max_memory_growth": max((g["growth"] for g in growth.values()), default=None),
             "canary_unchanged": first == last,
             "passed": not errors and first == last and bool(growth) and all(g["growth"] < 0.05 for g in growth.values())}

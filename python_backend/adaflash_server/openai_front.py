@@ -49,6 +49,7 @@ from tokenizers import Tokenizer
 from adaflash.models.chat_template import ChatTemplate, load_chat_template
 from adaflash.models.tokenizer import load_tokenizer
 from adaflash.serving.api import Detokenizer, prompt_ids
+from adaflash.serving.protocol import ENTRY
 from adaflash_client import AdaFlashClient, GenerationParams
 from adaflash_client.cli import add_connection_arguments, headers_from_args, tls_from_args
 from adaflash_client.client import Chunk, GenerationError, Tls, connect
@@ -61,7 +62,6 @@ from adaflash_server.security import (
 )
 
 DEFAULT_PORT = 9000  # the port of Triton's own OpenAI frontend
-_SERVED = "adaflash"  # the model the front sends to: its config names the tokenizer and the output limit
 _COMPLETION_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 _SERVER_ERROR = re.compile(r"\b(INVALID_ARGUMENT|UNAVAILABLE): (?:(\w+): )?")
 # The model's inputs under the OpenAI field a client sent (text_input depends on the route).
@@ -134,7 +134,7 @@ def served_parameters(upstream: Upstream) -> dict[str, str]:
     (`tokenizer_dir`) and the output limit (`max_output_tokens`)."""
     client = connect(upstream.url, upstream.tls)
     try:
-        config = client.get_model_config(_SERVED, as_json=True, headers=upstream.headers)["config"]
+        config = client.get_model_config(ENTRY, as_json=True, headers=upstream.headers)["config"]
     finally:
         client.close()
     return {k: v.get("string_value", "") for k, v in config.get("parameters", {}).items()}

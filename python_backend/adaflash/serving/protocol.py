@@ -1,9 +1,10 @@
 """The wire contract between the Triton models: tensor names, op codes, payloads and their encoding.
 
 Declared once, here, so a tensor is named, typed and converted in one place: the repository
-builder writes the `config.pbtxt` input and output lists from these declarations, and every model's `model.py` only moves `dict[str, np.ndarray]` between
-Triton and the functions below. A request field is one `RequestField` (its tensor, its parse
-rule, where its value goes); its consumer and the client are the only other places it appears.
+builder writes the `config.pbtxt` input and output lists from these declarations, and every
+model's `model.py` only moves `dict[str, np.ndarray]` between Triton and the functions below. A
+request field is one `RequestField` (its tensor, its parse rule, where its value goes); its
+consumer and the client are the only other places it appears.
 
 The public request's and responses' arrays carry the leading batch dimension of 1 that Triton's
 batching models expect; the per-step calls to the target and drafter carry none.
@@ -290,7 +291,6 @@ REQUEST_FIELDS: tuple[RequestField, ...] = (
           ("guided_decoding_guide_type", BYTES, (1,), "guided decoding is not implemented"),
           ("guided_decoding_guide", BYTES, (1,), "guided decoding is not implemented"))),
 )
-FORWARDED = tuple(f for f in REQUEST_FIELDS if f.into not in (Into.PROMPT, Into.CHECKED, Into.ALIAS))
 # Request parameters Triton itself sets or reads (its parameters extension): never a client's field.
 TRITON_PARAMETERS = ("sequence_id", "priority", "timeout", "sequence_start", "sequence_end", "headers")
 
