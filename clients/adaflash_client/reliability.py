@@ -37,7 +37,7 @@ from adaflash_build.repository import RepositoryConfig, build_repository, tiny_m
 from adaflash_client.client import AdaFlashClient, GenerationError, GenerationParams, build_inputs, is_final, parse_chunk
 from adaflash_server.launcher import ServerConfig, TritonServer, stub_pids
 
-MODELS = ("target", "drafter", "adaflash")
+MODELS = ("target", "drafter", "adaflash")  # the model processes the faults scenario kills in turn
 SCENARIOS = ("malformed", "cancellations", "overload", "soak", "faults")
 CANARY = "The canary: greedy, the same answer every time."
 PROMPTS = [f"Request {i}: {w}" for i, w in enumerate(
@@ -60,7 +60,6 @@ class Scale:
     fault_users: int
     soak_s: float
     memory_every_s: float
-    fault_models: tuple[str, ...] = MODELS  # the model processes killed in turn
 
 
 FULL = Scale(max_active=64, max_queued=256, overload_factor=4, overload_s=60, max_tokens=32, cancellations=1000,
@@ -594,8 +593,8 @@ def faults(server: TritonServer, scale: Scale) -> dict:
     """SIGKILL of each model process in turn under `fault_users` clients sending requests back to back; a model
     this repository does not run (`target`, when the target runs in the orchestrator's process) is listed absent."""
     present = stub_pids(server.pid)
-    rows = [kill_and_recover(server, m, scale.fault_users) for m in scale.fault_models if m in present]
-    return {"users": scale.fault_users, "rows": rows, "absent": [m for m in scale.fault_models if m not in present],
+    rows = [kill_and_recover(server, m, scale.fault_users) for m in MODELS if m in present]
+    return {"users": scale.fault_users, "rows": rows, "absent": [m for m in MODELS if m not in present],
             "passed": bool(rows) and all(r["passed"] for r in rows)}
 
 

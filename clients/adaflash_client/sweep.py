@@ -782,7 +782,7 @@ def served_target_dir(args: argparse.Namespace, url: str) -> Path:
     from adaflash_server.openai_front import Upstream, served_parameters
 
     return Path(served_parameters(Upstream(url, tls_from_args(args), headers_from_args(args) or None))[
-        "tokenizer_dir"])
+        "target_dir"])
 
 
 def _start_server(args: argparse.Namespace, levels: list[Level]):

@@ -131,7 +131,7 @@ class Upstream:
 
 def served_parameters(upstream: Upstream) -> dict[str, str]:
     """The running server's `adaflash` model config parameters: among them the target's folder
-    (`tokenizer_dir`) and the output limit (`max_output_tokens`)."""
+    (`target_dir`) and the output limit (`max_output_tokens`)."""
     client = connect(upstream.url, upstream.tls)
     try:
         config = client.get_model_config(ENTRY, as_json=True, headers=upstream.headers)["config"]
@@ -144,7 +144,7 @@ def describe_target(upstream: Upstream, served_model_name: str | None = None) ->
     """Read the target from the running server's `adaflash` model config: its folder (the model folder's
     name is the served name unless one is given) and its output limit."""
     params = served_parameters(upstream)
-    target_dir = Path(params["tokenizer_dir"])
+    target_dir = Path(params["target_dir"])
     name = served_model_name or target_dir.parent.name
     if not (target_dir / "tokenizer.json").is_file():
         return Target(name, int(params["max_output_tokens"]))

@@ -173,8 +173,8 @@ class TritonPythonModel:
         with open(f"{params['target_dir']}/config.json") as f:
             self.target_config = TargetConfig.from_hf(json.load(f))
         self.has_drafter = bool(params["drafter_dir"])
-        self.tokenizer = load_tokenizer(params["tokenizer_dir"])
-        self.chat = load_chat_template(params["tokenizer_dir"])
+        self.tokenizer = load_tokenizer(params["target_dir"])
+        self.chat = load_chat_template(params["target_dir"])
         self.detokenizer = Detokenizer(self.tokenizer)
         self.max_prompt_tokens = int(params["max_prompt_tokens"])
         self.limits = protocol.RequestLimits(int(params["max_output_tokens"]), modes_served(self.has_drafter),
