@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 
 # The target's idle OpenMP threads spin this many iterations before they sleep (docs/results.md: how long).
-TARGET_SPIN_COUNT = 3_000
+TARGET_SPIN_COUNT = 30_000
 TARGET_SPIN_VAR = "ADAFLASH_TARGET_GOMP_SPINCOUNT"
 
 
@@ -17,13 +17,13 @@ def openmp_wait_env(env: dict[str, str]) -> dict[str, str]:
     """OpenMP wait settings for the model processes, unless the caller chose (OMP_WAIT_POLICY or
     GOMP_SPINCOUNT): idle threads sleep at once, except the target's, which spin briefly.
 
-    Five model processes share the cores, and the target and the drafter run forwards at the same
-    time under load. Threads that spin while idle (libgomp's default: milliseconds after each parallel
-    region) take the cores from the process computing. Threads that sleep at once must be woken for
-    each of a forward's parallel regions, which made the served target's decode step far slower than
-    in process. So the target, whose forward is on every step's path, spins just longer than most gaps
-    inside a forward (`spin_target_threads`). The measurements behind the setting are in
-    docs/results.md ("The target's OpenMP threads").
+    Threads that sleep at once must be woken for each of a forward's parallel regions, which made the
+    served target's decode step far slower than in process; threads that spin while idle (libgomp's
+    default: milliseconds after each parallel region) take the cores from another process computing,
+    the drafter's, which the step loop calls between the target's forwards. So the target, whose forward
+    is on every step's path, spins longer than the gaps inside a forward and between a step's forwards,
+    and shorter than libgomp's default (`spin_target_threads`). The measurements behind the setting are
+    in docs/results.md ("The target's OpenMP threads", and round 18 for the present count).
     """
     if "OMP_WAIT_POLICY" in env or "GOMP_SPINCOUNT" in env:
         return {}
