@@ -21,8 +21,8 @@ def openmp_wait_env(env: dict[str, str]) -> dict[str, str]:
     served target's decode step far slower than in process; threads that spin while idle (libgomp's
     default: milliseconds after each parallel region) take the cores from another process computing,
     the drafter's, which the step loop calls between the target's forwards. So the target, whose forward
-    is on every step's path, spins longer than the gaps inside a forward and between a step's forwards,
-    and shorter than libgomp's default (`spin_target_threads`). The measurements behind the setting are
+    is on every step's path, spins longer than most gaps inside a forward and a tenth of libgomp's
+    default (`spin_target_threads`). The measurements behind the setting are
     in docs/results.md ("The target's OpenMP threads", and round 18 for the present count).
     """
     if "OMP_WAIT_POLICY" in env or "GOMP_SPINCOUNT" in env:
