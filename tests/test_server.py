@@ -161,19 +161,22 @@ def test_cancelled_streams_free_their_sequences(served, prompts):
         assert client.generate("still serving?", GenerationParams(max_tokens=4)).num_output_tokens == 4
 
 
-def test_a_request_not_streamed_is_cancelled_too(served, prompts):
+def test_requests_not_streamed_are_cancelled_too(served, prompts):
     """A non-streaming request sends nothing before its end, so only the loop's own question to Triton can see
-    its client leave (an ensemble's postprocessing step never could): it ends as cancelled, long before its 600
-    `ar` steps, and frees its sequence."""
+    its client leave (an ensemble's postprocessing step never could). A full server of them (64 requests of 600 `ar`
+    steps, seconds on the tiny models against the loop's quarter-second question; one alone can finish first) ends
+    every one as cancelled when the client leaves, and frees every sequence."""
     server = served[0]
+    count = 64
     before = _cancelled(server, "ar")
     client = grpcclient.InferenceServerClient(server.grpc_url)
     client.start_stream(callback=lambda result, error: None)
-    inputs = build_inputs(prompts[0], GenerationParams(max_tokens=600, spec_mode="ar"), stream=False)
-    client.async_stream_infer("adaflash", inputs)
-    wait_until(lambda: _active_sequences(server) >= 1, 30, "the request to start")
+    for i in range(count):
+        inputs = build_inputs(prompts[i % len(prompts)], GenerationParams(max_tokens=600, spec_mode="ar"), stream=False)
+        client.async_stream_infer("adaflash", inputs)
+    wait_until(lambda: _active_sequences(server) == count, 30, f"the {count} requests to start")
     client.stop_stream(cancel_requests=True)
-    wait_until(lambda: _cancelled(server, "ar") - before == 1, 30, "the request to end as cancelled")
+    wait_until(lambda: _cancelled(server, "ar") - before == count, 30, f"the {count} requests to end as cancelled")
     assert _wait_until_idle(server) == 0
     client.close()
 
