@@ -36,6 +36,7 @@ from adaflash_server.launcher import ServerConfig, TritonServer
 
 MAX_TOKENS = 24
 MAX_PROMPT = 160
+MAX_ACTIVE = 64  # the served repository's sequence slots
 QWEN3_CHAT = Path(__file__).parent / "fixtures" / "qwen3_chat"
 STOCK = "trtllm_contract"  # an ensemble over `adaflash` with TensorRT-LLM's tensors only
 
@@ -47,7 +48,7 @@ def served(trained_tiny, tmp_path_factory):
     root = tmp_path_factory.mktemp("serve")
     model_dir = save_bundle(trained_tiny, root / "models")
     shutil.copy(QWEN3_CHAT / CONFIG_FILE, model_dir / "target" / CONFIG_FILE)
-    cfg = RepositoryConfig(max_active=64, max_batch_size=64, max_len=1024, max_prompt_tokens=400,
+    cfg = RepositoryConfig(max_active=MAX_ACTIVE, max_batch_size=MAX_ACTIVE, max_len=1024, max_prompt_tokens=400,
                            max_output_tokens=600)
     repo = build_repository(root / "model_repository", model_dir, "drafter", cfg, stock_contract_ensemble=STOCK)
     with TritonServer(ServerConfig(model_repository=repo, state_dir=root / "state")) as server:
@@ -167,7 +168,7 @@ def test_requests_not_streamed_are_cancelled_too(served, prompts):
     steps, seconds on the tiny models against the loop's quarter-second question; one alone can finish first) ends
     every one as cancelled when the client leaves, and frees every sequence."""
     server = served[0]
-    count = 64
+    count = MAX_ACTIVE
     before = _cancelled(server, "ar")
     client = grpcclient.InferenceServerClient(server.grpc_url)
     client.start_stream(callback=lambda result, error: None)
