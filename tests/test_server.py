@@ -164,20 +164,19 @@ def test_cancelled_streams_free_their_sequences(served, prompts):
 
 def test_requests_not_streamed_are_cancelled_too(served, prompts):
     """A non-streaming request sends nothing before its end, so only the loop's own question to Triton can see
-    its client leave (an ensemble's postprocessing step never could). A full server of them (64 requests of 600 `ar`
-    steps, seconds on the tiny models against the loop's quarter-second question; one alone can finish first) ends
-    every one as cancelled when the client leaves, and frees every sequence."""
+    its client leave (an ensemble's postprocessing step never could). A full server of them (MAX_ACTIVE requests of
+    600 `ar` steps, seconds on the tiny models against the loop's quarter-second question; one alone can finish
+    first) ends every one as cancelled when the client leaves, and frees every sequence."""
     server = served[0]
-    count = MAX_ACTIVE
     before = _cancelled(server, "ar")
     client = grpcclient.InferenceServerClient(server.grpc_url)
     client.start_stream(callback=lambda result, error: None)
-    for i in range(count):
+    for i in range(MAX_ACTIVE):
         inputs = build_inputs(prompts[i % len(prompts)], GenerationParams(max_tokens=600, spec_mode="ar"), stream=False)
         client.async_stream_infer("adaflash", inputs)
-    wait_until(lambda: _active_sequences(server) == count, 30, f"the {count} requests to start")
+    wait_until(lambda: _active_sequences(server) == MAX_ACTIVE, 30, "every request to start")
     client.stop_stream(cancel_requests=True)
-    wait_until(lambda: _cancelled(server, "ar") - before == count, 30, f"the {count} requests to end as cancelled")
+    wait_until(lambda: _cancelled(server, "ar") - before == MAX_ACTIVE, 30, "every request to end as cancelled")
     assert _wait_until_idle(server) == 0
     client.close()
 
