@@ -67,6 +67,28 @@ def _pooled(stats: list[AcceptanceStats]) -> AcceptanceStats:
     return out
 
 
+VECTOR_ROWS = 16  # from this many sequences a plan's sums run in numpy, below in Python floats (`_choose_many`)
+
+
+def _rate_rows(stats: list[AcceptanceStats], priors: list[list[float]], which: list[int],
+               weight: float) -> list[list[float]] | np.ndarray:
+    """`AcceptanceStats.rates` of each sequence toward its prior row (`priors[which[i]]`), the same figures in lists
+    or, from VECTOR_ROWS sequences, in one array."""
+    if len(stats) < VECTOR_ROWS:
+        return [s.rates(priors[w], weight) for s, w in zip(stats, which)]
+    hits, tries = np.array([s.hits for s in stats]), np.array([s.tries for s in stats])
+    return (hits + weight * np.array(priors)[which]) / (tries + weight)
+
+
+def _prefix_sums(rows: list[list[float]] | np.ndarray, lengths: list[int]) -> list[float]:
+    """Per row, the sum of its first `lengths[i]` gains (products of its rates). An array adds them in the order of
+    Python's `sum` of `_products` (a cumulative sum adds in sequence; the positions past a length add zeros)."""
+    if not isinstance(rows, np.ndarray):
+        return [sum(_products(r[:k])) for r, k in zip(rows, lengths)]
+    keep = np.arange(rows.shape[1]) < np.asarray(lengths)[:, None]
+    return np.where(keep, np.cumprod(rows, axis=1), 0.0).cumsum(axis=1)[:, -1].tolist()
+
+
 def _products(rates: list[float]) -> list[float]:
     """np.cumprod in Python floats: the same products in the same order."""
     return list(accumulate(rates, mul))
@@ -116,14 +138,18 @@ def choose_lengths(
 
 def _choose_many(rates: np.ndarray, caps: list[int], cost: CostModel, batch: int, other_tokens: int, draft_ms: float,
                  sunk_ms: float, other_expected: float | None) -> tuple[list[int], float]:
-    """In Python floats over lists, like `_choose_one`: a step plans right after its forward, when numpy's code has
-    left the CPU's caches, and its dozen calls on a few hundred numbers cost twice this loop (docs/results.md,
-    engine speed round 10)."""
+    """Below VECTOR_ROWS sequences in Python floats over lists, like `_choose_one`: a step plans right after its
+    forward, when numpy's code has left the CPU's caches, and its dozen calls on a few hundred numbers cost more than
+    this loop (docs/results.md, engine speed round 10). From there in numpy: the loop over a thousand gains took
+    most of a plan's milliseconds (round 20). Both add the same sums in the same order, so they choose alike."""
     n = len(caps)
     value, owner, _ = _sorted_gains(rates, caps)
     others = batch - n if other_expected is None else other_expected
     times = _verify_times(cost, batch, other_tokens + n, len(value))
-    best, best_rate = _best_count(value, times, others + n, cost.step_ms, sunk_ms, draft_ms)
+    if isinstance(value, np.ndarray):
+        best, best_rate = _best_prefix(value, times, others + n, cost.step_ms, sunk_ms, draft_ms)
+        return np.bincount(owner[:best], minlength=n).tolist(), best_rate
+    best, best_rate = _best_count(value, times.tolist(), others + n, cost.step_ms, sunk_ms, draft_ms)
     ks = [0] * n
     for i in owner[:best]:
         ks[i] += 1
@@ -145,10 +171,27 @@ def _best_count(gains: Iterable[float], times: list[float], base: float, step_ms
     return best, float(best_rate)
 
 
-def _sorted_gains(rates: np.ndarray, caps: list[int]) -> tuple[list[float], list[int], list[int]]:
+def _best_prefix(gains: np.ndarray, times: np.ndarray, base: float, step_ms: float, sunk_ms: float,
+                 draft_ms: float) -> tuple[int, float]:
+    """`_best_count` over an array of gains: the same sums in the same order, the same first maximum."""
+    none = base / (times[0] + step_ms + sunk_ms)
+    if not len(gains):
+        return 0, float(none)
+    rates = (base + np.cumsum(gains)) / (times[1 : len(gains) + 1] + step_ms + sunk_ms + draft_ms)
+    s = int(np.argmax(rates))
+    return (s + 1, float(rates[s])) if rates[s] > none else (0, float(none))
+
+
+def _sorted_gains(rates: np.ndarray, caps: list[int]) -> tuple[list[float], list[int], list[int]] | tuple[np.ndarray, ...]:
     """Every draftable position's gain (the product of the rates up to it) within the caps, largest first, ties in
-    row-major order, with the row and the position each came from. Gains never rise along a row, so the S largest
-    are the best S positions to verify."""
+    row-major order, with the row and the position each came from: lists below VECTOR_ROWS sequences, arrays from
+    there. Gains never rise along a row, so the S largest are the best S positions to verify."""
+    if len(caps) >= VECTOR_ROWS:
+        keep = np.arange(rates.shape[1]) < np.asarray(caps)[:, None]
+        rows, positions = np.nonzero(keep)
+        gains = np.cumprod(rates, axis=1)[keep]
+        order = np.argsort(-gains, kind="stable")
+        return gains[order], rows[order], positions[order]
     gains, rows, positions = [], [], []
     for i, (row, cap) in enumerate(zip(rates.tolist(), caps)):
         row_gains = _products(row[:cap])
@@ -159,9 +202,9 @@ def _sorted_gains(rates: np.ndarray, caps: list[int]) -> tuple[list[float], list
     return [gains[j] for j in order], [rows[j] for j in order], [positions[j] for j in order]
 
 
-def _verify_times(cost: CostModel, batch: int, first: int, count: int) -> list[float]:
+def _verify_times(cost: CostModel, batch: int, first: int, count: int) -> np.ndarray:
     """Verify milliseconds of `batch` sequences at `first` tokens in all and at each of the `count` totals after."""
-    return cost.verify_ms(batch, np.arange(first, first + count + 1)).tolist()
+    return cost.verify_ms(batch, np.arange(first, first + count + 1))
 
 
 def _best_block(rates: np.ndarray, caps: list[int], cost: CostModel, batch: int, other_tokens: int,
@@ -174,10 +217,15 @@ def _best_block(rates: np.ndarray, caps: list[int], cost: CostModel, batch: int,
     value, _, position = _sorted_gains(rates, caps)
     others = batch - n if other_expected is None else other_expected
     times = _verify_times(cost, batch, other_tokens + n, len(value))
+    vector = isinstance(value, np.ndarray)
+    times = times if vector else times.tolist()
     best, best_rate = None, 0.0
     for length, draft_ms in zip(lengths, drafts):
-        kept = (gain for gain, at in zip(value, position) if at < length - 1)
-        top, top_rate = _best_count(kept, times, others + n, cost.step_ms, 0.0, draft_ms)
+        if vector:
+            top, top_rate = _best_prefix(value[position < length - 1], times, others + n, cost.step_ms, 0.0, draft_ms)
+        else:
+            kept = (gain for gain, at in zip(value, position) if at < length - 1)
+            top, top_rate = _best_count(kept, times, others + n, cost.step_ms, 0.0, draft_ms)
         if top and top_rate > best_rate:
             best, best_rate = length, top_rate
     return best
@@ -223,11 +271,11 @@ PROBE_SHARE_FLOOR = 1 / 16  # of the full share: drafter probes that keep findin
 class ProbeBudget:
     """A share of the time for one kind of exploration: after a probe charged `ms`, the next waits until that is
     the share's part of the time since. Drafter probes' share halves with each probe (`shrink`, down to
-    `PROBE_SHARE_FLOOR` of it) and doubles back with each drafted token accepted (`grow`, up to the whole), and is
-    whole again once drafting pays: it settles where the probes find little, since where the drafter never pays a
-    fixed share was a fixed loss against the best fixed mode (docs/results.md, engine speed round 9). Copies verified
-    whole keep theirs: they cost no drafter forward, and they are how long copies, prompt lookup's strength, are
-    learnt."""
+    `PROBE_SHARE_FLOOR` of it) and is whole again once drafting pays: where the drafter never pays a fixed share was a
+    fixed loss against the best fixed mode (docs/results.md, engine speed round 9). What a probe finds short of
+    that does not bring the share back: it used to double with each accepted token, and a probe of many sequences
+    nearly always finds a few, so under load the share never shrank (round 20). Copies verified whole keep theirs:
+    they cost no drafter forward, and they are how long copies, prompt lookup's strength, are learnt."""
 
     def __init__(self, share: float, clock: Callable[[], float]) -> None:
         self.full, self.share, self.clock = share, share, clock
@@ -241,9 +289,6 @@ class ProbeBudget:
 
     def shrink(self) -> None:
         self.share = max(self.share / 2, self.full * PROBE_SHARE_FLOOR)
-
-    def grow(self) -> None:
-        self.share = min(self.share * 2, self.full)
 
     def restore(self) -> None:
         self.share = self.full
@@ -287,8 +332,10 @@ class LengthController:
                               [AcceptanceStats(self.block_size - 1) for _ in range(ngram.MAX_N + 1)], self.probe_every)
 
     def estimated_rates(self, seqs: list[PolicyState]) -> np.ndarray:
-        prior = self._priors()[0]
-        return np.array([s.stats.rates(prior, self.prior_weight) for s in seqs])
+        return np.asarray(self._draft_rows(seqs))
+
+    def _draft_rows(self, seqs: list[PolicyState]) -> list[list[float]] | np.ndarray:
+        return _rate_rows([s.stats for s in seqs], [self._priors()[0]], [0] * len(seqs), self.prior_weight)
 
     def _priors(self) -> tuple[list[float], list[list[float]]]:
         """The engine-wide estimates the sequences' are shrunk toward: drafts', and copies' per match length (see
@@ -308,11 +355,10 @@ class LengthController:
         are shrunk toward the copies of every length pooled, and a sequence's toward the whole engine's: positions
         that a length's copies rarely reach (a 1-gram copy is rarely verified past its first token) take what
         the others learnt there instead of inheriting their own first token's rate."""
-        return np.array(self._copy_rows(seqs, matched))
+        return np.asarray(self._copy_rows(seqs, matched))
 
-    def _copy_rows(self, seqs: list[PolicyState], matched: list[int]) -> list[list[float]]:
-        priors = self._priors()[1]
-        return [s.copy[n].rates(priors[n], self.prior_weight) for s, n in zip(seqs, matched)]
+    def _copy_rows(self, seqs: list[PolicyState], matched: list[int]) -> list[list[float]] | np.ndarray:
+        return _rate_rows([s.copy[n] for s, n in zip(seqs, matched)], self._priors()[1], matched, self.prior_weight)
 
     def prefers_copy(self, seqs: list[PolicyState], matched: list[int], proposal_lens: list[int],
                      caps: list[int]) -> list[bool]:
@@ -320,12 +366,11 @@ class LengthController:
         no drafter forward, so it wins whenever it is expected to commit at least as many tokens, except
         for sequences due for a drafter probe (else a drafter never tried would never be learnt). A
         sequence that copies counts the step as one without drafting, toward its next probe."""
-        prior, copy_priors = self._priors()
+        copied = _prefix_sums(self._copy_rows(seqs, matched), proposal_lens)
+        drafted = _prefix_sums(self._draft_rows(seqs), [max(cap, 1) if n else 0 for cap, n in zip(caps, proposal_lens)])
         out = []
-        for s, m, n, cap in zip(seqs, matched, proposal_lens, caps):
-            better = n > 0 and (sum(_products(s.copy[m].rates(copy_priors[m], self.prior_weight)[:n]))
-                                >= sum(_products(s.stats.rates(prior, self.prior_weight)[:max(cap, 1)])))
-            out.append(better and s.skipped < s.probe_interval)
+        for s, n, copy, draft in zip(seqs, proposal_lens, copied, drafted):
+            out.append(n > 0 and copy >= draft and s.skipped < s.probe_interval)
             s.skipped += out[-1]
         return out
 
@@ -354,7 +399,7 @@ class LengthController:
         for i, s in enumerate(seqs):
             if proposal_lens[i] and ks[i] == proposal_lens[i]:
                 s.copy_skipped = 0
-        return ks, [1.0 + sum(_products(r[:k])) for r, k in zip(rates, ks)]
+        return ks, [1.0 + s for s in _prefix_sums(rates, ks)]
 
     def choose_drafters(self, seqs: list[PolicyState], caps: list[int], batch: int, other_tokens: int,
                         n_drafting: int, other_expected: float | None = None) -> tuple[list[bool], int]:
@@ -454,9 +499,9 @@ class LengthController:
         return published_length(ratio_from_rates(rates, self.block_size), self.block_size, cap, ESTIMATED_MIN_CANDIDATE)
 
     def observe(self, seq: PolicyState, draft_len: int, accepted: int, matched: int = 0) -> None:
-        """Record a verified draft: drafted, or copied after a lookup that `matched` tokens. (A sequence's own
-        probes back off in `choose_drafters` whatever they find, until the estimates say drafting pays; the time
-        share of all drafter probes grows back with what they find, see `ProbeBudget`.)"""
+        """Record a verified draft: drafted, or copied after a lookup that `matched` tokens. (Probes back off in
+        `choose_drafters` whatever they find, a sequence's own and the time share of all, until the estimates say
+        drafting pays, see `ProbeBudget`.)"""
         if draft_len == 0:
             return
         if matched:
@@ -465,5 +510,3 @@ class LengthController:
             return
         seq.stats.update(draft_len, accepted)
         self.global_stats.update(draft_len, accepted)
-        if accepted:
-            self._drafter_probes.grow()
