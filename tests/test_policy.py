@@ -14,8 +14,8 @@ from adaflash.decoding.engine import Engine
 from adaflash.decoding.sequence import Request
 from adaflash.models.placement import CPU
 from adaflash.decoding import policy
-from adaflash.decoding.policy import (PROBE_SHARE_FLOOR, LengthController, PolicyState, _choose_many, _choose_one,
-                                      choose_lengths, published_length, ratio_to_rates)
+from adaflash.decoding.policy import (PROBE_SEQUENCES, PROBE_SHARE_FLOOR, LengthController, PolicyState, _choose_many,
+                                      _choose_one, choose_lengths, published_length, ratio_to_rates)
 
 
 def flat_costs(batch: int) -> CostModel:
@@ -516,6 +516,30 @@ def test_a_probe_is_charged_its_verify_too():
     assert not probes()
     now[0] = 0.095
     assert probes()
+
+
+def test_a_probe_drafts_the_few_longest_waiting_due_sequences_and_the_others_probe_later():
+    """A sequence's first draft projects its whole context for the drafter, so a probe of a whole batch under load
+    cost a round's worth of steps; the estimates pool what a few find. At most PROBE_SEQUENCES due sequences probe
+    in one forward, the longest waiting first; the others stay due for the next probe."""
+    now = [0.0]
+    controller = LengthController(fixed_costs(), block_size=16, probe_every=4, probe_share=0.1, clock=lambda: now[0])
+    seqs = [controller.new_sequence() for _ in range(10)]
+    for s in seqs:
+        for _ in range(40):
+            controller.observe(s, draft_len=3, accepted=0)
+    for i, s in enumerate(seqs):
+        s.skipped = 4 + i % 5  # all due, some waiting longer
+
+    def choose() -> list[bool]:
+        return controller.choose_drafters(seqs, [15] * 10, batch=16, other_tokens=6, n_drafting=10)[0]
+
+    first = choose()
+    assert sum(first) == PROBE_SEQUENCES == 4
+    assert {i for i, c in enumerate(first) if c} == {3, 4, 8, 9}  # the longest waiting (skipped 7 and 8)
+    now[0] += 1000.0
+    second = choose()
+    assert sum(second) == 4 and not any(a and b for a, b in zip(first, second))
 
 
 def test_drafter_probes_that_do_not_make_drafting_pay_come_ever_more_rarely_until_it_does():

@@ -266,6 +266,11 @@ def published_length(ratio: float, block_size: int, cap: int, min_candidate: int
 
 
 PROBE_SHARE_FLOOR = 1 / 16  # of the full share: drafter probes that keep finding nothing shrink their share to this
+# Due sequences that probe in one drafter forward, the longest waiting first. A sequence's first draft projects its
+# whole context into the drafter's cache, so a probe of a whole batch of 62 cost ~50 ms on the default models (~2.5% of
+# a round at c=64; docs/results.md, round 20), while what a few find teaches the engine-wide estimates every
+# sequence's are shrunk toward.
+PROBE_SEQUENCES = 4
 
 
 class ProbeBudget:
@@ -431,16 +436,16 @@ class LengthController:
         """Sequences due for a probe, if drafter probes keep to their share of the time (`ProbeBudget`): every
         probe costs a drafter forward and the verify of what it drafted (at least a token each, beside the step's
         `tokens`), and under load the sequences' schedules would together run one every step. Due sequences that
-        have to wait probe together later, in one forward. Each probe runs while drafting does not pay, so it
-        halves the share left to the next ones; the whole share returns once drafting pays."""
-        due = [s.skipped >= s.probe_interval for s in seqs]
-        if not any(due):
-            return due
-        n = sum(due)
-        if not self._may_probe(self._drafter_probes, batch, tokens, n, self.cost.draft_ms(n, block_length)):
+        have to wait probe together later, in one forward, at most PROBE_SEQUENCES of them. Each probe runs while
+        drafting does not pay, so it halves the share left to the next ones; the whole share returns once drafting
+        pays."""
+        due = sorted((i for i, s in enumerate(seqs) if s.skipped >= s.probe_interval), key=lambda i: -seqs[i].skipped)
+        due = set(due[:PROBE_SEQUENCES])
+        n = len(due)
+        if not n or not self._may_probe(self._drafter_probes, batch, tokens, n, self.cost.draft_ms(n, block_length)):
             return [False] * len(seqs)
         self._drafter_probes.shrink()
-        return due
+        return [i in due for i in range(len(seqs))]
 
     def _may_probe(self, budget: ProbeBudget, batch: int, tokens: int, extra_tokens: int, draft_ms: float) -> bool:
         """Whether probes (drafter probes, or copies verified whole past the cut) may run now within `budget`: each
