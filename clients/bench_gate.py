@@ -52,19 +52,29 @@ def load(args: argparse.Namespace) -> list[Prompt]:
 
 def summarise(rows: list[dict]) -> list[dict]:
     """Per cell the median tok/s of each variant, and adaflash's with and without the gate over the best of `ar`
-    and `ngram`."""
+    and `ngram`: of the medians, and round by round (the variants of a round ran back to back, so the machine's
+    drift over minutes, which moves a cell's medians by tens of percent, mostly cancels within a round)."""
     cells = sorted({(r["domain"], r["concurrency"]) for r in rows}, key=lambda c: (c[0], c[1]))
     out = []
     for domain, c in cells:
-        med = {v: statistics.median(r["tokens_per_s"] for r in rows
-                                    if (r["domain"], r["concurrency"], r["variant"]) == (domain, c, v))
-               for v in VARIANTS}
+        rounds: dict[int, dict[str, float]] = {}
+        for r in rows:
+            if (r["domain"], r["concurrency"]) == (domain, c):
+                rounds.setdefault(r["repeat"], {})[r["variant"]] = r["tokens_per_s"]
+        med = {v: statistics.median(tps[v] for tps in rounds.values()) for v in VARIANTS}
         best = max(med["ar"], med["ngram"])
         out.append({"domain": domain, "concurrency": c, "median_tokens_per_s": med,
                     "best_fixed": "ar" if med["ar"] >= med["ngram"] else "ngram",
                     "adaflash_over_best": round(med["adaflash"] / best, 3),
-                    "adaflash_no_gate_over_best": round(med["adaflash-no-gate"] / best, 3)})
+                    "adaflash_no_gate_over_best": round(med["adaflash-no-gate"] / best, 3),
+                    "adaflash_over_best_by_round": _over_best(rounds, "adaflash"),
+                    "adaflash_no_gate_over_best_by_round": _over_best(rounds, "adaflash-no-gate")})
     return out
+
+
+def _over_best(rounds: dict[int, dict[str, float]], variant: str) -> list[float]:
+    """`variant` over the better of `ar` and `ngram` of the same round, round by round."""
+    return [round(tps[variant] / max(tps["ar"], tps["ngram"]), 3) for _, tps in sorted(rounds.items())]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -103,7 +113,8 @@ def main(argv: list[str] | None = None) -> int:
     summary = summarise(rows) if ok else []
     for s in summary:
         print(f"{s['domain']:14s} c={s['concurrency']:<3d} best {s['best_fixed']:5s} adaflash "
-              f"{s['adaflash_over_best']:.2f}, without the gate {s['adaflash_no_gate_over_best']:.2f}")
+              f"{s['adaflash_over_best']:.2f} (rounds {s['adaflash_over_best_by_round']}), without the gate "
+              f"{s['adaflash_no_gate_over_best']:.2f}")
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()}, "rows": rows,
                                      "summary": summary}, indent=1) + "\n")
