@@ -542,21 +542,6 @@ def test_the_plan_gate_s_plain_runs_keep_the_drafter_context_and_the_output(trai
     assert any(st.draft_len for s in seqs for st in s.steps)
 
 
-def test_under_the_engine_s_gate_a_lone_sequence_plans_every_step(trained_tiny, prompts, reference):
-    """One running sequence is below the engine's gate (`ENGINE_MIN_SEQUENCES`): every step plans (copies, drafts),
-    the gate learns nothing, and the output is plain decoding's; two running sequences are gated."""
-    bundle = trained_tiny
-    engine = Engine(bundle.target, bundle.drafter, num_slots=2, max_len=MAX_LEN, cost_model=cheap_drafter_costs(2),
-                    run_steps=3)
-    seqs = engine.generate([Request(p, MAX_TOKENS, mode="adaflash", stop_ids=()) for p in prompts[:3]], concurrency=1)
-    assert [s.output for s in seqs] == reference[:3]
-    assert engine.scheduler.gate.loads == {}
-    steps = [st for s in seqs for st in s.steps]
-    assert sum(bool(st.draft_len) for st in steps) > len(steps) / 2  # planned steps propose (a drafter cheap here)
-    engine.generate([Request(p, MAX_TOKENS, mode="adaflash", stop_ids=()) for p in prompts[:4]], concurrency=2)
-    assert 2 .bit_length() in engine.scheduler.gate.loads
-
-
 def test_a_verify_with_a_prefill_riding_along_does_not_teach_the_verify_scale():
     """New sequences are prefilled in the verify call of the step that admits them; that call's time is mostly the
     prefill's. Folded into the live verify scale (as it was), it priced every verify as if a prefill rode along:

@@ -15,7 +15,7 @@ from itertools import count
 import torch
 
 from adaflash.decoding.costs import CostModel, measure_costs
-from adaflash.decoding.gate import ENGINE_MIN_SEQUENCES, PlanGate
+from adaflash.decoding.gate import PlanGate
 from adaflash.decoding.planner import Planner
 from adaflash.decoding.policy import LengthController
 from adaflash.decoding.scheduler import Scheduler, Timed, run_now
@@ -107,8 +107,7 @@ class Engine:
         """`copies=False` keeps adaflash to its drafter (no copies of the context), to measure what each gives.
         `paging`: caches of shared pages (a memory budget) instead of a max_len slot per sequence; sequences then
         wait until the pages they may fill are free. `run_steps`: plain decoding steps per target call (None:
-        the scheduler's live choice). `plan_gate=False` makes adaflash plan every step (`gate.PlanGate`; with the gate,
-        it does so below ENGINE_MIN_SEQUENCES running sequences)."""
+        the scheduler's live choice). `plan_gate=False` makes adaflash plan every step (`gate.PlanGate`)."""
         self.target, self.drafter = target, drafter
         self.max_len, self.num_slots = max_len, num_slots
         if drafter is not None:
@@ -119,8 +118,7 @@ class Engine:
         self.backend = LocalBackend(target, drafter, num_slots, max_len, paging)
         self.planner = Planner(LengthController(cost_model, block_size_of(drafter), prior_weight, probe_every), copies)
         self.scheduler = Scheduler(self.backend, self.planner, cost_model, num_slots, max_len, drafter is not None,
-                                   prefill_tokens, paging, run_steps,
-                                   PlanGate(ENGINE_MIN_SEQUENCES) if plan_gate else None)
+                                   prefill_tokens, paging, run_steps, PlanGate() if plan_gate else None)
         self._ids = count()
 
     @property

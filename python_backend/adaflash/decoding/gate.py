@@ -8,9 +8,9 @@ a target whose verify of many tokens costs nearly what it saves), planning every
 decoding. So the gate runs the two arms in blocks of calls, follows the one that commits more tokens per
 millisecond of the whole step, and keeps trying the other now and then, more often the closer they are.
 The output does not depend on the arm (a plain step verifies nothing: it is a step of `ar`), so greedy
-decoding stays equal to plain decoding whatever the gate chooses. The engine uses it from ENGINE_MIN_SEQUENCES
-running sequences, the orchestrator from SERVED_MIN_SEQUENCES: below them planning every step was measured faster
-(docs/results.md, rounds 13, 14 and 20).
+decoding stays equal to plain decoding whatever the gate chooses. The engine uses it at every load; the
+orchestrator from SERVED_MIN_SEQUENCES running sequences, below which served planning every step was measured
+faster (docs/results.md, rounds 13 and 14).
 """
 
 from __future__ import annotations
@@ -34,9 +34,6 @@ SWITCH_MARGIN = 0.05  # the other arm leads once its rate is this much above the
 # Leader blocks between two blocks of the other arm, by how far the leader is ahead (its rate / the other's).
 EXPLORE_AFTER = ((1.1, 2), (1.3, 6), (float("inf"), 16))
 SERVED_MIN_SEQUENCES = 8  # the orchestrator's `PlanGate(min_sequences)`
-# The engine's: a lone sequence's planning costs less than the blocks of plain decoding the gate explores there, which
-# run far slower than planned steps (docs/results.md, round 20).
-ENGINE_MIN_SEQUENCES = 2
 
 
 class Arm(Enum):
