@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable
 
 import numpy as np
 import pytest
@@ -412,15 +413,22 @@ def test_copies_verified_whole_past_the_cut_keep_to_the_probe_share_too():
     assert lengths() == [15, 15]
 
 
+def probing_controller(n: int, clock: Callable[[], float]) -> tuple[LengthController, list[PolicyState]]:
+    """A controller (probes every 4 steps, a tenth of the time) and `n` sequences whose drafts were never accepted:
+    drafting does not pay, so they draft only as probes."""
+    controller = LengthController(fixed_costs(), block_size=16, probe_every=4, probe_share=0.1, clock=clock)
+    seqs = [controller.new_sequence() for _ in range(n)]
+    for s in seqs:
+        for _ in range(40):
+            controller.observe(s, draft_len=3, accepted=0)
+    return controller, seqs
+
+
 def test_probes_keep_to_their_share_of_the_time():
     """Under load every sequence's probe schedule together would cost a drafter forward every step;
     probes run only while they stay within `probe_share` of the time, and due ones wait to go together."""
     now = [0.0]
-    controller = LengthController(fixed_costs(), block_size=16, probe_every=4, probe_share=0.1, clock=lambda: now[0])
-    seqs = [controller.new_sequence() for _ in range(3)]
-    for s in seqs:
-        for _ in range(40):
-            controller.observe(s, draft_len=3, accepted=0)
+    controller, seqs = probing_controller(3, lambda: now[0])
     seqs[0].skipped, seqs[1].skipped = 4, 1
 
     def choose() -> list[bool]:
@@ -523,11 +531,7 @@ def test_a_probe_drafts_the_few_longest_waiting_due_sequences_and_the_others_pro
     cost a round's worth of steps; the estimates pool what a few find. At most PROBE_SEQUENCES due sequences probe
     in one forward, the longest waiting first; the others stay due for the next probe."""
     now = [0.0]
-    controller = LengthController(fixed_costs(), block_size=16, probe_every=4, probe_share=0.1, clock=lambda: now[0])
-    seqs = [controller.new_sequence() for _ in range(10)]
-    for s in seqs:
-        for _ in range(40):
-            controller.observe(s, draft_len=3, accepted=0)
+    controller, seqs = probing_controller(10, lambda: now[0])
     for i, s in enumerate(seqs):
         s.skipped = 4 + i % 5  # all due, some waiting longer
 
