@@ -371,11 +371,16 @@ class LengthController:
         no drafter forward, so it wins whenever it is expected to commit at least as many tokens, except
         for sequences due for a drafter probe (else a drafter never tried would never be learnt). A
         sequence that copies counts the step as one without drafting, toward its next probe."""
-        copied = _prefix_sums(self._copy_rows(seqs, matched), proposal_lens)
-        drafted = _prefix_sums(self._draft_rows(seqs), [max(cap, 1) if n else 0 for cap, n in zip(caps, proposal_lens)])
+        offered = [i for i, n in enumerate(proposal_lens) if n]  # a step without a copy on offer weighs nothing
+        if not offered:
+            return [False] * len(seqs)
+        copied = _prefix_sums(self._copy_rows([seqs[i] for i in offered], [matched[i] for i in offered]),
+                              [proposal_lens[i] for i in offered])
+        drafted = _prefix_sums(self._draft_rows([seqs[i] for i in offered]), [max(caps[i], 1) for i in offered])
+        better = {i for i, copy, draft in zip(offered, copied, drafted) if copy >= draft}
         out = []
-        for s, n, copy, draft in zip(seqs, proposal_lens, copied, drafted):
-            out.append(n > 0 and copy >= draft and s.skipped < s.probe_interval)
+        for i, s in enumerate(seqs):
+            out.append(i in better and s.skipped < s.probe_interval)
             s.skipped += out[-1]
         return out
 
