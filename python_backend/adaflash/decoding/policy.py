@@ -377,11 +377,10 @@ class LengthController:
         copied = _prefix_sums(self._copy_rows([seqs[i] for i in offered], [matched[i] for i in offered]),
                               [proposal_lens[i] for i in offered])
         drafted = _prefix_sums(self._draft_rows([seqs[i] for i in offered]), [max(caps[i], 1) for i in offered])
-        better = {i for i, copy, draft in zip(offered, copied, drafted) if copy >= draft}
-        out = []
-        for i, s in enumerate(seqs):
-            out.append(i in better and s.skipped < s.probe_interval)
-            s.skipped += out[-1]
+        out = [False] * len(seqs)
+        for i, copy, draft in zip(offered, copied, drafted):
+            out[i] = copy >= draft and seqs[i].skipped < seqs[i].probe_interval
+            seqs[i].skipped += out[i]
         return out
 
     def copy_lengths(self, seqs: list[PolicyState], matched: list[int], proposal_lens: list[int], batch: int,
