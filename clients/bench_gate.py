@@ -1,9 +1,10 @@
-"""The plan gate's A/B in one process: `ar`, `ngram`, `adaflash` with the gate and without, alternating.
+"""The plan gate's A/B in one process: `ar`, `ngram`, `dflash`, `adaflash` with the gate and without, alternating.
 
 Why: this machine's speed moves by tens of percent over minutes, and the gate changes adaflash by a few percent,
 so the two are compared as medians of runs alternating within one process (one engine per variant, the same
 weights and the same measured cost table), each cell a domain alone at one concurrency. Every output must equal
-`ar`'s (greedy); a cell where one differs gets no speed and the run exits 1.
+`ar`'s (greedy), or with --tie-tolerance depart from it only at a near-tie (GPUs); a cell where one does not gets
+no speed and the run exits 1.
 
     .venv/bin/python clients/bench_gate.py --model-dir models/default --json docs/engine-speed/round13/gate.json
 """
@@ -18,14 +19,17 @@ import sys
 import time
 from pathlib import Path
 
-from adaflash.cli_args import csv_list
+from adaflash.cli_args import add_placement_args, csv_list
 from adaflash.decoding.engine import Engine
 from adaflash.decoding.sequence import Request, context_length
+from adaflash.evaluation.bench import departure_gap
 from adaflash.evaluation.prompts import Prompt, encode_prompts, eval_set_prompts, load_prompts
 from adaflash.models.bundle import load_bundle
 from adaflash.models.drafter import block_size_of
+from adaflash.models.placement import placement
 
-VARIANTS = ("ar", "ngram", "adaflash", "adaflash-no-gate")  # the last: Engine(plan_gate=False)
+FIXED = ("ar", "ngram", "dflash")  # adaflash is held against the best of these
+VARIANTS = (*FIXED, "adaflash", "adaflash-no-gate")  # the last: Engine(plan_gate=False)
 LOW_LOAD_PROMPTS = 16  # at concurrency 1 a cell runs this many prompts (a pass over 64 would take minutes)
 
 
@@ -40,6 +44,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-tokens", type=int, default=96)
     p.add_argument("--max-prompt-tokens", type=int, default=400)
     p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--tie-tolerance", type=float, default=0.0,
+                   help="an output may depart from ar's where the target's logits of the two tokens are within this "
+                        "fraction of the largest logit (GPUs; see adaflash bench)")
+    add_placement_args(p)
     p.add_argument("--json", type=Path, required=True)
     return p.parse_args(argv)
 
@@ -51,8 +59,8 @@ def load(args: argparse.Namespace) -> list[Prompt]:
 
 
 def summarise(rows: list[dict]) -> list[dict]:
-    """Per cell the median tok/s of each variant, and adaflash's with and without the gate over the best of `ar`
-    and `ngram`: of the medians, and round by round (the variants of a round ran back to back, so the machine's
+    """Per cell the median tok/s of each variant, and adaflash's with and without the gate over the best of the
+    FIXED modes: of the medians, and round by round (the variants of a round ran back to back, so the machine's
     drift over minutes, which moves a cell's medians by tens of percent, mostly cancels within a round)."""
     cells = sorted({(r["domain"], r["concurrency"]) for r in rows}, key=lambda c: (c[0], c[1]))
     out = []
@@ -62,9 +70,10 @@ def summarise(rows: list[dict]) -> list[dict]:
             if (r["domain"], r["concurrency"]) == (domain, c):
                 rounds.setdefault(r["repeat"], {})[r["variant"]] = r["tokens_per_s"]
         med = {v: statistics.median(tps[v] for tps in rounds.values()) for v in VARIANTS}
-        best = max(med["ar"], med["ngram"])
+        best_fixed = max(FIXED, key=lambda v: med[v])
+        best = med[best_fixed]
         out.append({"domain": domain, "concurrency": c, "median_tokens_per_s": med,
-                    "best_fixed": "ar" if med["ar"] >= med["ngram"] else "ngram",
+                    "best_fixed": best_fixed,
                     "adaflash_over_best": round(med["adaflash"] / best, 3),
                     "adaflash_no_gate_over_best": round(med["adaflash-no-gate"] / best, 3),
                     "adaflash_over_best_by_round": _over_best(rounds, "adaflash"),
@@ -73,13 +82,17 @@ def summarise(rows: list[dict]) -> list[dict]:
 
 
 def _over_best(rounds: dict[int, dict[str, float]], variant: str) -> list[float]:
-    """`variant` over the better of `ar` and `ngram` of the same round, round by round."""
-    return [round(tps[variant] / max(tps["ar"], tps["ngram"]), 3) for _, tps in sorted(rounds.items())]
+    """`variant` over the best FIXED mode of the same round, round by round."""
+    return [round(tps[variant] / max(tps[v] for v in FIXED), 3) for _, tps in sorted(rounds.items())]
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    bundle = load_bundle(args.model_dir)
+    try:
+        place = placement(args.device, args.dtype)
+    except ValueError as exc:
+        raise SystemExit(f"error: --{exc}") from None
+    bundle = load_bundle(args.model_dir, place=place)
     prompts = load(args)
     ids = encode_prompts(bundle.tokenizer, prompts, args.max_prompt_tokens, None)
     max_len = context_length([len(i) for i in ids], args.max_tokens, block_size_of(bundle.drafter))
@@ -87,8 +100,7 @@ def main(argv: list[str] | None = None) -> int:
     gated = Engine(bundle.target, bundle.drafter, num_slots=slots, max_len=max_len)
     plain = Engine(bundle.target, bundle.drafter, num_slots=slots, max_len=max_len,
                    cost_model=copy.deepcopy(gated.cost), plan_gate=False)
-    engines = {"ar": (gated, "ar"), "ngram": (gated, "ngram"), "adaflash": (gated, "adaflash"),
-               "adaflash-no-gate": (plain, "adaflash")}
+    engines = {**{m: (gated, m) for m in FIXED}, "adaflash": (gated, "adaflash"), "adaflash-no-gate": (plain, "adaflash")}
     rows, ok = [], True
     for domain in sorted({p.domain for p in prompts}):
         mine = [i for i, p in zip(ids, prompts) if p.domain == domain]
@@ -104,11 +116,12 @@ def main(argv: list[str] | None = None) -> int:
                     wall = time.perf_counter() - t0
                     outputs = [s.output for s in seqs]
                     reference = outputs if mode == "ar" else reference
-                    equal = outputs == reference
-                    ok &= equal
+                    gaps = [departure_gap(bundle.target, i, r, o) for i, r, o in zip(cell, reference, outputs) if r != o]
+                    right = max(gaps, default=0.0) <= args.tie_tolerance
+                    ok &= right
                     rows.append({"domain": domain, "concurrency": c, "repeat": repeat, "variant": variant,
-                                 "tokens_per_s": round(sum(map(len, outputs)) / wall, 1) if equal else None,
-                                 "greedy_equal_to_ar": equal})
+                                 "tokens_per_s": round(sum(map(len, outputs)) / wall, 1) if right else None,
+                                 "greedy_equal_to_ar": not gaps, "departures_at_ties": len(gaps) if right else None})
                     print(domain, c, repeat, variant, rows[-1]["tokens_per_s"], flush=True)
     summary = summarise(rows) if ok else []
     for s in summary:
@@ -116,10 +129,11 @@ def main(argv: list[str] | None = None) -> int:
               f"{s['adaflash_over_best']:.2f} (rounds {s['adaflash_over_best_by_round']}), without the gate "
               f"{s['adaflash_no_gate_over_best']:.2f}")
     args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()}, "rows": rows,
+    args.json.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()},
+                                     "device": str(place.device), "dtype": place.dtype_name, "rows": rows,
                                      "summary": summary}, indent=1) + "\n")
     if not ok:
-        print("error: an output differs from ar's; no summary", file=sys.stderr)
+        print("error: an output departs from ar's other than at a near-tie; no summary", file=sys.stderr)
         return 1
     return 0
 

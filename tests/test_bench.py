@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import math
+
+import pytest
 from helpers import random_prompts
 
 from adaflash.decoding.engine import Engine
 from adaflash.decoding.sampling import SamplingParams
 from adaflash.decoding.sequence import Request, Sequence
-from adaflash.evaluation.bench import Contender, compare, rounds, run_bench
+from adaflash.evaluation.bench import Contender, compare, departure_gap, rounds, run_bench
 from adaflash.models.bundle import tiny_random_bundle
 
 
@@ -110,3 +113,46 @@ def test_each_domain_runs_as_a_workload_of_its_own():
         ran = [r.prompt_ids for reqs, _ in calls if reqs[0].mode == "ar"
                and domains[prompts.index(reqs[0].prompt_ids)] == w for r in reqs]
         assert ran == mine * 2  # once per concurrency, in order
+
+
+def test_departure_gap_is_the_logit_gap_where_an_output_first_parts_from_the_reference():
+    """Zero when equal, inf when one output only stops first; else the target's logit gap of the two tokens at the
+    first difference over the largest logit, from the sequence's own prefix: the runner-up's gap is smaller than
+    the worst token's."""
+    bundle = tiny_random_bundle(seed=0)
+    engine = Engine(bundle.target, None, num_slots=1, max_len=256)
+    prompt = random_prompts(1, seed=11)[0]
+    ref = engine.generate([Request(prompt, 8, stop_ids=())])[0].output
+    cache = bundle.target.new_cache(1, 256)
+    logits = bundle.target.forward(cache, [0], [prompt + ref[:3]]).logits[-1].float()
+    runner_up, worst = logits.topk(2).indices[1].item(), logits.argmin().item()
+    assert departure_gap(bundle.target, prompt, ref, ref) == 0.0
+    assert departure_gap(bundle.target, prompt, ref, ref[:-1]) == math.inf
+    near = departure_gap(bundle.target, prompt, ref, ref[:3] + [runner_up] + ref[4:])
+    assert near == pytest.approx(((logits[ref[3]] - logits[runner_up]) / logits.abs().max()).item(), rel=1e-5)
+    assert 0 < near < departure_gap(bundle.target, prompt, ref, ref[:3] + [worst])
+
+
+@pytest.mark.parametrize("tolerance", [2.0, 1e-9])
+def test_a_departing_contender_keeps_its_speed_only_within_the_tie_tolerance(tolerance: float):
+    """A contender whose last tokens differ from ar's: its row counts the departures and keeps its speed where the
+    largest gap is within the tolerance (2 bounds any gap), else it loses its speed and fails the run."""
+    bundle = tiny_random_bundle(seed=0)
+    engine = Engine(bundle.target, bundle.drafter, num_slots=2, max_len=256)
+    prompts = random_prompts(4, seed=5)
+    generate = engine.generate
+
+    def departing(requests: list[Request], concurrency: int | None = None) -> list[Sequence]:
+        seqs = generate(requests, concurrency)
+        for s in seqs if requests[0].mode == "ngram" else []:
+            s.output[-1] = (s.output[-1] + 1) % bundle.target.config.vocab_size
+        return seqs
+
+    engine.generate = departing
+    contenders = [Contender(m, m, engine) for m in ("ar", "ngram")]
+    rows, ok = compare(contenders, prompts, [None] * 4, [2], 8, SamplingParams(), progress=False,
+                       tie_tolerance=tolerance)
+    ngram = rows[1]
+    assert ngram["greedy_equal_to_ar"] is False and ngram["departures"] == 4
+    assert ok is (tolerance == 2.0) and ngram["equal_up_to_ties"] is ok
+    assert (ngram["output_tokens_per_s"] is not None) is ok

@@ -15,8 +15,6 @@ from adaflash.decoding.sequence import Request
 from adaflash.models.bundle import load_bundle, save_bundle, tiny_random_bundle
 from adaflash.models.placement import move_to, placement
 from adaflash_build.repository import RepositoryConfig, build_repository
-from adaflash_client import AdaFlashClient, GenerationParams
-from adaflash_server.launcher import ServerConfig, TritonServer
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (make gpu-check)")
 CUDA = placement("cuda", "bfloat16") if torch.cuda.is_available() else None
@@ -46,7 +44,13 @@ def test_every_mode_on_cuda_matches_plain_decoding_up_to_rounding_ties(trained_t
 
 def test_a_repository_served_on_cuda_answers_like_the_engine_on_cuda(trained_tiny, tmp_path) -> None:
     """ar, one request at a time: the served forward and the in-process one run the same shapes on the same
-    device, so the text is equal; adaflash answers through the GPU drafter."""
+    device, so the text is equal; adaflash answers through the GPU drafter. Needs the serve extra (a GPU host
+    without Triton runs the rest)."""
+    pytest.importorskip("tritonclient")
+    pytest.importorskip("pytriton")
+    from adaflash_client import AdaFlashClient, GenerationParams
+    from adaflash_server.launcher import ServerConfig, TritonServer
+
     model_dir = save_bundle(trained_tiny, tmp_path / "models")
     cfg = RepositoryConfig(max_active=8, max_batch_size=8, max_len=512, max_prompt_tokens=128, max_output_tokens=256,
                            device="cuda:0")

@@ -135,7 +135,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
                     max_len=max_len, copies=not args.no_copies, plan_gate=not args.no_plan_gate)
     sampling = SamplingParams(args.temperature, args.top_k, args.top_p, args.seed)
     rows, ok = run_bench(engine, ids, [p.domain for p in prompts], args.modes, args.concurrency, args.max_tokens, sampling,
-                         passes=args.passes, each_domain=args.each_domain)
+                         passes=args.passes, each_domain=args.each_domain, tie_tolerance=args.tie_tolerance)
     report = {
         "model": "tiny-random" if args.tiny_random else str(args.model_dir),
         "drafter": None if args.tiny_random else args.drafter,
@@ -149,6 +149,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         "chat": chat is not None,
         "chat_kwargs": args.chat_kwargs,
         "temperature": args.temperature,
+        "tie_tolerance": args.tie_tolerance,
         "device": str(engine.backend.place.device), "dtype": engine.backend.place.dtype_name,
         "machine": {"cpu_threads": torch.get_num_threads(), "platform": platform.platform(), "torch": torch.__version__},
         "cost_model_ms": engine.cost.to_json() if engine.cost else None,
@@ -157,7 +158,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
     Path(args.json).write_text(json.dumps(report, indent=1) + "\n")
     if not ok:
-        bad = sorted({f"{r['mode']}@{r['concurrency']}" for r in rows if r["greedy_equal_to_ar"] is False})
+        bad = sorted({f"{r['mode']}@{r['concurrency']}" for r in rows
+                      if r["greedy_equal_to_ar"] is False and not r.get("equal_up_to_ties")})
         print(f"error: greedy output differs from ar for {', '.join(bad)}; no speed reported for them", file=sys.stderr)
         return 1
     return 0
@@ -224,6 +226,10 @@ def build_parser() -> argparse.ArgumentParser:
                        help="run every prompt this many times per mode (interleaved); the figures sum the passes")
     bench.add_argument("--each-domain", action="store_true",
                        help="run every domain as a workload of its own (rows per domain) instead of one mixed workload")
+    bench.add_argument("--tie-tolerance", type=float, default=0.0,
+                       help="greedy outputs may depart from ar's where the target's logits of the two tokens are "
+                            "within this fraction of the largest logit (GPUs round a verify and a decode "
+                            "differently: ~0.03 in bf16); 0 asks for equality")
     bench.add_argument("--no-copies", action="store_true",
                        help="adaflash drafts only with the drafter (no copies of the context): an ablation")
     bench.add_argument("--no-plan-gate", action="store_true",
