@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
+from torch.overrides import TorchFunctionMode
 
 from adaflash.decoding.costs import CostModel
 from adaflash.decoding.engine import Engine
@@ -155,14 +155,16 @@ def echo_repository(root: Path, config: str = ECHO_CONFIG, model: str = ECHO_MOD
     return root
 
 
-class DeviceLog(TorchDispatchMode):
-    """Every device an op's tensor outputs land on while the mode is active."""
+class DeviceLog(TorchFunctionMode):
+    """Every device a torch call's tensor outputs land on while the mode is active. A function mode, not a
+    dispatch mode: under a dispatch mode PyTorch cannot make the lower-right causal bias (a Tensor subclass) that
+    the fused CUDA attention path uses."""
 
     def __init__(self) -> None:
         super().__init__()
         self.devices: dict[torch.device, list[str]] = {}
 
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+    def __torch_function__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
         for t in out if isinstance(out, (tuple, list)) else [out]:
             if isinstance(t, torch.Tensor):

@@ -5,12 +5,15 @@ stay exact."""
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 import torch
 from helpers import DeviceLog, modes_equal_up_to_ties, random_prompts
 
+from adaflash.cli_args import DEFAULT_MODEL_DIR
 from adaflash.decoding.engine import Engine
+from adaflash.decoding.policy import VECTOR_ROWS
 from adaflash.decoding.sequence import Request
 from adaflash.models.bundle import load_bundle, save_bundle, tiny_random_bundle
 from adaflash.models.placement import move_to, placement
@@ -18,6 +21,7 @@ from adaflash_build.repository import RepositoryConfig, build_repository
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (make gpu-check)")
 CUDA = placement("cuda", "bfloat16") if torch.cuda.is_available() else None
+DEFAULT_MODELS = Path(__file__).resolve().parents[1] / DEFAULT_MODEL_DIR
 
 
 def _on_cuda(bundle):
@@ -39,6 +43,17 @@ def test_forwards_on_cuda_make_every_tensor_there() -> None:
 def test_every_mode_on_cuda_matches_plain_decoding_up_to_rounding_ties(trained_tiny) -> None:
     target, drafter = _on_cuda(trained_tiny)
     equal = modes_equal_up_to_ties(target, drafter, random_prompts(8, seed=5), 32, tolerance=0.03)
+    assert equal > 0
+
+
+@pytest.mark.skipif(not (DEFAULT_MODELS / "drafter" / "config.json").exists(), reason="models/default not built")
+@pytest.mark.parametrize("sequences", [1, VECTOR_ROWS + 4])
+def test_the_default_models_heads_plan_on_cuda(sequences: int) -> None:
+    """The default drafter has the length heads, whose rates the planner reads on the host: one sequence plans in
+    Python floats, VECTOR_ROWS and more in numpy (the first GPU run found a device tensor handed to numpy there)."""
+    bundle = load_bundle(DEFAULT_MODELS, "drafter", CUDA)
+    prompts = [bundle.tokenizer.encode(f"def f{i}(x):\n    return x * {i} + f{i}(").ids for i in range(sequences)]
+    equal = modes_equal_up_to_ties(bundle.target, bundle.drafter, prompts, 48, tolerance=0.03)
     assert equal > 0
 
 

@@ -97,7 +97,7 @@ def _products(rates: list[float]) -> list[float]:
 def ratio_to_rates(ratio: torch.Tensor, block_size: int, iters: int = 40) -> np.ndarray:
     """Turn the published head's accepted fraction (a+1)/B into a constant per-position rate alpha,
     solving sum_{j=1}^{B-1} alpha^j = expected accepted tokens by bisection."""
-    target = (ratio.double() * block_size - 1).clamp(min=0.0, max=block_size - 1.0 - 1e-6).numpy()
+    target = (ratio.double() * block_size - 1).clamp(min=0.0, max=block_size - 1.0 - 1e-6).cpu().numpy()
     lo, hi = np.zeros_like(target), np.ones_like(target)
     powers = np.arange(1, block_size)
     for _ in range(iters):
@@ -494,7 +494,7 @@ class LengthController:
         else the published head's ratio spread over the block, else the running `estimates`."""
         width = draft.tokens.shape[1]
         if draft.accept_rates is not None:
-            return draft.accept_rates[rows].double().numpy()
+            return draft.accept_rates[rows].double().cpu().numpy()
         if draft.accept_ratio is not None and width == self.block_size - 1:
             return ratio_to_rates(draft.accept_ratio[rows], self.block_size)
         return estimates[:, :width]
