@@ -62,17 +62,11 @@ $(VENV)/.onnx: pyproject.toml | venv
 	$(BIN)/pip install -q -e '.[onnx]'
 	touch $@
 
-# On a host with an NVIDIA GPU (docs/gpu.md): the GPU tests (models, engine and a served repository on CUDA in
-# bf16; real checkpoints too when ADAFLASH_GPU_MODEL_DIR names a model folder), then the engine's benchmark on the
-# GPU in bf16 on the tiny models and, when given, the real ones. Output under bench-out/gpu/.
+# On a host with an NVIDIA GPU (docs/gpu.md): the GPU tests, a step profile, the plan gate's benchmark in fp32
+# and `adaflash bench` in bf16 (real checkpoints too when ADAFLASH_GPU_MODEL_DIR names a model folder), each part
+# bounded; clients/gpu_check.sh says what and in which order. Output under bench-out/gpu/.
 gpu-check: venv
-	mkdir -p bench-out/gpu
-	ADAFLASH_GPU_CHECK=1 $(BIN)/python -m pytest -v tests/test_gpu.py 2>&1 | tee bench-out/gpu/tests.txt
-	$(BIN)/adaflash bench --tiny-random --device cuda --dtype bfloat16 --modes ar,ngram,dflash,adaflash \
-		--concurrency 1,8,32 --max-tokens 64 --json bench-out/gpu/bench-tiny.json
-	test -z "$(ADAFLASH_GPU_MODEL_DIR)" || $(BIN)/adaflash bench --model-dir $(ADAFLASH_GPU_MODEL_DIR) --device cuda \
-		--dtype bfloat16 --chat --modes ar,ngram,dflash,adaflash --concurrency 1,8,32 --max-tokens 128 \
-		--json bench-out/gpu/bench-real.json
+	PYTHON=$(BIN)/python clients/gpu_check.sh bench-out/gpu
 
 # Benchmarks write JSON under bench-out/; speed claims live here, never in tests.
 bench: venv

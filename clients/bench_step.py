@@ -1,13 +1,16 @@
 """Where one decoding step's time goes: the target forward against everything else, and the torch operations
-the forward issues, for a mode at concurrency 1.
+the forward issues, for a mode at a concurrency (1 by default), on the CPU or a GPU.
 
 Why: on a small model a step's cost is mostly fixed work (Python, operator dispatch) rather than arithmetic,
 and an optimisation is only real if the forward or the rest measurably shrinks. The script times the engine's
 steps after each prompt's prefill (tokens/s end to end includes prefills), the target forwards inside them,
 and profiles a few steps' operators. It uses only the engine's public API, so it runs unchanged against an
-older checkout (PYTHONPATH=<checkout>/python_backend) for a before/after table measured alike.
+older checkout (PYTHONPATH=<checkout>/python_backend) for a before/after table measured alike. On a GPU the
+forward's clock waits for the device before and after each forward (so the forward's figure is its device
+time, and the rest is the host's own work), and the profile adds each operator's device time.
 
-    python clients/bench_step.py --json bench-out/step.json [--mode ar] [--prompts 8 --max-tokens 64]
+    python clients/bench_step.py --json bench-out/step.json [--modes ar] [--prompts 8 --max-tokens 64]
+    python clients/bench_step.py --device cuda --concurrency 8 --modes ar,ngram,adaflash --json bench-out/gpu/step.json
 """
 
 from __future__ import annotations
@@ -24,34 +27,40 @@ from pathlib import Path
 import torch
 from torch.profiler import ProfilerActivity, profile
 
+from adaflash.cli_args import add_placement_args
 from adaflash.decoding.engine import Engine
 from adaflash.decoding.sequence import Request, context_length
 from adaflash.evaluation.prompts import encode_prompts, load_prompts, read_jsonl
 from adaflash.models.bundle import load_bundle
 from adaflash.models.drafter import block_size_of
+from adaflash.models.placement import placement
 
-HUMANEVAL = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "eval" / "humaneval.jsonl"
+SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 
 
 class ForwardClock:
     """Times every call of the target's `forward` (the engine calls it by name, once per step)."""
 
     def __init__(self, engine: Engine) -> None:
-        self.inner, self.ms = engine.target.forward, []
+        self.inner, self.ms, self.place = engine.target.forward, [], engine.backend.place
         engine.target.forward = self
 
     def __call__(self, *args, **kwargs):
+        self.place.synchronize()
         t0 = time.perf_counter()
         out = self.inner(*args, **kwargs)
+        self.place.synchronize()
         self.ms.append((time.perf_counter() - t0) * 1000)
         return out
 
 
-def run_steps(engine: Engine, clock: ForwardClock, prompts: list[list[int]], mode: str, max_tokens: int) -> dict:
-    """Each prompt alone; its first step (the prefill) is left out of the step figures."""
+def run_steps(engine: Engine, clock: ForwardClock, prompts: list[list[int]], mode: str, max_tokens: int,
+              concurrency: int = 1) -> dict:
+    """The prompts `concurrency` at a time; each group's first step (its prefill) is left out of the step figures."""
     step_ms, forward_ms, tokens, wall = [], [], 0, 0.0
-    for ids in prompts:
-        seq = engine.submit(Request(ids, max_tokens, mode=mode))
+    groups = [prompts[i:i + concurrency] for i in range(0, len(prompts), concurrency)]
+    for group in groups:
+        seqs = [engine.submit(Request(ids, max_tokens, mode=mode)) for ids in group]
         t0 = time.perf_counter()
         engine.step()
         while engine.has_work:
@@ -60,31 +69,41 @@ def run_steps(engine: Engine, clock: ForwardClock, prompts: list[list[int]], mod
             engine.step()
             step_ms.append((time.perf_counter() - s0) * 1000)
             forward_ms.append(sum(clock.ms))
+        engine.backend.place.synchronize()
         wall += time.perf_counter() - t0
-        tokens += len(seq.output)
+        tokens += sum(len(s.output) for s in seqs)
     step, forward = statistics.median(step_ms), statistics.median(forward_ms)
     return {"steps": len(step_ms), "output_tokens": tokens, "tokens_per_s_end_to_end": round(tokens / wall, 2),
             "step_ms_median": round(step, 3), "forward_ms_median": round(forward, 3),
             "rest_ms_median": round(step - forward, 3),
-            "tokens_per_step": round(tokens / (len(step_ms) + len(prompts)), 3)}
+            "tokens_per_step": round(tokens / (len(step_ms) + len(groups)), 3)}
 
 
-def op_profile(engine: Engine, prompt: list[int], mode: str, steps: int) -> dict:
-    """Operators per decode step (after the prefill), with self CPU time, top 15 by time."""
-    engine.submit(Request(prompt, steps + 1, mode=mode))
+def op_profile(engine: Engine, prompts: list[list[int]], mode: str, steps: int) -> dict:
+    """Operators per decode step (after the prefill) of `prompts` decoded together, top 15 by self CPU time,
+    and on a GPU top 15 by self device time."""
+    for ids in prompts:
+        engine.submit(Request(ids, steps + 1, mode=mode))
     engine.step()
-    with profile(activities=[ProfilerActivity.CPU]) as prof:
+    gpu = engine.backend.place.device.type == "cuda"
+    with profile(activities=[ProfilerActivity.CPU] + [ProfilerActivity.CUDA] * gpu) as prof:
         done = 0
         while engine.has_work:
             engine.step()
             done += 1
-    counts, times = Counter(), Counter()
+        engine.backend.place.synchronize()
+    counts, cpu, device = Counter(), Counter(), Counter()
     for e in prof.key_averages():
         counts[e.key] += e.count
-        times[e.key] += e.self_cpu_time_total
-    top = [{"op": k, "calls_per_step": round(counts[k] / done, 1), "self_us_per_step": round(v / done, 1)}
-           for k, v in times.most_common(15)]
-    return {"steps": done, "ops_per_step": round(sum(counts.values()) / done, 1), "top": top}
+        cpu[e.key] += e.self_cpu_time_total
+        device[e.key] += getattr(e, "self_device_time_total", 0) if gpu else 0
+
+    def top(times: Counter) -> list[dict]:
+        return [{"op": k, "calls_per_step": round(counts[k] / done, 1), "self_us_per_step": round(v / done, 1)}
+                for k, v in times.most_common(15)]
+
+    return {"steps": done, "ops_per_step": round(sum(counts.values()) / done, 1), "top": top(cpu)} | (
+        {"top_device": top(device), "device_us_per_step": round(sum(device.values()) / done, 1)} if gpu else {})
 
 
 def git_revision() -> str:
@@ -98,26 +117,36 @@ def git_revision() -> str:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model-dir", type=Path, default=Path("models/default"))
-    p.add_argument("--prompts", type=int, default=8, help="code prompts (HumanEval when ../shared/data is present)")
+    p.add_argument("--prompts", type=int, default=8, help="code prompts (HumanEval when the shared data is present)")
+    p.add_argument("--eval-data", type=Path, default=SHARED_DATA, help="the shared data folder")
+    p.add_argument("--concurrency", type=int, default=1, help="sequences decoded together")
     p.add_argument("--max-tokens", type=int, default=64)
     p.add_argument("--modes", default="ar", help="comma-separated")
     p.add_argument("--profile-steps", type=int, default=32)
     p.add_argument("--repeats", type=int, default=3, help="timed passes per mode; the best is reported")
+    add_placement_args(p)
     p.add_argument("--json", type=Path, required=True)
     args = p.parse_args(argv)
-    bundle = load_bundle(args.model_dir)
-    texts = read_jsonl(HUMANEVAL)[: args.prompts] if HUMANEVAL.exists() else load_prompts(None, args.prompts)
+    try:
+        place = placement(args.device, args.dtype)
+    except ValueError as exc:
+        raise SystemExit(f"error: --{exc}") from None
+    bundle = load_bundle(args.model_dir, place=place)
+    humaneval = args.eval_data / "eval" / "humaneval.jsonl"
+    texts = read_jsonl(humaneval)[: args.prompts] if humaneval.exists() else load_prompts(None, args.prompts)
     ids = encode_prompts(bundle.tokenizer, texts, 512)
     max_len = context_length([len(i) for i in ids], args.max_tokens, block_size_of(bundle.drafter))
-    engine = Engine(bundle.target, bundle.drafter, num_slots=1, max_len=max_len)
+    engine = Engine(bundle.target, bundle.drafter, num_slots=args.concurrency, max_len=max_len)
     clock = ForwardClock(engine)
     report = {"revision": git_revision(), "torch": torch.__version__, "threads": torch.get_num_threads(),
-              "platform": platform.platform(), "prompts": len(ids), "max_tokens": args.max_tokens, "modes": {}}
+              "platform": platform.platform(), "device": str(engine.backend.place.device), "dtype": engine.backend.place.dtype_name,
+              "concurrency": args.concurrency, "prompts": len(ids), "max_tokens": args.max_tokens, "modes": {}}
+    c = args.concurrency
     for mode in args.modes.split(","):
-        run_steps(engine, clock, ids[:2], mode, 16)  # warm-up
-        runs = [run_steps(engine, clock, ids, mode, args.max_tokens) for _ in range(args.repeats)]
+        run_steps(engine, clock, ids[:2 * c], mode, 16, c)  # warm-up
+        runs = [run_steps(engine, clock, ids, mode, args.max_tokens, c) for _ in range(args.repeats)]
         best = max(runs, key=lambda r: r["tokens_per_s_end_to_end"])
-        report["modes"][mode] = best | {"profile": op_profile(engine, ids[0], mode, args.profile_steps)}
+        report["modes"][mode] = best | {"profile": op_profile(engine, ids[:c], mode, args.profile_steps)}
         print(mode, {k: v for k, v in best.items()}, flush=True)
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(report, indent=1) + "\n")
