@@ -86,6 +86,16 @@ def _over_best(rounds: dict[int, dict[str, float]], variant: str) -> list[float]
     return [round(tps[variant] / max(tps[v] for v in FIXED), 3) for _, tps in sorted(rounds.items())]
 
 
+def gate_state(engine: Engine) -> dict[str, dict]:
+    """What the gated engine's gate learnt by the end, per load (sequences from 2**(bucket-1)): each arm's running
+    rate in tokens per ms, its blocks run, and the arm leading. Where a cell loses, this says whether the gate
+    followed the faster arm and how often it tried the other."""
+    return {f"{1 << (bucket - 1)}+": {"rates": {a.value: r and round(r, 4) for a, r in load.rates.items()},
+                                      "blocks": {a.value: n for a, n in load.blocks.items()},
+                                      "leading": load.leading.value}
+            for bucket, load in sorted(engine.scheduler.gate.loads.items())}
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
@@ -130,7 +140,8 @@ def main(argv: list[str] | None = None) -> int:
               f"{s['adaflash_no_gate_over_best']:.2f}")
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()},
-                                     "device": str(place.device), "dtype": place.dtype_name, "rows": rows,
+                                     "device": str(place.device), "dtype": place.dtype_name,
+                                     "gate_at_the_end": gate_state(gated), "rows": rows,
                                      "summary": summary}, indent=1) + "\n")
     if not ok:
         print("error: an output departs from ar's other than at a near-tie; no summary", file=sys.stderr)

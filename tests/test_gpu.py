@@ -13,6 +13,8 @@ from helpers import DeviceLog, modes_equal_up_to_ties, random_prompts
 
 from adaflash.cli_args import DEFAULT_MODEL_DIR
 from adaflash.decoding.engine import Engine
+from adaflash.decoding.modes import MODE_NAMES
+from adaflash.decoding.sampling import SamplingParams
 from adaflash.decoding.policy import VECTOR_ROWS
 from adaflash.decoding.sequence import Request
 from adaflash.models.bundle import load_bundle, save_bundle, tiny_random_bundle
@@ -55,6 +57,23 @@ def test_the_default_models_heads_plan_on_cuda(sequences: int) -> None:
     prompts = [bundle.tokenizer.encode(f"def f{i}(x):\n    return x * {i} + f{i}(").ids for i in range(sequences)]
     equal = modes_equal_up_to_ties(bundle.target, bundle.drafter, prompts, 48, tolerance=0.03)
     assert equal > 0
+
+
+def test_sampled_decoding_with_every_processor_runs_on_cuda_and_a_seed_repeats(trained_tiny) -> None:
+    """Temperature, top-k/top-p, penalties, min_tokens, bad words and log-probs in every mode on the device: the
+    processors index device logits with tokens from the host, and the draws happen on a CPU generator. A seed
+    repeats its tokens in `ar` (the speculative modes' draws follow their draft lengths, which adaflash times)."""
+    target, drafter = _on_cuda(trained_tiny)
+    engine = Engine(target, drafter, num_slots=4, max_len=256)
+    sp = SamplingParams(temperature=0.8, top_k=50, top_p=0.9, seed=7, repetition_penalty=1.1, presence_penalty=0.2,
+                        frequency_penalty=0.1, min_tokens=8, end_ids=(0,), bad_words=((5,), (3, 4)), log_probs=True)
+    prompts = random_prompts(4, seed=9)
+    for mode in MODE_NAMES:
+        for seq in engine.generate([Request(p, 24, mode=mode, sampling=sp) for p in prompts], concurrency=4):
+            assert 5 not in seq.output and len(seq.output) >= 8 and len(seq.log_probs) == len(seq.output), mode
+    again = [[s.output for s in engine.generate([Request(p, 24, sampling=sp) for p in prompts], concurrency=4)]
+             for _ in range(2)]
+    assert again[0] == again[1]
 
 
 def test_a_repository_served_on_cuda_answers_like_the_engine_on_cuda(trained_tiny, tmp_path) -> None:
