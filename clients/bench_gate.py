@@ -40,6 +40,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--per-domain", type=int, default=64)
     p.add_argument("--prompts", type=Path, help="instead of --eval-data: JSON lines with prompt and domain")
     p.add_argument("--split", choices=("tune", "holdout"), help="with --prompts: only this split")
+    p.add_argument("--domains", type=csv_list(str), help="only these domains (default: every one)")
     p.add_argument("--concurrency", type=csv_list(int), default=[1, 8, 32, 64])
     p.add_argument("--max-tokens", type=int, default=96)
     p.add_argument("--max-prompt-tokens", type=int, default=400)
@@ -112,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
                    cost_model=copy.deepcopy(gated.cost), plan_gate=False)
     engines = {**{m: (gated, m) for m in FIXED}, "adaflash": (gated, "adaflash"), "adaflash-no-gate": (plain, "adaflash")}
     rows, ok = [], True
-    for domain in sorted({p.domain for p in prompts}):
+    for domain in sorted({p.domain for p in prompts if not args.domains or p.domain in args.domains}):
         mine = [i for i, p in zip(ids, prompts) if p.domain == domain]
         for c in args.concurrency:
             cell = mine[:LOW_LOAD_PROMPTS] if c == 1 else mine
