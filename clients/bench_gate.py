@@ -22,7 +22,7 @@ from pathlib import Path
 from adaflash.cli_args import add_placement_args, csv_list
 from adaflash.decoding.engine import Engine
 from adaflash.decoding.sequence import Request, context_length
-from adaflash.evaluation.bench import departure_gap
+from adaflash.evaluation.bench import departures
 from adaflash.evaluation.prompts import Prompt, encode_prompts, eval_set_prompts, load_prompts
 from adaflash.models.bundle import load_bundle
 from adaflash.models.drafter import block_size_of
@@ -127,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
                     wall = time.perf_counter() - t0
                     outputs = [s.output for s in seqs]
                     reference = outputs if mode == "ar" else reference
-                    gaps = [departure_gap(bundle.target, i, r, o) for i, r, o in zip(cell, reference, outputs) if r != o]
+                    gaps = departures(bundle.target, cell, reference, outputs)
                     right = max(gaps, default=0.0) <= args.tie_tolerance
                     ok &= right
                     rows.append({"domain": domain, "concurrency": c, "repeat": repeat, "variant": variant,

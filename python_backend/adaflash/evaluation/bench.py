@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
+from itertools import cycle
 
 from adaflash.decoding.engine import Engine
 from adaflash.decoding.modes import REFERENCE_MODE
@@ -32,6 +34,17 @@ def departure_gap(target: Transformer, prompt: list[int], reference: list[int], 
     cache = target.new_cache(1, len(prompt) + i + 1)
     logits = target.forward(cache, [0], [prompt + reference[:i]]).logits[-1].float()
     return (logits[reference[i]] - logits[output[i]]).abs().item() / logits.abs().max().item()
+
+
+def departures(target: Transformer, prompts: Iterable[list[int]], references: list[list[int]],
+               outputs: list[list[int]]) -> list[float]:
+    """`departure_gap` of each output that differs from its reference (the three aligned)."""
+    return [departure_gap(target, p, r, o) for p, r, o in zip(prompts, references, outputs) if o != r]
+
+
+def is_wrong(row: dict) -> bool:
+    """A benchmark row whose greedy output differs from ar's, other than at near-ties it was allowed."""
+    return row["greedy_equal_to_ar"] is False and not row.get("equal_up_to_ties")
 
 
 def summarize(seqs: list[Sequence], wall_s: float, reference: list[list[int]] | None) -> dict:
@@ -165,7 +178,7 @@ def compare(
             if row["greedy_equal_to_ar"] is False and tie_tolerance > 0:
                 _count_departures(row, contenders[0].engine.target, prompt_ids, reference, seqs[ct.name],
                                   tie_tolerance)
-            if row["greedy_equal_to_ar"] is False and not row.get("equal_up_to_ties"):
+            if is_wrong(row):
                 ok = False
                 _withhold_speed(row)
             rows.append(row)
@@ -189,8 +202,7 @@ def rounds(n: int, concurrency: int) -> list[range]:
 
 def _count_departures(row: dict, target: Transformer, prompt_ids: list[list[int]], reference: list[list[int]],
                       seqs: list[Sequence], tolerance: float) -> None:
-    gaps = [departure_gap(target, prompt_ids[k % len(prompt_ids)], ref, s.output)
-            for k, (ref, s) in enumerate(zip(reference, seqs)) if s.output != ref]
+    gaps = departures(target, cycle(prompt_ids), reference, [s.output for s in seqs])
     row["departures"] = len(gaps)
     row["largest_departure_gap"] = round(max(gaps), 6)
     row["equal_up_to_ties"] = max(gaps) <= tolerance
