@@ -156,7 +156,8 @@ def echo_repository(root: Path, config: str = ECHO_CONFIG, model: str = ECHO_MOD
 
 
 class DeviceLog(TorchFunctionMode):
-    """Every device a torch call's tensor outputs land on while the mode is active. A function mode, not a
+    """Every device a torch call's tensor outputs land on while the mode is active, pinned host memory aside
+    (the staging block of a copy to the GPU that does not wait: `placement.indices`). A function mode, not a
     dispatch mode: under a dispatch mode PyTorch cannot make the lower-right causal bias (a Tensor subclass) that
     the fused CUDA attention path uses."""
 
@@ -167,7 +168,7 @@ class DeviceLog(TorchFunctionMode):
     def __torch_function__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
         for t in out if isinstance(out, (tuple, list)) else [out]:
-            if isinstance(t, torch.Tensor):
+            if isinstance(t, torch.Tensor) and not (t.device.type == "cpu" and t.is_pinned()):
                 self.devices.setdefault(t.device, []).append(str(func))
         return out
 

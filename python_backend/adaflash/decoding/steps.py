@@ -24,6 +24,7 @@ from adaflash.decoding.sampling import (
     verify_sampled,
 )
 from adaflash.models.cache import KVCache
+from adaflash.models.placement import indices
 from adaflash.models.target import Transformer
 
 
@@ -77,7 +78,7 @@ def prefill_batch(target: Transformer, cache: KVCache, slots: list[int], prompts
     sequences that `wants` them."""
     counts = [len(p) for p in prompts]
     ends = np.cumsum(counts)
-    out = target.forward(cache, slots, prompts, logit_rows=torch.tensor(ends - 1, device=cache.k.device),
+    out = target.forward(cache, slots, prompts, logit_rows=indices(ends - 1, cache.k.device),
                          capture_layers=_layers(capture, wants))
     results = []
     for i, (prompt, sp, g) in enumerate(zip(prompts, sampling, generators)):

@@ -13,8 +13,7 @@ from typing import Protocol
 import torch
 from torch import Tensor
 
-from adaflash.models.layers import gather_slots
-from adaflash.models.placement import Placement
+from adaflash.models.placement import Placement, indices
 
 
 class AttentionShape(Protocol):
@@ -91,21 +90,39 @@ class KVCache:
     def locate(self, slots: list[int], starts: list[int], counts: list[int],
                device: torch.device) -> tuple[Tensor, Tensor, Tensor]:
         """The `counts[b]` new positions from `starts[b]` of `slots[b]`, and where they go: their pages and offsets,
-        [T] each."""
+        [T] each (one copy to the device for the three)."""
         positions = [st + j for st, c in zip(starts, counts) for j in range(c)]
         owners = [s for s, c in zip(slots, counts) for _ in range(c)]
         pages = [self.tables[s][p // self.page] for s, p in zip(owners, positions)]
-        return (torch.tensor(positions, dtype=torch.long, device=device),
-                torch.tensor(pages, dtype=torch.long, device=device),
-                torch.tensor([p % self.page for p in positions], dtype=torch.long, device=device))
+        found = indices([positions, pages, [p % self.page for p in positions]], device)
+        return found[0], found[1], found[2]
 
-    def gather(self, store: Tensor, slots: list[int], length: int) -> Tensor:
-        """One layer's keys or values `store` [pages, KV, page, hd] of `slots` -> [B, KV, length, hd]; positions
-        past a slot's own length are whatever its pages (or page 0) hold: the caller masks them."""
+    def gather(self, slots: list[int], length: int) -> "Gather":
+        """What attention reads of `slots`: their first `length` positions, found once for every layer of a
+        forward; positions past a slot's own length are whatever its pages (or page 0) hold: the caller masks
+        them."""
         if not self.paged:
-            return gather_slots(store, [self.tables[s][0] for s in slots], length)
+            first = self.tables[slots[0]][0]
+            pages = [self.tables[s][0] for s in slots]
+            if pages == list(range(first, first + len(pages))):
+                return Gather(slice(first, first + len(pages)), length)
+            return Gather(indices(pages, self.k.device), length)
         n = -(-length // self.page)
-        table = [(self.tables[s] + [0] * n)[:n] for s in slots]
-        pages = store[torch.tensor(table, dtype=torch.long, device=store.device)]  # [B, n, KV, page, hd]
-        b, _, kv, page, hd = pages.shape
-        return pages.permute(0, 2, 1, 3, 4).reshape(b, kv, n * page, hd)[:, :, :length]
+        return Gather(indices([(self.tables[s] + [0] * n)[:n] for s in slots], self.k.device), length)
+
+
+@dataclass(frozen=True)
+class Gather:
+    """Pages of a layer's cache to read for some slots: a slice (consecutive unpaged slots: a view), their pages
+    [B] (unpaged), or their page tables [B, n] (paged: a copy)."""
+
+    pages: Tensor | slice
+    length: int
+
+    def __call__(self, store: Tensor) -> Tensor:
+        """One layer's keys or values `store` [pages, KV, page, hd] -> [B, KV, length, hd]."""
+        picked = store[self.pages]
+        if picked.dim() == 4:
+            return picked[:, :, : self.length]
+        b, n, kv, page, hd = picked.shape
+        return picked.permute(0, 2, 1, 3, 4).reshape(b, kv, n * page, hd)[:, :, : self.length]

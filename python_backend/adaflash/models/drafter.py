@@ -22,7 +22,7 @@ from torch import Tensor, nn
 from adaflash.models.cache import KVCache, Paging
 from adaflash.models.checkpoint import load_weights, read_config, save_checkpoint
 from adaflash.models.layers import MLP, Joined, RMSNorm, RopeConfig, apply_rope, attend, rope_cos_sin
-from adaflash.models.placement import CPU, Placement, empty_on, place_of
+from adaflash.models.placement import CPU, Placement, empty_on, indices, place_of
 from adaflash.models.target import Transformer
 
 DEFAULT_BLOCK_SIZE = 16  # the published DFlash drafters' block: an anchor and 15 masked positions
@@ -368,8 +368,9 @@ class DFlashDrafter(nn.Module):
         the context cached in `cache`. A shorter block than trained costs less and drafts its first positions alike."""
         lengths = [cache.lengths[s] for s in slots]
         lc = max(lengths)
-        ctx_lens = torch.tensor(lengths, dtype=torch.long, device=cache.k.device)
-        ctx_kv = [(cache.gather(cache.k[i], slots, lc), cache.gather(cache.v[i], slots, lc)) for i in range(len(self.layers))]
+        ctx_lens = indices(lengths, cache.k.device)
+        context = cache.gather(slots, lc)
+        ctx_kv = [(context(cache.k[i]), context(cache.v[i])) for i in range(len(self.layers))]
         return self.draft_block(target, self.block_ids(anchors, block_length), ctx_lens, ctx_kv)
 
     @torch.inference_mode()
@@ -399,7 +400,7 @@ class DFlashDrafter(nn.Module):
 
     def block_ids(self, anchors: list[int] | Tensor, block_length: int | None = None) -> Tensor:
         device = self.inv_freq.device
-        anchors = torch.as_tensor(anchors, dtype=torch.long, device=device)
+        anchors = anchors.to(device) if isinstance(anchors, Tensor) else indices(anchors, device)
         length = self.config.block_size if block_length is None else block_length
         if not 2 <= length <= self.config.block_size:
             raise ValueError(f"block_length must be in [2, {self.config.block_size}], got {length}")

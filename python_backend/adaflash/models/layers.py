@@ -15,6 +15,7 @@ from torch import Tensor, nn
 from torch.nn.attention.bias import CausalBias
 
 from adaflash.models import native
+from adaflash.models.placement import indices
 
 
 def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
@@ -301,13 +302,13 @@ class Ragged:
     qmax: int
 
     @classmethod
-    def build(cls, counts: list[int], device: torch.device | None = None) -> "Ragged":
+    def build(cls, counts: list[int], device: torch.device) -> "Ragged":
         offsets = [0]
         for c in counts[:-1]:
             offsets.append(offsets[-1] + c)
-        seq = torch.tensor([b for b, c in enumerate(counts) for _ in range(c)], dtype=torch.long, device=device)
-        row = torch.tensor([j for c in counts for j in range(c)], dtype=torch.long, device=device)
-        return cls(seq_of_token=seq, row_of_token=row, counts=counts, offsets=offsets, qmax=max(counts))
+        found = indices([[b for b, c in enumerate(counts) for _ in range(c)], [j for c in counts for j in range(c)]],
+                        device)
+        return cls(seq_of_token=found[0], row_of_token=found[1], counts=counts, offsets=offsets, qmax=max(counts))
 
     @property
     def uniform(self) -> bool:
@@ -332,11 +333,3 @@ def attend(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | CausalBias | None, sc
     """q: [B, H, Q, hd]; k, v: [B, KV, L, hd]; mask: [B, 1, Q, L] boolean (True = may attend), a causal bias,
     or None when every query may attend every key."""
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=k.shape[1] != q.shape[1])
-
-
-def gather_slots(cache: Tensor, slots: list[int], length: int) -> Tensor:
-    """cache: [N, KV, max_len, hd] -> [B, KV, length, hd]; a view when the slots are consecutive."""
-    first = slots[0]
-    if slots == list(range(first, first + len(slots))):
-        return cache[first : first + len(slots), :, :length]
-    return cache[torch.tensor(slots, device=cache.device), :, :length]

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
-from torch import nn
+from torch import Tensor, nn
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 DEVICES = ("auto", "cpu", "cuda")
@@ -32,6 +33,22 @@ class Placement:
 
 
 CPU = Placement(torch.device("cpu"), torch.float32)
+
+
+def indices(values: list | np.ndarray, device: torch.device) -> Tensor:
+    """Host integers (a list, nested lists of equal length, or an array) as a long tensor on `device`.
+
+    Why: a tensor made from host memory straight onto a GPU is copied from pageable memory, and CUDA first
+    waits for every kernel already queued on the stream; a forward that builds its indices as it goes would run
+    its launches and the device's work one after the other instead of overlapping them. From pinned memory the
+    copy joins the queue (PyTorch keeps the pinned block until the copy has run). The values go into the pinned
+    block through numpy, so the only host tensor made is that block."""
+    if device.type != "cuda":
+        return torch.as_tensor(values, dtype=torch.long, device=device)
+    host = np.asarray(values, dtype=np.int64)
+    pinned = torch.empty(host.shape, dtype=torch.long, pin_memory=True)
+    pinned.numpy()[...] = host
+    return pinned.to(device, non_blocking=True)
 
 
 def placement(device: str | torch.device | None = None, dtype: str | torch.dtype | None = None,

@@ -16,10 +16,10 @@ from torch import Tensor, nn
 from torch.nn.attention.bias import CausalBias, causal_lower_right
 
 from adaflash.models import native
-from adaflash.models.cache import KVCache, Paging
+from adaflash.models.cache import Gather, KVCache, Paging
 from adaflash.models.checkpoint import load_weights, read_config, save_checkpoint
 from adaflash.models.layers import MLP, Joined, Ragged, RMSNorm, RopeConfig, apply_rope, attend, rms_norm, rope_cos_sin
-from adaflash.models.placement import CPU, Placement, empty_on, place_of
+from adaflash.models.placement import CPU, Placement, empty_on, indices, place_of
 
 
 @dataclass
@@ -89,7 +89,7 @@ class AttentionGroup:
     queries to the longest in its call, so a 1-token sequence beside a 16-token one would cost 16x."""
 
     tokens: Tensor | slice  # their rows in the packed [T] tokens (a slice when the group is the whole batch)
-    slots: list[int]
+    context: Gather  # what every layer reads of their slots' caches
     ragged: Ragged
     kv_len: int
     mask: Tensor | CausalBias | None  # [G, 1, Qmax, kv_len]; None when nothing is masked (one new token each,
@@ -105,7 +105,6 @@ class ForwardBatch:
     pages: Tensor  # [T] the cache page each token's key and value go to
     offsets: Tensor  # [T] their place in it
     groups: list[AttentionGroup]
-    cache: KVCache
     run: tuple[int, int, int] | None = None  # (page, start, end) when one sequence's writes are a slice of a page
     native: native.AttentionBatch | None = None  # set when attention runs in C (then there are no groups)
 
@@ -126,22 +125,21 @@ class ForwardBatch:
         fused = device.type == "cuda" if fused_causal is None else fused_causal
         positions, pages, offsets = cache.locate(slots, starts, counts, device)
         if native.can_attend(cache.k, counts, NATIVE_ATTENTION_MAX_NEW):
-            return cls(positions, pages, offsets, [], cache,  # no writes here: `native.attend` stores the new tokens
+            return cls(positions, pages, offsets, [],  # no writes here: `native.attend` stores the new tokens
                        native=native.attention_batch([cache.tables[s] for s in slots], starts, counts))
         ragged = Ragged.build(counts, device)
         buckets: dict[int, list[int]] = {}
         for row, c in enumerate(counts):
             buckets.setdefault(1 << (c - 1).bit_length(), []).append(row)
         if len(buckets) == 1:  # the common case: one group, the whole batch
-            return cls(positions, pages, offsets, [_group(slice(None), slots, starts, ragged, fused)], cache,
+            return cls(positions, pages, offsets, [_group(slice(None), cache, slots, starts, ragged, fused)],
                        _run(cache, slots, starts, counts))
         groups = []
         for rows in buckets.values():
-            tokens = torch.tensor([t for r in rows for t in range(ragged.offsets[r], ragged.offsets[r] + counts[r])],
-                                  dtype=torch.long, device=device)
-            groups.append(_group(tokens, [slots[r] for r in rows], [starts[r] for r in rows],
+            tokens = indices([t for r in rows for t in range(ragged.offsets[r], ragged.offsets[r] + counts[r])], device)
+            groups.append(_group(tokens, cache, [slots[r] for r in rows], [starts[r] for r in rows],
                                  Ragged.build([counts[r] for r in rows], device), fused))
-        return cls(positions, pages, offsets, groups, cache)
+        return cls(positions, pages, offsets, groups)
 
 
 def _run(cache: KVCache, slots: list[int], starts: list[int], counts: list[int]) -> tuple[int, int, int] | None:
@@ -155,20 +153,20 @@ def _run(cache: KVCache, slots: list[int], starts: list[int], counts: list[int])
     return cache.tables[slots[0]][first], offset, offset + counts[0]
 
 
-def _group(tokens: Tensor | slice, slots: list[int], starts: list[int], ragged: Ragged,
+def _group(tokens: Tensor | slice, cache: KVCache, slots: list[int], starts: list[int], ragged: Ragged,
            fused_causal: bool) -> AttentionGroup:
     """Causal mask of new tokens over their slot's cache: query j of a sequence starting at s sees 0..s+j."""
     counts = ragged.counts
     kv_len = max(s + c for s, c in zip(starts, counts))
+    context = cache.gather(slots, kv_len)
     if ragged.qmax == 1 and all(s + 1 == kv_len for s in starts):
-        return AttentionGroup(tokens, slots, ragged, kv_len, None)
+        return AttentionGroup(tokens, context, ragged, kv_len, None)
     if fused_causal and ragged.uniform and all(s + ragged.qmax == kv_len for s in starts):
-        return AttentionGroup(tokens, slots, ragged, kv_len, causal_lower_right(ragged.qmax, kv_len))
+        return AttentionGroup(tokens, context, ragged, kv_len, causal_lower_right(ragged.qmax, kv_len))
     device = ragged.seq_of_token.device
-    query_pos = (torch.tensor(starts, dtype=torch.long, device=device)[:, None]
-                 + torch.arange(ragged.qmax, device=device)[None, :])  # [G, Qmax]
+    query_pos = indices(starts, device)[:, None] + torch.arange(ragged.qmax, device=device)[None, :]  # [G, Qmax]
     mask = torch.arange(kv_len, device=device)[None, None, :] <= query_pos[:, :, None]
-    return AttentionGroup(tokens, slots, ragged, kv_len, mask[:, None])
+    return AttentionGroup(tokens, context, ragged, kv_len, mask[:, None])
 
 
 class Attention(nn.Module):
@@ -221,17 +219,16 @@ class Attention(nn.Module):
         fb.write(k_cache, k)
         fb.write(v_cache, v)
         if len(fb.groups) == 1:
-            out = self.attend_group(q, fb.groups[0], fb.cache, k_cache, v_cache)
+            out = self.attend_group(q, fb.groups[0], k_cache, v_cache)
         else:
             out = q.new_empty(q.shape)
             for g in fb.groups:
-                out[g.tokens] = self.attend_group(q[g.tokens], g, fb.cache, k_cache, v_cache)
+                out[g.tokens] = self.attend_group(q[g.tokens], g, k_cache, v_cache)
         return self.o_weight.linear(self, out.reshape(t, -1), self.o_proj.bias)
 
-    def attend_group(self, q: Tensor, g: AttentionGroup, cache: KVCache, k_cache: Tensor, v_cache: Tensor) -> Tensor:
+    def attend_group(self, q: Tensor, g: AttentionGroup, k_cache: Tensor, v_cache: Tensor) -> Tensor:
         """q [Tg, H, hd] of one attention group -> its attention output, packed alike."""
-        keys = cache.gather(k_cache, g.slots, g.kv_len)
-        values = cache.gather(v_cache, g.slots, g.kv_len)
+        keys, values = g.context(k_cache), g.context(v_cache)
         qp = g.ragged.pad(q).transpose(1, 2)  # [G, H, Qmax, hd]
         return g.ragged.unpad(attend(qp, keys, values, g.mask, self.head_dim**-0.5).transpose(1, 2))
 
@@ -329,7 +326,7 @@ class Transformer(nn.Module):
             cache.reserve(s, st + c)
         device = self.inv_freq.device
         fb = ForwardBatch.build(cache, slots, starts, counts, device)
-        ids = torch.tensor([t for seq in tokens for t in seq], dtype=torch.long, device=device)
+        ids = indices([t for seq in tokens for t in seq], device)
         x = self.model.embed_tokens(ids)
         cos, sin = rope_cos_sin(self.inv_freq, fb.positions)
         cos, sin = cos.to(x.dtype), sin.to(x.dtype)
