@@ -1,7 +1,10 @@
 """One-off A/B of end-to-end decoding on CUDA (old vs new core by PYTHONPATH); not part of the project."""
-import hashlib, json, sys, time
+
+import hashlib
+import json
+import sys
+import time
 from pathlib import Path
-import torch
 import adaflash
 from adaflash.decoding.engine import Engine
 from adaflash.decoding.sequence import Request, context_length
@@ -23,11 +26,14 @@ for c, n in ((8, 16), (1, 8)):
     for mode in ("ar", "ngram", "adaflash"):
         tps, outs = [], None
         for r in range(3):
-            place.synchronize(); t0 = time.perf_counter()
+            place.synchronize()
+            t0 = time.perf_counter()
             seqs = engine.generate([Request(i, 64, mode=mode) for i in ids[:n]], concurrency=c)
-            place.synchronize(); w = time.perf_counter() - t0
+            place.synchronize()
+            w = time.perf_counter() - t0
             outs = [s.output for s in seqs]
-            if r: tps.append(sum(map(len, outs)) / w)
+            if r:
+                tps.append(sum(map(len, outs)) / w)
         digest = hashlib.sha1(json.dumps(outs).encode()).hexdigest()[:10]
         rows.append({"core": label, "c": c, "mode": mode, "tok_s": [round(t, 1) for t in tps], "outputs": digest})
         print(label, c, mode, rows[-1]["tok_s"], digest, flush=True)

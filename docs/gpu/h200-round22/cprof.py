@@ -1,5 +1,10 @@
 """Host profile of engine.generate on CUDA (one-off device diagnosis, not part of the project)."""
-import cProfile, pstats, sys, time, io
+
+import cProfile
+import pstats
+import sys
+import time
+import io
 import torch
 from pathlib import Path
 from adaflash.decoding.engine import Engine
@@ -17,11 +22,15 @@ ids = encode_prompts(bundle.tokenizer, texts, 512)
 max_len = context_length([len(i) for i in ids], 64, block_size_of(bundle.drafter))
 engine = Engine(bundle.target, bundle.drafter, num_slots=8, max_len=max_len)
 
+
 def run(mode, c):
-    torch.cuda.synchronize(); t0 = time.perf_counter()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
     seqs = engine.generate([Request(i, 64, mode=mode) for i in ids], concurrency=c)
-    torch.cuda.synchronize(); w = time.perf_counter() - t0
+    torch.cuda.synchronize()
+    w = time.perf_counter() - t0
     return sum(len(s.output) for s in seqs) / w
+
 
 for mode in ("ar", "ngram", "adaflash"):
     for c in (1, 8):
@@ -32,8 +41,13 @@ torch.set_num_threads(1)
 print("ar 8 threads=1 tok/s", round(run("ar", 8), 1), flush=True)
 torch.set_num_threads(n)
 for mode in ("ar", "adaflash"):
-    pr = cProfile.Profile(); pr.enable(); tps = run(mode, 8); pr.disable()
-    s = io.StringIO(); st = pstats.Stats(pr, stream=s); st.sort_stats("tottime").print_stats(30)
+    pr = cProfile.Profile()
+    pr.enable()
+    tps = run(mode, 8)
+    pr.disable()
+    s = io.StringIO()
+    st = pstats.Stats(pr, stream=s)
+    st.sort_stats("tottime").print_stats(30)
     st.sort_stats("cumulative").print_stats(40)
     (out / f"cprof-{mode}-c8.txt").write_text(f"tok/s {tps}\n" + s.getvalue())
     print(mode, "profiled tok/s", round(tps, 1), flush=True)
