@@ -76,6 +76,25 @@ def test_fused_causal_attention_equals_the_masked_path() -> None:
     torch.testing.assert_close(outs[0], outs[1], rtol=1e-5, atol=1e-5)
 
 
+def test_short_counts_attending_as_one_group_equal_a_group_per_power_of_two() -> None:
+    """On CUDA the sequences of a step's size (decodes, verifies of different draft lengths) attend as one padded
+    group, a prefill beside them in its own; on the CPU each power of two is a group. Both run here and must
+    agree, each sequence after its own cached length."""
+    target = tiny_random_bundle(seed=1).target
+    attn = target.model.layers[0].self_attn
+    cache = target.new_cache(4, 64)
+    target.forward(cache, [0, 1, 2, 3], [[1, 2, 3], [4, 5, 6, 7, 8], [9, 10], [11, 12, 13, 14]])
+    starts, counts = [3, 5, 2, 4], [1, 3, 6, 20]
+    x = torch.randn(sum(counts), target.config.hidden_size, generator=torch.Generator().manual_seed(0))
+    outs = []
+    for merged, groups in ((False, 4), (True, 2)):
+        fb = ForwardBatch.build(cache, [0, 1, 2, 3], starts, counts, torch.device("cpu"), one_short_group=merged)
+        assert len(fb.groups) == groups
+        cos, sin = rope_cos_sin(target.inv_freq, fb.positions)
+        outs.append(attn(x, cos, sin, fb, cache.k[0], cache.v[0]))
+    torch.testing.assert_close(outs[0], outs[1], rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize(("dtype", "tolerance"), [("bfloat16", 0.03), ("float16", 0.005)])
 def test_half_precision_models_stay_close_to_fp32(tmp_path, dtype: str, tolerance: float) -> None:
     """A checkpoint loaded in half precision: logits within `tolerance` of the largest fp32 logit (measured

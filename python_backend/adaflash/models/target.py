@@ -85,8 +85,9 @@ NATIVE_ATTENTION_MAX_NEW = 16  # new tokens per sequence: decode and verify step
 
 @dataclass
 class AttentionGroup:
-    """Sequences of one forward whose new-token counts round up to the same power of two: attention pads
-    queries to the longest in its call, so a 1-token sequence beside a 16-token one would cost 16x."""
+    """Sequences of one forward whose new-token counts round up to the same power of two (or, where
+    `ForwardBatch.build` merges them, every count of a step's size): attention pads queries to the longest in its
+    call, so a 1-token sequence beside a 16-token one would cost 16x."""
 
     tokens: Tensor | slice  # their rows in the packed [T] tokens (a slice when the group is the whole batch)
     context: Gather  # what every layer reads of their slots' caches
@@ -118,11 +119,18 @@ class ForwardBatch:
 
     @classmethod
     def build(cls, cache: KVCache, slots: list[int], starts: list[int], counts: list[int], device: torch.device,
-              fused_causal: bool | None = None) -> "ForwardBatch":
+              fused_causal: bool | None = None, one_short_group: bool | None = None) -> "ForwardBatch":
         """`fused_causal`: groups whose sequences all start at the same position with the same count attend
         under PyTorch's lower-right causal bias instead of a boolean mask, which lets CUDA run its fused SDPA
-        kernels (default: on CUDA only; CPU keeps the mask, whose kernel measured no slower there)."""
+        kernels (default: on CUDA only; CPU keeps the mask, whose kernel measured no slower there).
+        `one_short_group`: sequences with a step's few new tokens (decodes and verifies, up to
+        NATIVE_ATTENTION_MAX_NEW) attend as one group, padded to the longest, instead of a group per power of two
+        (default: on CUDA only). Why: on a GPU a small model's step is bound by the host issuing operations, and
+        each group repeats a layer's attention operations (a verify of drafts of different lengths measured twice
+        a plain step's time), while padding a few queries costs the device next to nothing; on a CPU attention's
+        arithmetic is the cost, and padding a 1-token decode to a 16-token verify's length would multiply it."""
         fused = device.type == "cuda" if fused_causal is None else fused_causal
+        merge = device.type == "cuda" if one_short_group is None else one_short_group
         positions, pages, offsets = cache.locate(slots, starts, counts, device)
         if native.can_attend(cache.k, counts, NATIVE_ATTENTION_MAX_NEW):
             return cls(positions, pages, offsets, [],  # no writes here: `native.attend` stores the new tokens
@@ -130,7 +138,8 @@ class ForwardBatch:
         ragged = Ragged.build(counts, device)
         buckets: dict[int, list[int]] = {}
         for row, c in enumerate(counts):
-            buckets.setdefault(1 << (c - 1).bit_length(), []).append(row)
+            short = merge and c <= NATIVE_ATTENTION_MAX_NEW
+            buckets.setdefault(NATIVE_ATTENTION_MAX_NEW if short else 1 << (c - 1).bit_length(), []).append(row)
         if len(buckets) == 1:  # the common case: one group, the whole batch
             return cls(positions, pages, offsets, [_group(slice(None), cache, slots, starts, ragged, fused)],
                        _run(cache, slots, starts, counts))
