@@ -4,10 +4,11 @@ the forward issues, for a mode at a concurrency (1 by default), on the CPU or a 
 Why: on a small model a step's cost is mostly fixed work (Python, operator dispatch) rather than arithmetic,
 and an optimisation is only real if the forward or the rest measurably shrinks. The script times the engine's
 steps after each prompt's prefill (tokens/s end to end includes prefills), the target forwards inside them,
-and profiles a few steps' operators. It uses only the engine's public API, so it runs unchanged against an
+and profiles a few steps' operators and Python functions. It uses only the engine's public API, so it runs unchanged against an
 older checkout (PYTHONPATH=<checkout>/python_backend) for a before/after table measured alike. On a GPU the
 forward's clock waits for the device before and after each forward (so the forward's figure is its device
-time, and the rest is the host's own work), and the profile adds each operator's device time.
+time, and the rest is the host's own work), and the profile adds each operator's device time; since those waits
+also stop the host from queueing ahead, `tokens_per_s_unclocked` decodes the same prompts without the clock.
 
     python clients/bench_step.py --json bench-out/step.json [--modes ar] [--prompts 8 --max-tokens 64]
     python clients/bench_step.py --device cuda --concurrency 8 --modes ar,ngram,adaflash --json bench-out/gpu/step.json
@@ -16,8 +17,10 @@ time, and the rest is the host's own work), and the profile adds each operator's
 from __future__ import annotations
 
 import argparse
+import cProfile
 import json
 import platform
+import pstats
 import statistics
 import subprocess
 import time
@@ -42,8 +45,14 @@ class ForwardClock:
     """Times every call of the target's `forward` (the engine calls it by name, once per step)."""
 
     def __init__(self, engine: Engine) -> None:
-        self.inner, self.ms, self.place = engine.target.forward, [], engine.backend.place
-        engine.target.forward = self
+        self.target, self.inner, self.ms, self.place = engine.target, engine.target.forward, [], engine.backend.place
+        self.target.forward = self
+
+    def detach(self) -> None:
+        del self.target.forward
+
+    def attach(self) -> None:
+        self.target.forward = self
 
     def __call__(self, *args, **kwargs):
         self.place.synchronize()
@@ -77,6 +86,42 @@ def run_steps(engine: Engine, clock: ForwardClock, prompts: list[list[int]], mod
             "step_ms_median": round(step, 3), "forward_ms_median": round(forward, 3),
             "rest_ms_median": round(step - forward, 3),
             "tokens_per_step": round(tokens / (len(step_ms) + len(groups)), 3)}
+
+
+def run_unclocked(engine: Engine, clock: ForwardClock, prompts: list[list[int]], mode: str, max_tokens: int,
+                  concurrency: int) -> float:
+    """Tokens per second of the same decoding without the clock. Why: on a GPU the clock's waits before and after
+    each forward keep the host from queueing work ahead of the device, which real decoding does not pay."""
+    clock.detach()
+    try:
+        engine.backend.place.synchronize()
+        t0 = time.perf_counter()
+        seqs = engine.generate([Request(ids, max_tokens, mode=mode) for ids in prompts], concurrency=concurrency)
+        engine.backend.place.synchronize()
+        return round(sum(len(s.output) for s in seqs) / (time.perf_counter() - t0), 2)
+    finally:
+        clock.attach()
+
+
+def host_profile(engine: Engine, prompts: list[list[int]], mode: str, steps: int) -> dict:
+    """Python functions per decode step by their own time (cProfile), top 15: what the host does around the
+    operators (on the first GPU run, an index tensor made from a list by every layer showed up here first)."""
+    for ids in prompts:
+        engine.submit(Request(ids, steps + 1, mode=mode))
+    engine.step()
+    prof, done = cProfile.Profile(), 0
+    prof.enable()
+    while engine.has_work:
+        engine.step()
+        done += 1
+    engine.backend.place.synchronize()
+    prof.disable()
+    stats = pstats.Stats(prof).stats  # (file, line, name) -> (primitive calls, calls, own s, cumulative s, callers)
+    top = sorted(stats.items(), key=lambda item: item[1][2], reverse=True)[:15]
+    return {"steps": done, "top": [{"function": f"{Path(file).name}:{line}({name})",
+                                    "calls_per_step": round(calls / done, 1),
+                                    "self_us_per_step": round(own / done * 1e6, 1)}
+                                   for (file, line, name), (_, calls, own, _, _) in top]}
 
 
 def op_profile(engine: Engine, prompts: list[list[int]], mode: str, steps: int) -> dict:
@@ -146,7 +191,10 @@ def main(argv: list[str] | None = None) -> int:
         run_steps(engine, clock, ids[:2 * c], mode, 16, c)  # warm-up
         runs = [run_steps(engine, clock, ids, mode, args.max_tokens, c) for _ in range(args.repeats)]
         best = max(runs, key=lambda r: r["tokens_per_s_end_to_end"])
-        report["modes"][mode] = best | {"profile": op_profile(engine, ids[:c], mode, args.profile_steps)}
+        best["tokens_per_s_unclocked"] = max(run_unclocked(engine, clock, ids, mode, args.max_tokens, c)
+                                             for _ in range(args.repeats))
+        report["modes"][mode] = best | {"profile": op_profile(engine, ids[:c], mode, args.profile_steps),
+                                        "host_profile": host_profile(engine, ids[:c], mode, args.profile_steps)}
         print(mode, {k: v for k, v in best.items()}, flush=True)
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(report, indent=1) + "\n")
