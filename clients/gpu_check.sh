@@ -20,9 +20,12 @@ for c in 1 8; do
     --modes ar,ngram,adaflash --concurrency $c --prompts 16 --max-tokens 64 --repeats 2 --profile-steps 16 \
     --json "$OUT/step-c$c.json" 2>&1 | grep -v USDT | tail -4
 done
+# GATE_ARGS narrows the gate benchmark where time is short (one set at a few loads with more rounds says more than
+# every set at two rounds: a GPU cell's rounds ranged 0.61-1.57 in round 22), e.g. "--domains code --concurrency 1,8
+# --repeats 4".
 timeout "${GATE_S:-900}" $PYTHON clients/bench_gate.py --model-dir models/default --eval-data "$EVAL_DATA" \
   --device cuda --dtype float32 --tie-tolerance 1e-3 --repeats 2 --max-tokens 64 --concurrency 1,8,32,64 \
-  --json "$OUT/gate.json" 2>&1 | tee "$OUT/gate.log" | tail -25
+  ${GATE_ARGS:-} --json "$OUT/gate.json" 2>&1 | tee "$OUT/gate.log" | tail -25
 timeout "${TINY_S:-120}" $PYTHON -m adaflash.cli bench --tiny-random --device cuda --dtype bfloat16 --tie-tolerance 0.03 \
   --modes ar,ngram,dflash,adaflash --concurrency 1,8,32 --max-tokens 64 --json "$OUT/bench-tiny.json" 2>&1 | tail -14
 if [ -n "${ADAFLASH_GPU_MODEL_DIR:-}" ]; then
