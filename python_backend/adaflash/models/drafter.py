@@ -400,7 +400,7 @@ class DFlashDrafter(nn.Module):
 
     def block_ids(self, anchors: list[int] | Tensor, block_length: int | None = None) -> Tensor:
         device = self.inv_freq.device
-        anchors = anchors.to(device) if isinstance(anchors, Tensor) else indices(anchors, device)
+        anchors = anchors.to(device, torch.long) if isinstance(anchors, Tensor) else indices(anchors, device)
         length = self.config.block_size if block_length is None else block_length
         if not 2 <= length <= self.config.block_size:
             raise ValueError(f"block_length must be in [2, {self.config.block_size}], got {length}")

@@ -126,9 +126,9 @@ class ForwardBatch:
         `one_short_group`: sequences with a step's few new tokens (decodes and verifies, up to
         NATIVE_ATTENTION_MAX_NEW) attend as one group, padded to the longest, instead of a group per power of two
         (default: on CUDA only). Why: on a GPU a small model's step is bound by the host issuing operations, and
-        each group repeats a layer's attention operations (a verify of drafts of different lengths measured twice
-        a plain step's time), while padding a few queries costs the device next to nothing; on a CPU attention's
-        arithmetic is the cost, and padding a 1-token decode to a 16-token verify's length would multiply it."""
+        each group repeats a layer's attention operations, while padding a few queries costs the device next to
+        nothing; on a CPU attention's arithmetic is the cost, and padding a 1-token decode to a 16-token verify's
+        length would multiply it."""
         fused = device.type == "cuda" if fused_causal is None else fused_causal
         merge = device.type == "cuda" if one_short_group is None else one_short_group
         positions, pages, offsets = cache.locate(slots, starts, counts, device)
