@@ -1,4 +1,5 @@
-import time, sys
+import time
+import sys
 from pathlib import Path
 from collections import defaultdict
 from adaflash.decoding.engine import Engine
