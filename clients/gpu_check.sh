@@ -1,6 +1,7 @@
 #!/bin/bash
 # The GPU check, in the order that says most if it is cut short: the GPU tests, where a step's time goes
-# (bench_step: the forward's device time against the host's own work, per-operator device time), the plan gate's
+# (bench_step: the forward's device time against the host's own work, per-operator device time; bench_graph_ceiling:
+# what the same layers cost replayed as a CUDA graph), the plan gate's
 # benchmark on the shared evaluation sets (adaflash against the best fixed mode, fp32, outputs equal to ar's up to
 # near-ties), then `adaflash bench` in bf16 on the tiny models. Each part is bounded (seconds in *_S) and writes
 # under OUT as it goes; a part that fails does not stop the next.
@@ -20,6 +21,7 @@ for c in 1 8; do
     --modes ar,ngram,adaflash --concurrency $c --prompts 16 --max-tokens 64 --repeats 2 --profile-steps 16 \
     --json "$OUT/step-c$c.json" 2>&1 | grep -v USDT | tail -4
 done
+timeout "${GRAPH_S:-90}" $PYTHON clients/bench_graph_ceiling.py "$OUT/graph-ceiling.json" 2>&1 | grep -v USDT | tail -6
 # GATE_ARGS narrows the gate benchmark where time is short (one set at a few loads with more rounds says more than
 # every set at two rounds: a GPU cell's rounds ranged 0.61-1.57 in round 22), e.g. "--domains code --concurrency 1,8
 # --repeats 4".
