@@ -19,9 +19,8 @@ from pathlib import Path
 import torch
 
 from adaflash.models.bundle import load_bundle
-from adaflash.models.layers import rope_cos_sin
 from adaflash.models.placement import placement
-from adaflash.models.target import ForwardBatch, Transformer
+from adaflash.models.target import ForwardBatch
 
 REPEATS = 50
 
@@ -57,12 +56,8 @@ def probe(model_dir: Path, device: str, dtype: str, sequences: int, context: int
     fb = ForwardBatch.build(cache, slots, [context] * sequences, [1] * sequences, place.device)
     ids = torch.full((sequences,), 5, dtype=torch.long, device=place.device)
 
-    def layers() -> torch.Tensor:  # the same work, every index already on the device
-        x = target.model.embed_tokens(ids)
-        cos, sin = target_rope(target, fb)
-        for i, layer in enumerate(target.model.layers):
-            x = layer(x, cos, sin, fb, cache.k[i], cache.v[i])
-        return target.lm_head(target.model.norm(x))
+    def layers() -> torch.Tensor:  # the device's part alone, every index already on the device
+        return target.forward_batch(fb, ids, cache).logits
 
     row = {"device": str(place.device), "dtype": dtype, "sequences": sequences, "context": context}
     with torch.inference_mode():
@@ -85,12 +80,6 @@ def probe(model_dir: Path, device: str, dtype: str, sequences: int, context: int
             row["graph_max_abs_diff"] = float((out.float() - eager.float()).abs().max())
             row["layers_graph_ms"] = round(timed(graph.replay, sync), 4)
     return row
-
-
-def target_rope(target: Transformer, fb: ForwardBatch) -> tuple[torch.Tensor, torch.Tensor]:
-    cos, sin = rope_cos_sin(target.inv_freq, fb.positions)
-    dtype = target.lm_head.weight.dtype
-    return cos.to(dtype), sin.to(dtype)
 
 
 def main() -> int:

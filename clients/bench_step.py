@@ -103,18 +103,31 @@ def run_unclocked(engine: Engine, clock: ForwardClock, prompts: list[list[int]],
         clock.attach()
 
 
-def host_profile(engine: Engine, prompts: list[list[int]], mode: str, steps: int) -> dict:
-    """Python functions per decode step by their own time (cProfile), top 15: what the host does around the
-    operators (on the first GPU run, an index tensor made from a list by every layer showed up here first)."""
+def prefill(engine: Engine, prompts: list[list[int]], mode: str, steps: int) -> None:
+    """Submit `prompts` for `steps` decode steps after their prefill, and run the prefill (what the profiles leave
+    out)."""
     for ids in prompts:
         engine.submit(Request(ids, steps + 1, mode=mode))
     engine.step()
-    prof, done = cProfile.Profile(), 0
-    prof.enable()
+
+
+def decode_all(engine: Engine) -> int:
+    """Step until every sequence is done, the device's queue drained; the steps taken."""
+    done = 0
     while engine.has_work:
         engine.step()
         done += 1
     engine.backend.place.synchronize()
+    return done
+
+
+def host_profile(engine: Engine, prompts: list[list[int]], mode: str, steps: int) -> dict:
+    """Python functions per decode step by their own time (cProfile), top 15: what the host does around the
+    operators (on the first GPU run, an index tensor made from a list by every layer showed up here first)."""
+    prefill(engine, prompts, mode, steps)
+    prof = cProfile.Profile()
+    prof.enable()
+    done = decode_all(engine)
     prof.disable()
     stats = pstats.Stats(prof).stats  # (file, line, name) -> (primitive calls, calls, own s, cumulative s, callers)
     top = sorted(stats.items(), key=lambda item: item[1][2], reverse=True)[:15]
@@ -127,16 +140,10 @@ def host_profile(engine: Engine, prompts: list[list[int]], mode: str, steps: int
 def op_profile(engine: Engine, prompts: list[list[int]], mode: str, steps: int) -> dict:
     """Operators per decode step (after the prefill) of `prompts` decoded together, top 15 by self CPU time,
     and on a GPU top 15 by self device time."""
-    for ids in prompts:
-        engine.submit(Request(ids, steps + 1, mode=mode))
-    engine.step()
+    prefill(engine, prompts, mode, steps)
     gpu = engine.backend.place.device.type == "cuda"
     with profile(activities=[ProfilerActivity.CPU] + [ProfilerActivity.CUDA] * gpu) as prof:
-        done = 0
-        while engine.has_work:
-            engine.step()
-            done += 1
-        engine.backend.place.synchronize()
+        done = decode_all(engine)
     counts, cpu, device = Counter(), Counter(), Counter()
     for e in prof.key_averages():
         counts[e.key] += e.count

@@ -335,7 +335,17 @@ class Transformer(nn.Module):
             cache.reserve(s, st + c)
         device = self.inv_freq.device
         fb = ForwardBatch.build(cache, slots, starts, counts, device)
-        ids = indices([t for seq in tokens for t in seq], device)
+        out = self.forward_batch(fb, indices([t for seq in tokens for t in seq], device), cache, logit_rows,
+                                 capture_layers)
+        for s, st, c in zip(slots, starts, counts):
+            cache.lengths[s] = st + c
+        return out
+
+    def forward_batch(self, fb: ForwardBatch, ids: Tensor, cache: KVCache, logit_rows: Tensor | None = None,
+                      capture_layers: list[int] | None = None) -> ForwardOutput:
+        """The device's part of `forward`: tokens `ids` [T], already placed by `fb`, through the layers and the
+        LM head; the cache's bookkeeping stays with `forward`. Apart so that this part can be timed or captured
+        on its own (`clients/bench_graph_ceiling.py`). Callers hold inference mode."""
         x = self.model.embed_tokens(ids)
         cos, sin = rope_cos_sin(self.inv_freq, fb.positions)
         cos, sin = cos.to(x.dtype), sin.to(x.dtype)
@@ -349,8 +359,6 @@ class Transformer(nn.Module):
                 x = layer(x, cos, sin, fb, cache.k[i], cache.v[i])
                 if i in wanted:
                     captured[i] = x
-        for s, st, c in zip(slots, starts, counts):
-            cache.lengths[s] = st + c
         rows = x if logit_rows is None else x[logit_rows]
         logits = self.lm_head_weight.linear(self, self.model.norm(rows))
         hidden = torch.cat([captured[i] for i in capture_layers], dim=-1) if capture_layers else None
