@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import DeviceLog, modes_equal_up_to_ties, random_prompts
+from helpers import DeviceLog, clone_target, modes_equal_up_to_ties, random_prompts
+from test_graphs import PAGING_IDS, PAGINGS, check_padded_steps
 
 from adaflash.cli_args import DEFAULT_MODEL_DIR
 from adaflash.decoding.engine import Engine
@@ -40,6 +41,18 @@ def test_forwards_on_cuda_make_every_tensor_there() -> None:
         drafter.append_context(context, [0, 1, 2], out.hidden, [4, 2, 1])
         drafter.draft(target, context, [0, 2], [3, 4], 8)
     assert {d.type for d in log.devices} == {"cuda"}, {str(d): ops[:5] for d, ops in log.devices.items()}
+
+
+@pytest.mark.parametrize("paging", PAGINGS, ids=PAGING_IDS)
+def test_steps_replayed_as_cuda_graphs_match_the_eager_forward(trained_tiny, paging) -> None:
+    """fp32, so that the two paths differ by the kernels' rounding only (a padded step's shapes pick other
+    kernels); every step of a shape after its first is a replay."""
+    fp32 = placement("cuda", "float32")
+    graphed, eager = (move_to(clone_target(trained_tiny.target), fp32) for _ in range(2))
+    eager.step_graphs = False
+    shapes = check_padded_steps(graphed, eager, paging, tolerance=1e-3)
+    stepper = next(iter(graphed._graphs.values()))
+    assert set(stepper.replays) == shapes and all(r.graph is not None for r in stepper.replays.values())
 
 
 def test_every_mode_on_cuda_matches_plain_decoding_up_to_rounding_ties(trained_tiny) -> None:

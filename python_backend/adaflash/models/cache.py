@@ -48,25 +48,24 @@ class KVCache:
     them when truncated below them, so long and short sequences share the memory without each reserving
     max_len; attention then gathers a slot's pages (a copy). Truncating only lowers a length: rejected
     positions are overwritten later.
+
+    `scratch`: one more page that no slot ever holds, where a step padded to a fixed shape (a CUDA graph's,
+    `adaflash.models.graphs`) writes the keys and values of its padding.
     """
 
     def __init__(self, shape: AttentionShape, num_slots: int, max_len: int, place: Placement,
-                 paging: Paging | None = None) -> None:
+                 paging: Paging | None = None, scratch: bool = False) -> None:
         self.page = max_len if paging is None else min(paging.page, max_len)
         self.paged = self.page < max_len
         num_pages = num_slots if not self.paged else paging.pages
-        size = (shape.num_hidden_layers, num_pages, shape.num_key_value_heads, self.page, shape.head_dim)
+        self.scratch = num_pages if scratch else None
+        size = (shape.num_hidden_layers, num_pages + scratch, shape.num_key_value_heads, self.page, shape.head_dim)
         self.k = torch.zeros(size, dtype=place.dtype, device=place.device)
         self.v = torch.zeros(size, dtype=place.dtype, device=place.device)
         self.lengths = [0] * num_slots
         self.max_len = max_len
         self.tables: list[list[int]] = [[] if self.paged else [s] for s in range(num_slots)]
         self.free = list(range(num_pages - 1, -1, -1)) if self.paged else []
-
-    @property
-    def capacity(self) -> int:
-        """Positions the cache holds in all."""
-        return self.k.shape[1] * self.page
 
     def reserve(self, slot: int, length: int) -> None:
         """Make positions 0..length-1 of `slot` writable, taking pages from the free list."""
@@ -114,15 +113,15 @@ class KVCache:
 @dataclass(frozen=True)
 class Gather:
     """Pages of a layer's cache to read for some slots: a slice (consecutive unpaged slots: a view), their pages
-    [B] (unpaged), or their page tables [B, n] (paged: a copy)."""
+    [B] (unpaged: a copy of their first `length` positions), or their page tables [B, n] (paged: a copy)."""
 
     pages: Tensor | slice
     length: int
 
     def __call__(self, store: Tensor) -> Tensor:
         """One layer's keys or values `store` [pages, KV, page, hd] -> [B, KV, length, hd]."""
+        if isinstance(self.pages, slice) or self.pages.dim() == 1:
+            return store[:, :, : self.length][self.pages]
         picked = store[self.pages]
-        if picked.dim() == 4:
-            return picked[:, :, : self.length]
         b, n, kv, page, hd = picked.shape
         return picked.permute(0, 2, 1, 3, 4).reshape(b, kv, n * page, hd)[:, :, : self.length]

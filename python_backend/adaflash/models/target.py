@@ -7,6 +7,7 @@ Parameter names match Hugging Face checkpoints, so `model.safetensors` loads as 
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -15,7 +16,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.nn.attention.bias import CausalBias, causal_lower_right
 
-from adaflash.models import native
+from adaflash.models import graphs, native
 from adaflash.models.cache import Gather, KVCache, Paging
 from adaflash.models.checkpoint import load_weights, read_config, save_checkpoint
 from adaflash.models.layers import MLP, Joined, Ragged, RMSNorm, RopeConfig, apply_rope, attend, rms_norm, rope_cos_sin
@@ -285,6 +286,8 @@ class Transformer(nn.Module):
         self.lm_head_weight = Joined(["lm_head.weight"])
         self._layer_parameters: list[tuple[nn.Module, str]] | None = None  # what keys `_native_layers`
         self._native_layers: tuple[list, native.Layers | None] | None = None
+        self.step_graphs: bool | None = None  # decode and verify steps as CUDA graphs (`graphs.wanted`)
+        self._graphs: weakref.WeakKeyDictionary[KVCache, graphs.StepGraphs] = weakref.WeakKeyDictionary()
 
     @classmethod
     def from_pretrained(cls, path: str | Path, place: Placement = CPU) -> "Transformer":
@@ -303,8 +306,10 @@ class Transformer(nn.Module):
         save_checkpoint(self, path, target_config_to_hf(self.config), dtype, _tied(self.config))
 
     def new_cache(self, num_slots: int, max_len: int, paging: Paging | None = None) -> KVCache:
-        """Unpaged (slots x max_len) unless `paging` (from a memory budget) says otherwise."""
-        return KVCache(self.config, num_slots, max_len, place_of(self), paging)
+        """Unpaged (slots x max_len) unless `paging` (from a memory budget) says otherwise; with a scratch page
+        where steps run as graphs."""
+        place = place_of(self)
+        return KVCache(self.config, num_slots, max_len, place, paging, graphs.wanted(self.step_graphs, place.device))
 
     def train_logits(self, ids: Tensor) -> Tensor:
         """ids [B, T] -> logits [B, T, vocab] with plain causal attention: the pretraining path."""
@@ -333,10 +338,15 @@ class Transformer(nn.Module):
         starts = [cache.lengths[s] for s in slots]
         for s, st, c in zip(slots, starts, counts):
             cache.reserve(s, st + c)
-        device = self.inv_freq.device
-        fb = ForwardBatch.build(cache, slots, starts, counts, device)
-        out = self.forward_batch(fb, indices([t for seq in tokens for t in seq], device), cache, logit_rows,
-                                 capture_layers)
+        stepper = self._step_graphs(cache) if logit_rows is None else None
+        if stepper is not None and stepper.fits(counts):
+            step = stepper.run(cache, slots, starts, counts, tokens, capture_layers)
+            out = ForwardOutput(self.logits(step.x), step.hidden)
+        else:
+            device = self.inv_freq.device
+            fb = ForwardBatch.build(cache, slots, starts, counts, device)
+            out = self.forward_batch(fb, indices([t for seq in tokens for t in seq], device), cache, logit_rows,
+                                     capture_layers)
         for s, st, c in zip(slots, starts, counts):
             cache.lengths[s] = st + c
         return out
@@ -346,6 +356,17 @@ class Transformer(nn.Module):
         """The device's part of `forward`: tokens `ids` [T], already placed by `fb`, through the layers and the
         LM head; the cache's bookkeeping stays with `forward`. Apart so that this part can be timed or captured
         on its own (`clients/bench_graph_ceiling.py`). Callers hold inference mode."""
+        x, hidden = self.forward_layers(fb, ids, cache, capture_layers)
+        return ForwardOutput(self.logits(x if logit_rows is None else x[logit_rows]), hidden)
+
+    def logits(self, x: Tensor) -> Tensor:
+        """The last layer's output x [R, D] through the final norm and the LM head."""
+        return self.lm_head_weight.linear(self, self.model.norm(x))
+
+    def forward_layers(self, fb: ForwardBatch, ids: Tensor, cache: KVCache,
+                       capture_layers: list[int] | None = None) -> tuple[Tensor, Tensor | None]:
+        """The embedding and the decoder layers: the last layer's output [T, D], and the captured layers' outputs
+        [T, len(capture_layers) * D] (None when none are asked)."""
         x = self.model.embed_tokens(ids)
         cos, sin = rope_cos_sin(self.inv_freq, fb.positions)
         cos, sin = cos.to(x.dtype), sin.to(x.dtype)
@@ -359,10 +380,24 @@ class Transformer(nn.Module):
                 x = layer(x, cos, sin, fb, cache.k[i], cache.v[i])
                 if i in wanted:
                     captured[i] = x
-        rows = x if logit_rows is None else x[logit_rows]
-        logits = self.lm_head_weight.linear(self, self.model.norm(rows))
-        hidden = torch.cat([captured[i] for i in capture_layers], dim=-1) if capture_layers else None
-        return ForwardOutput(logits=logits, hidden=hidden)
+        return x, torch.cat([captured[i] for i in capture_layers], dim=-1) if capture_layers else None
+
+    def uniform_layers(self, ids: Tensor, positions: Tensor, pages: Tensor, offsets: Tensor, context: Gather,
+                       ragged: Ragged, mask: Tensor, cache: KVCache,
+                       capture_layers: list[int] | None) -> tuple[Tensor, Tensor | None]:
+        """`forward_layers` for a step padded to every sequence adding the same number of tokens, every index
+        already on the device (what `graphs.StepGraphs` records): one attention group under `mask`."""
+        group = AttentionGroup(slice(None), context, ragged, context.length, mask)
+        return self.forward_layers(ForwardBatch(positions, pages, offsets, [group]), ids, cache, capture_layers)
+
+    def _step_graphs(self, cache: KVCache) -> graphs.StepGraphs | None:
+        """This cache's graphed steps, made on its first step; None where steps run eagerly."""
+        if cache.scratch is None or not graphs.wanted(self.step_graphs, cache.k.device):
+            return None
+        stepper = self._graphs.get(cache)
+        if stepper is None:
+            stepper = self._graphs[cache] = graphs.StepGraphs(self, cache)
+        return stepper
 
     def _fused_layers(self, fb: ForwardBatch) -> native.Layers | None:
         """The layers' weights for `native.decode_layers` when this forward can take it: a decode or verify step

@@ -1,0 +1,124 @@
+"""Graphed steps (`adaflash.models.graphs`): the padded step a CUDA graph records gives the eager forward's
+logits, features and cache, and decoding through it is lossless. Here the padded step runs eagerly on the CPU
+(`step_graphs = True`); tests/test_gpu.py records and replays it on a GPU."""
+
+from __future__ import annotations
+
+import gc
+import random
+
+import pytest
+import torch
+from helpers import clone_target, fixed_costs, random_prompts
+from test_lossless import MAX_LEN, MAX_TOKENS, greedy_reference
+
+from adaflash.decoding.engine import Engine
+from adaflash.decoding.modes import MODE_NAMES
+from adaflash.decoding.sequence import Request
+from adaflash.models import graphs
+from adaflash.models.cache import Paging
+
+SLOTS = 6
+LENGTH = 150  # not a power of two: the longest context bucket is the cache's length
+CAPTURE = [1, 2]
+
+
+def twins(trained_tiny):
+    """The same target twice: steps graphed (eagerly, on the CPU) and steps as they run without graphs."""
+    graphed, eager = clone_target(trained_tiny.target), clone_target(trained_tiny.target)
+    graphed.step_graphs, eager.step_graphs = True, False
+    return graphed, eager
+
+
+def test_graphs_are_wanted_on_cuda_only_unless_chosen(monkeypatch):
+    cuda, cpu = torch.device("cuda"), torch.device("cpu")
+    assert graphs.wanted(None, cuda) and not graphs.wanted(None, cpu)
+    assert graphs.wanted(True, cpu) and not graphs.wanted(False, cuda)
+    monkeypatch.setenv(graphs.ENV, "0")
+    assert not graphs.wanted(None, cuda)
+    assert [graphs.bucket(n) for n in (1, 2, 3, 5, 16, 17)] == [1, 2, 4, 8, 16, 32]
+
+
+PAGINGS = [None, Paging(page=8, pages=SLOTS * 19)]
+PAGING_IDS = ["unpaged", "paged"]
+
+
+@pytest.mark.parametrize("paging", PAGINGS, ids=PAGING_IDS)
+def test_padded_steps_match_the_eager_forward(trained_tiny, paging):
+    graphed, eager = twins(trained_tiny)
+    check_padded_steps(graphed, eager, paging, tolerance=1e-4)
+
+
+def check_padded_steps(graphed, eager, paging, tolerance: float) -> set[graphs.StepShape]:
+    """Ragged steps (1-16 new tokens, every batch size, slots in any order, with and without captured
+    layers) give the eager forward's logits and features, leave the same lengths, and the slots' caches then
+    decode alike: the padding wrote nowhere a slot reads. Returns the shapes the graphed model ran."""
+    caches = {m: m.new_cache(SLOTS, LENGTH, paging) for m in (graphed, eager)}
+    assert caches[graphed].scratch is not None and caches[eager].scratch is None
+    rng = random.Random(3)
+    prompts = random_prompts(SLOTS, seed=5, min_len=3, max_len=110)
+    for m, cache in caches.items():
+        m.forward(cache, list(range(SLOTS)), prompts)  # prefills run eagerly in both
+    shapes = set()
+    for step in range(24):
+        open_slots = [s for s in range(SLOTS) if caches[eager].lengths[s] < LENGTH]
+        slots = rng.sample(open_slots, rng.randint(1, len(open_slots)))
+        room = [min(graphs.MAX_NEW, LENGTH - caches[eager].lengths[s]) for s in slots]
+        feeds = [[rng.randrange(200) for _ in range(rng.randint(1, r))] for r in room]
+        capture = CAPTURE if step % 2 else None
+        out = {m: m.forward(cache, slots, feeds, capture_layers=capture) for m, cache in caches.items()}
+        torch.testing.assert_close(out[graphed].logits, out[eager].logits, atol=tolerance, rtol=tolerance)
+        if capture:
+            torch.testing.assert_close(out[graphed].hidden, out[eager].hidden, atol=tolerance, rtol=tolerance)
+        else:
+            assert out[graphed].hidden is None
+        assert caches[graphed].lengths == caches[eager].lengths
+        for s in slots:  # roll back part of the step, as a verify does
+            keep = caches[eager].lengths[s] - rng.randint(0, len(feeds[slots.index(s)]) - 1)
+            for cache in caches.values():
+                cache.truncate(s, keep)
+        shapes |= set(graphed._graphs[caches[graphed]].replays)
+    assert len({s.sequences for s in shapes}) > 2 and len({s.tokens for s in shapes}) > 2
+    assert any(s.capture for s in shapes) and any(not s.capture for s in shapes)
+    assert any(s.context == LENGTH for s in shapes)
+    open_slots = [s for s in range(SLOTS) if caches[eager].lengths[s] < LENGTH]
+    last = {m: m.forward(cache, open_slots, [[7]] * len(open_slots)).logits for m, cache in caches.items()}
+    torch.testing.assert_close(last[graphed], last[eager], atol=tolerance, rtol=tolerance)
+    return shapes | set(graphed._graphs[caches[graphed]].replays)
+
+
+def test_a_weight_update_drops_the_recorded_steps(trained_tiny):
+    graphed, _ = twins(trained_tiny)
+    cache = graphed.new_cache(2, 40)
+    graphed.forward(cache, [0, 1], [[1, 2, 3], [4, 5]])
+    stepper = graphed._graphs[cache]
+    assert stepper.replays
+    with torch.no_grad():
+        graphed.model.norm.weight.mul_(1.0)
+    graphed.forward(cache, [0], [[6]])
+    assert len(stepper.replays) == 1  # the step just run: the earlier ones were dropped
+
+
+@pytest.mark.parametrize("mode", MODE_NAMES)
+def test_graphed_decoding_is_lossless(trained_tiny, mode):
+    """Every mode at concurrency 8 through the padded steps gives plain greedy decoding's tokens."""
+    graphed, eager = twins(trained_tiny)
+    prompts = random_prompts(16, seed=11)
+    reference = [greedy_reference(eager, p, MAX_TOKENS) for p in prompts]
+    engine = Engine(graphed, trained_tiny.drafter, num_slots=8, max_len=MAX_LEN, cost_model=fixed_costs(),
+                    plan_gate=False)
+    seqs = engine.generate([Request(p, MAX_TOKENS, mode=mode, stop_ids=()) for p in prompts], concurrency=8)
+    assert [s.output for s in seqs] == reference
+    assert graphed._graphs[engine.cache].replays
+
+
+def test_a_cache_and_its_recorded_steps_are_freed_together(trained_tiny):
+    """The target keys its graphed steps by cache, weakly: an engine's or a cost measurement's cache, once
+    dropped, takes its graphs (and on a GPU their memory) with it."""
+    graphed, _ = twins(trained_tiny)
+    cache = graphed.new_cache(2, 40)
+    graphed.forward(cache, [0, 1], [[1, 2, 3], [4, 5]])
+    assert len(graphed._graphs) == 1
+    del cache
+    gc.collect()
+    assert len(graphed._graphs) == 0
