@@ -1,4 +1,4 @@
-"""Steps replayed as CUDA graphs against the same steps run eagerly, in one process on one GPU: engine.generate's
+"""Steps and drafts replayed as CUDA graphs against the same run eagerly, in one process on one GPU: engine.generate's
 tokens per second for each mode at each concurrency, the two alternating pass by pass, and whether every output
 equals the eager run's and plain decoding's (or leaves it only at a near-tie of the target's logits).
 
@@ -34,13 +34,19 @@ ARMS = ("eager", "graphs")
 
 def timed_generate(engine: Engine, graphed: bool, prompts: list[list[int]], mode: str, max_tokens: int,
                    concurrency: int) -> tuple[float, list[list[int]]]:
-    """Tokens per second and outputs of one pass, the target's steps graphed or not."""
-    engine.target.step_graphs = graphed
+    """Tokens per second and outputs of one pass, the target's steps and the drafter's drafts graphed or not."""
+    set_graphs(engine.target, engine.backend.drafter, graphed)
     engine.backend.place.synchronize()
     t0 = time.perf_counter()
     seqs = engine.generate([Request(ids, max_tokens, mode=mode, stop_ids=()) for ids in prompts], concurrency)
     engine.backend.place.synchronize()
     return sum(len(s.output) for s in seqs) / (time.perf_counter() - t0), [s.output for s in seqs]
+
+
+def set_graphs(target: torch.nn.Module, drafter: torch.nn.Module | None, graphed: bool) -> None:
+    target.step_graphs = graphed
+    if drafter is not None:
+        drafter.step_graphs = graphed
 
 
 def worst_gap(target: torch.nn.Module, prompts: list[list[int]], reference: list[list[int]],
@@ -77,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
         prompts = ids[: max(c, 8)]
         engines = {}
         for arm in ARMS:  # each arm's engine measures its own costs, with its steps graphed or not
-            target.step_graphs = arm == "graphs"
+            set_graphs(target, bundle.drafter, arm == "graphs")
             engines[arm] = Engine(target, bundle.drafter, num_slots=c, max_len=max_len)
         plain = None
         for mode in args.modes.split(","):

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 from helpers import DeviceLog, clone_target, modes_equal_up_to_ties, random_prompts
-from test_graphs import PAGING_IDS, PAGINGS, check_padded_steps
+from test_graphs import PAGING_IDS, PAGINGS, check_padded_drafts, check_padded_steps, drafter_twins
 
 from adaflash.cli_args import DEFAULT_MODEL_DIR
 from adaflash.decoding.engine import Engine
@@ -53,6 +53,16 @@ def test_steps_replayed_as_cuda_graphs_match_the_eager_forward(trained_tiny, pag
     shapes = check_padded_steps(graphed, eager, paging, tolerance=1e-3)
     stepper = next(iter(graphed._graphs.values()))
     assert set(stepper.replays) == shapes and all(r.graph is not None for r in stepper.replays.values())
+
+
+@pytest.mark.parametrize("paging", PAGINGS, ids=PAGING_IDS)
+def test_drafts_replayed_as_cuda_graphs_match_the_eager_draft(trained_tiny, paging) -> None:
+    fp32 = placement("cuda", "float32")
+    target = move_to(clone_target(trained_tiny.target), fp32)
+    graphed, eager = (move_to(d, fp32) for d in drafter_twins(trained_tiny, heads=True))
+    shapes = check_padded_drafts(target, graphed, eager, paging, tolerance=1e-3)
+    recorder = next(iter(graphed._graphs.values()))
+    assert set(recorder.replays) == shapes and all(r.graph is not None for r in recorder.replays.values())
 
 
 def test_every_mode_on_cuda_matches_plain_decoding_up_to_rounding_ties(trained_tiny) -> None:

@@ -4,6 +4,8 @@ logits, features and cache, and decoding through it is lossless. Here the padded
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import gc
 import random
 
@@ -17,10 +19,27 @@ from adaflash.decoding.modes import MODE_NAMES
 from adaflash.decoding.sequence import Request
 from adaflash.models import graphs
 from adaflash.models.cache import Paging
+from adaflash.models.drafter import DFlashDrafter
 
 SLOTS = 6
 LENGTH = 150  # not a power of two: the longest context bucket is the cache's length
 CAPTURE = [1, 2]
+
+
+def drafter_twins(trained_tiny, heads: bool = False):
+    """The drafter twice, drafts graphed (eagerly, on the CPU) and not; with `heads`, a length and a position head
+    (random) beside the trained layers, so that every field of a draft is compared."""
+    cfg = dataclasses.replace(trained_tiny.drafter.config, length_head=heads, length_head_dim=32,
+                              position_head=heads, position_head_dim=32)
+    torch.manual_seed(0)
+    made = []
+    for graphed in (True, False):
+        drafter = DFlashDrafter(cfg)
+        drafter.load_state_dict(trained_tiny.drafter.state_dict(), strict=not heads)
+        drafter.step_graphs = graphed
+        made.append(drafter.eval())
+    made[1].load_state_dict(made[0].state_dict())
+    return made
 
 
 def twins(trained_tiny):
@@ -99,17 +118,63 @@ def test_a_weight_update_drops_the_recorded_steps(trained_tiny):
     assert len(stepper.replays) == 1  # the step just run: the earlier ones were dropped
 
 
+@pytest.mark.parametrize("paging", PAGINGS, ids=PAGING_IDS)
+def test_padded_drafts_match_the_eager_draft(trained_tiny, paging):
+    target = trained_tiny.target
+    check_padded_drafts(target, *drafter_twins(trained_tiny, heads=True), paging, tolerance=1e-4)
+
+
+def check_padded_drafts(target, graphed, eager, paging, tolerance: float) -> set[graphs.DraftShape]:
+    """Drafts for any subset of slots, every block length, over contexts grown step by step, give the eager
+    draft's tokens and (within rounding) its hidden states and heads' outputs. Returns the shapes drafted."""
+    caches = {m: m.new_cache(SLOTS, LENGTH, paging) for m in (graphed, eager)}
+    assert caches[graphed].scratch is not None and caches[eager].scratch is None
+    rng = random.Random(4)
+    width = graphed.fc.weight.shape[1]
+    device = graphed.fc.weight.device
+    for step in range(12):
+        slots = rng.sample(range(SLOTS), rng.randint(1, SLOTS))
+        counts = [rng.randint(1 if step else 5, 9) for _ in slots]
+        features = torch.randn(sum(counts), width, device=device)
+        for m, cache in caches.items():
+            m.append_context(cache, slots, features, counts)
+        drafted = rng.sample(range(SLOTS), rng.randint(1, SLOTS))
+        anchors = [rng.randrange(200) for _ in drafted]
+        block = rng.randint(2, graphed.config.block_size)
+        out = {m: m.draft(target, cache, drafted, anchors, block) for m, cache in caches.items()}
+        assert torch.equal(out[graphed].tokens, out[eager].tokens)
+        for field in ("hidden", "accept_ratio", "accept_rates"):
+            torch.testing.assert_close(getattr(out[graphed], field), getattr(out[eager], field), atol=tolerance,
+                                       rtol=tolerance)
+    shapes = set(graphed._graphs[caches[graphed]].replays)
+    assert len({s.sequences for s in shapes}) > 2 and len({s.block for s in shapes}) > 2
+    return shapes
+
+
+def test_a_bad_block_length_is_refused_before_any_draft(trained_tiny):
+    graphed, _ = drafter_twins(trained_tiny)
+    cache = graphed.new_cache(2, 40)
+    graphed.append_context(cache, [0], torch.randn(3, graphed.fc.weight.shape[1]), [3])
+    for bad in (1, graphed.config.block_size + 1):
+        with pytest.raises(ValueError, match="block_length"):
+            graphed.draft(trained_tiny.target, cache, [0], [5], bad)
+    assert cache not in graphed._graphs or not graphed._graphs[cache].replays
+
+
 @pytest.mark.parametrize("mode", MODE_NAMES)
 def test_graphed_decoding_is_lossless(trained_tiny, mode):
-    """Every mode at concurrency 8 through the padded steps gives plain greedy decoding's tokens."""
+    """Every mode at concurrency 8 through the padded steps and drafts gives plain greedy decoding's tokens."""
     graphed, eager = twins(trained_tiny)
+    drafter = copy.deepcopy(trained_tiny.drafter)
+    drafter.step_graphs = True
     prompts = random_prompts(16, seed=11)
     reference = [greedy_reference(eager, p, MAX_TOKENS) for p in prompts]
-    engine = Engine(graphed, trained_tiny.drafter, num_slots=8, max_len=MAX_LEN, cost_model=fixed_costs(),
-                    plan_gate=False)
+    engine = Engine(graphed, drafter, num_slots=8, max_len=MAX_LEN, cost_model=fixed_costs(), plan_gate=False)
     seqs = engine.generate([Request(p, MAX_TOKENS, mode=mode, stop_ids=()) for p in prompts], concurrency=8)
     assert [s.output for s in seqs] == reference
     assert graphed._graphs[engine.cache].replays
+    if mode != "ar":
+        assert mode == "ngram" or drafter._graphs[engine.context].replays
 
 
 def test_a_cache_and_its_recorded_steps_are_freed_together(trained_tiny):

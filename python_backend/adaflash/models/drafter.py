@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import copy
 import importlib.util
+import weakref
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,7 +20,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from adaflash.models.cache import KVCache, Paging
+from adaflash.models import graphs
+from adaflash.models.cache import Gather, KVCache, Paging
 from adaflash.models.checkpoint import load_weights, read_config, save_checkpoint
 from adaflash.models.layers import MLP, Joined, RMSNorm, RopeConfig, apply_rope, attend, rope_cos_sin
 from adaflash.models.placement import CPU, Placement, empty_on, indices, place_of
@@ -292,6 +294,8 @@ class DFlashDrafter(nn.Module):
         if cfg.position_head:
             self.position_head = PositionHead(cfg.hidden_size, cfg.position_head_dim, cfg.block_size - 1)
         self.register_buffer("inv_freq", cfg.rope.inv_freq(), persistent=False)
+        self.step_graphs: bool | None = None  # drafts as CUDA graphs (`graphs.wanted`)
+        self._graphs: weakref.WeakKeyDictionary[KVCache, graphs.DraftGraphs] = weakref.WeakKeyDictionary()
 
     @property
     def length_head(self) -> LengthHead | None:
@@ -336,8 +340,10 @@ class DFlashDrafter(nn.Module):
             raise ValueError("drafter does not match target: " + "; ".join(problems))
 
     def new_cache(self, num_slots: int, max_len: int, paging: Paging | None = None) -> KVCache:
-        """The per-slot context keys and values of every drafter layer (paged like the target's when asked)."""
-        return KVCache(self.config, num_slots, max_len, place_of(self), paging)
+        """The per-slot context keys and values of every drafter layer (paged like the target's when asked; with a
+        scratch page where drafts run as graphs)."""
+        place = place_of(self)
+        return KVCache(self.config, num_slots, max_len, place, paging, graphs.wanted(self.step_graphs, place.device))
 
     def fuse(self, features: Tensor) -> Tensor:
         """Concatenated target hidden states [T, n_layers * D] -> one context vector per position."""
@@ -366,12 +372,29 @@ class DFlashDrafter(nn.Module):
               block_length: int | None = None) -> Draft:
         """Draft block_length - 1 tokens (default block_size - 1) after each anchor; the anchor sits right after
         the context cached in `cache`. A shorter block than trained costs less and drafts its first positions alike."""
+        recorder = self._draft_graphs(cache, target)
+        if recorder is not None:
+            return Draft(*recorder.run(cache, slots, anchors, self.block_length(block_length)))
         lengths = [cache.lengths[s] for s in slots]
-        lc = max(lengths)
-        ctx_lens = indices(lengths, cache.k.device)
-        context = cache.gather(slots, lc)
+        device = cache.k.device
+        return self.draft_gathered(target, cache, indices(anchors, device), indices(lengths, device),
+                                   cache.gather(slots, max(lengths)), block_length)
+
+    def draft_gathered(self, target: Transformer, cache: KVCache, anchors: Tensor, ctx_lens: Tensor, context: Gather,
+                       block_length: int | None = None) -> Draft:
+        """`draft` with every index on the device: the anchors [n], context lengths [n] and what to read of the
+        cache (what `graphs.DraftGraphs` records)."""
         ctx_kv = [(context(cache.k[i]), context(cache.v[i])) for i in range(len(self.layers))]
         return self.draft_block(target, self.block_ids(anchors, block_length), ctx_lens, ctx_kv)
+
+    def _draft_graphs(self, cache: KVCache, target: Transformer) -> graphs.DraftGraphs | None:
+        """This cache's graphed drafts (for `target`), made on its first draft; None where drafts run eagerly."""
+        if cache.scratch is None or not graphs.wanted(self.step_graphs, cache.k.device):
+            return None
+        recorder = self._graphs.get(cache)
+        if recorder is None or recorder.target is not target:
+            recorder = self._graphs[cache] = graphs.DraftGraphs(self, target, cache)
+        return recorder
 
     @torch.inference_mode()
     def draft_uncached(self, target: Transformer, features: Tensor, anchor: int) -> Draft:
@@ -398,12 +421,17 @@ class DFlashDrafter(nn.Module):
             out.append((k.transpose(0, 1)[None], v.transpose(0, 1)[None]))
         return out
 
+    def block_length(self, asked: int | None) -> int:
+        """The block a draft runs: block_size unless a shorter one is asked."""
+        length = self.config.block_size if asked is None else asked
+        if not 2 <= length <= self.config.block_size:
+            raise ValueError(f"block_length must be in [2, {self.config.block_size}], got {length}")
+        return length
+
     def block_ids(self, anchors: list[int] | Tensor, block_length: int | None = None) -> Tensor:
         device = self.inv_freq.device
         anchors = anchors.to(device, torch.long) if isinstance(anchors, Tensor) else indices(anchors, device)
-        length = self.config.block_size if block_length is None else block_length
-        if not 2 <= length <= self.config.block_size:
-            raise ValueError(f"block_length must be in [2, {self.config.block_size}], got {length}")
+        length = self.block_length(block_length)
         ids = torch.full((anchors.shape[0], length), self.config.mask_token_id, dtype=torch.long, device=device)
         ids[:, 0] = anchors
         return ids

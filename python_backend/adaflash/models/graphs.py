@@ -1,4 +1,4 @@
-"""The target's decode and verify steps replayed as CUDA graphs.
+"""The target's decode and verify steps, and the drafter's drafts, replayed as CUDA graphs.
 
 Why: on a GPU a small model's eager step is bound by the host issuing its kernels, a few hundred a forward,
 while the device computes for a fraction of that time (docs/results.md, "GPU, round 22" and "round 23"). A
@@ -7,10 +7,12 @@ to a bucket: sequences and new tokens per sequence each to a power of two, the k
 (at least MIN_CONTEXT, at most the cache's length). The step's integers (tokens, positions, where keys and
 values go, the slots' pages) are copied into one device buffer the graphs read; padding writes to the cache's
 scratch page and reads nothing a real query sees, because every query attends only to keys at or before its
-position in its own slot's pages. The graph covers the layers; the final norm and the LM head run eagerly on
-the real rows only, so that no graph holds a [tokens, vocab] output.
+position in its own slot's pages. The target's graph covers the layers; the final norm and the LM head run
+eagerly on the real rows only, so that no graph holds a [tokens, vocab] output. A draft is padded alike (its
+sequences, and the context it reads); its graph covers the whole draft, the drafter's heads too, whose outputs
+are small. Projecting committed features into the drafter's context stays eager.
 
-On a CPU (`Transformer.step_graphs = True`, for tests) the same padded step runs eagerly: the graph's math
+On a CPU (`step_graphs = True` on the model, for tests) the same padded step runs eagerly: the graph's math
 without its capture.
 """
 
@@ -52,12 +54,18 @@ class StepShape:
     capture: tuple[int, ...]  # target layers whose outputs the step returns (the drafter's context)
 
 
+@dataclass(frozen=True)
+class DraftShape:
+    sequences: int
+    block: int  # the block's length, the anchor included
+    context: int
+
+
 @dataclass
 class Replay:
     graph: torch.cuda.CUDAGraph | None  # None on a CPU: `run` is called each step instead
-    run: Callable[[KVCache], tuple[Tensor, Tensor | None]]  # the step: x [T, D] before the final norm, and the
-    # captured layers' outputs [T, n * D] or None
-    outputs: tuple[Tensor, Tensor | None] | None
+    run: Callable[[KVCache], tuple]  # the padded step over a cache: what the graph records
+    outputs: tuple | None  # the graph's outputs, rewritten by every replay
 
 
 @dataclass
@@ -66,115 +74,68 @@ class StepOutput:
     hidden: Tensor | None
 
 
-class StepGraphs:
-    """One target's graphed steps over one cache. The graphs read the cache's storage and this object's input
-    buffer; `Transformer.forward` keeps one per cache, keyed weakly, and this object holds no reference to the
-    cache (it is passed to `run`), so that both are freed with the cache."""
+class Recorder:
+    """What the target's and the drafter's graphs share: the input buffer (one long tensor on the device, filled
+    from a pinned twin in one copy a step), the graphs by shape, a memory pool for all of them, and the weights
+    they were recorded with. One per (model, cache); `Transformer` and `DFlashDrafter` keep theirs keyed weakly
+    by the cache, and a recorder holds no reference to the cache (it is passed to `run`), so that both are freed
+    with the cache."""
 
-    def __init__(self, target: torch.nn.Module, cache: KVCache) -> None:
+    def __init__(self, models: list[torch.nn.Module], cache: KVCache, size: int) -> None:
         if cache.scratch is None:
             raise ValueError("graphed steps need a cache with a scratch page (KVCache(..., scratch=True))")
-        self.target = target
-        self.page, self.paged, self.scratch = cache.page, cache.paged, cache.scratch
+        self.models = models
+        self.page, self.paged, self.scratch, self.max_context = cache.page, cache.paged, cache.scratch, cache.max_len
         self.device = cache.k.device
         self.capture = self.device.type == "cuda"
         self.max_sequences = bucket(len(cache.lengths))
-        self.max_context = cache.max_len
-        pages_per_row = -(-cache.max_len // cache.page)
-        size = 5 * self.max_sequences * MAX_NEW + self.max_sequences * pages_per_row
+        self.pages_per_row = -(-cache.max_len // cache.page)
         self.inputs = torch.zeros(size, dtype=torch.long, device=self.device)
         self.host = torch.zeros(size, dtype=torch.long, pin_memory=self.capture)
         self.copied = torch.cuda.Event() if self.capture else None  # the last copy out of `host`
-        self.key_index = torch.arange(cache.max_len, device=self.device)
         self.pool = torch.cuda.graph_pool_handle() if self.capture else None
-        self.replays: dict[StepShape, Replay] = {}
+        self.replays: dict[object, Replay] = {}
         self.weights_key: list[tuple[int, int]] | None = None
 
-    def fits(self, counts: list[int]) -> bool:
-        return 0 < max(counts) <= MAX_NEW
+    def context_bucket(self, need: int) -> int:
+        return min(max(bucket(need), MIN_CONTEXT), self.max_context)
 
-    def run(self, cache: KVCache, slots: list[int], starts: list[int], counts: list[int], tokens: list[list[int]],
-            capture_layers: list[int] | None) -> StepOutput:
-        """Write the new tokens' keys and values to their slots and return their last hidden states (the caller
-        reserved their positions; lengths are the caller's too)."""
-        self._check_weights()
-        need = max(s + c for s, c in zip(starts, counts))
-        shape = StepShape(bucket(len(slots)), bucket(max(counts)), min(max(bucket(need), MIN_CONTEXT), self.max_context),
-                          tuple(capture_layers or ()))
-        rows = self._fill(cache, shape, slots, starts, counts, tokens)
-        replay = self.replays.get(shape)
-        if replay is None:
-            replay = self.replays[shape] = self._record(cache, shape)
-        elif replay.graph is not None:
-            replay.graph.replay()
-        x, hidden = replay.outputs if replay.graph is not None else replay.run(cache)
-        return StepOutput(x.index_select(0, rows), None if hidden is None else hidden.index_select(0, rows))
-
-    def _check_weights(self) -> None:
-        """A graph reads the weights it was recorded with: a load or an in-place update drops every graph."""
-        key = [(p.data_ptr(), p._version) for p in self.target.parameters()]
-        if key != self.weights_key:
-            self.replays.clear()
-            self.weights_key = key
-
-    def _layout(self, shape: StepShape) -> tuple[int, int]:
-        """(tokens, pages per row) of a shape: the input buffer holds ids, positions, pages, offsets and rows
-        ([tokens] each) then the page table ([sequences, pages per row])."""
-        return shape.sequences * shape.tokens, -(-shape.context // self.page)
-
-    def _views(self, buffer: Tensor, shape: StepShape) -> tuple[Tensor, ...]:
-        t, p = self._layout(shape)
-        ids, positions, pages, offsets, rows = (buffer[i * t : (i + 1) * t] for i in range(5))
-        table = buffer[5 * t : 5 * t + shape.sequences * p].view(shape.sequences, p)
-        return ids, positions, pages, offsets, rows, table
-
-    def _fill(self, cache: KVCache, shape: StepShape, slots: list[int], starts: list[int], counts: list[int],
-              tokens: list[list[int]]) -> Tensor:
-        """Write the step's integers into the pinned host buffer and copy them over in one copy; returns the real
-        tokens' rows in the padded step (on the device)."""
+    def host_buffer(self) -> Tensor:
+        """The pinned buffer, once the previous step's copy has read it."""
         if self.copied is not None:
-            self.copied.synchronize()  # the previous step's copy has read the host buffer
-        n = shape.tokens
-        t, p = self._layout(shape)
-        ids, positions, pages, offsets, rows, table = (v.numpy() for v in self._views(self.host, shape))
-        ids[:], positions[:], pages[:], offsets[:], rows[:] = 0, 0, self.scratch, 0, 0
-        table[:] = self.scratch
-        real = 0
-        for b, (slot, start, count, feed) in enumerate(zip(slots, starts, counts, tokens)):
-            at = slice(b * n, b * n + count)
-            where = np.arange(start, start + count)
-            held = np.asarray(cache.tables[slot])
-            ids[at] = feed
-            positions[at] = where
-            pages[at] = held[where // cache.page]
-            offsets[at] = where % cache.page
-            rows[real : real + count] = np.arange(b * n, b * n + count)
-            table[b, : min(p, len(held))] = held[:p]
-            real += count
-        used = 5 * t + shape.sequences * p
+            self.copied.synchronize()
+        return self.host
+
+    def copy_in(self, used: int) -> None:
         self.inputs[:used].copy_(self.host[:used], non_blocking=True)
         if self.copied is not None:
             self.copied.record()
-        return self._views(self.inputs, shape)[4][:real]
 
-    def _step(self, shape: StepShape) -> Callable[[KVCache], tuple[Tensor, Tensor | None]]:
-        """The padded step on the input buffer: what a graph records."""
-        ids, positions, pages, offsets, _, table = self._views(self.inputs, shape)
-        b, n, length = shape.sequences, shape.tokens, shape.context
-        ragged = Ragged.build([n] * b, self.device)
-        context = Gather(table if self.paged else table[:, 0], length)
-        capture = list(shape.capture) or None
+    def fill_table(self, table: np.ndarray, row: int, held: list[int]) -> None:
+        """Row `row` of a page table: a slot's pages, the scratch page past them."""
+        p = table.shape[1]
+        table[row, : min(p, len(held))] = held[:p]
 
-        def step(cache: KVCache) -> tuple[Tensor, Tensor | None]:
-            mask = (self.key_index[:length][None, None, :] <= positions.view(b, n, 1))[:, None]
-            return self.target.uniform_layers(ids, positions, pages, offsets, context, ragged, mask, cache, capture)
+    def context(self, table: Tensor, length: int) -> Gather:
+        return Gather(table if self.paged else table[:, 0], length)
 
-        return step
+    def replay(self, cache: KVCache, shape: object, make: Callable[[], Callable[[KVCache], tuple]]) -> tuple:
+        """The outputs of the step of `shape` on the inputs just copied in: replayed, or recorded first (`make`
+        builds the step)."""
+        key = [(p.data_ptr(), p._version) for m in self.models for p in m.parameters()]
+        if key != self.weights_key:  # a graph reads the weights it was recorded with: a load or an update drops all
+            self.replays.clear()
+            self.weights_key = key
+        replay = self.replays.get(shape)
+        if replay is None:
+            replay = self.replays[shape] = self._record(cache, make())
+        elif replay.graph is not None:
+            replay.graph.replay()
+        return replay.outputs if replay.graph is not None else replay.run(cache)
 
-    def _record(self, cache: KVCache, shape: StepShape) -> Replay:
-        """The first step of a shape: run once eagerly (on a side stream, as CUDA asks before a capture; it
-        writes the same keys and values the replay then writes again), record, replay."""
-        step = self._step(shape)
+    def _record(self, cache: KVCache, step: Callable[[KVCache], tuple]) -> Replay:
+        """The first step of a shape: run once eagerly (on a side stream, as CUDA asks before a capture; it writes
+        what the replay then writes again), record, replay."""
         if not self.capture:
             return Replay(None, step, None)
         side = torch.cuda.Stream(self.device)
@@ -187,3 +148,107 @@ class StepGraphs:
             outputs = step(cache)
         graph.replay()
         return Replay(graph, step, outputs)
+
+
+class StepGraphs(Recorder):
+    """The target's graphed steps over one cache. The input buffer holds, for a shape of T padded tokens: ids,
+    positions, pages, offsets and the real tokens' rows ([T] each), then the page table ([sequences, pages])."""
+
+    def __init__(self, target: torch.nn.Module, cache: KVCache) -> None:
+        most = bucket(len(cache.lengths))
+        super().__init__([target], cache, 5 * most * MAX_NEW + most * -(-cache.max_len // cache.page))
+        self.target = target
+        self.key_index = torch.arange(cache.max_len, device=self.device)
+
+    def fits(self, counts: list[int]) -> bool:
+        return 0 < max(counts) <= MAX_NEW
+
+    def run(self, cache: KVCache, slots: list[int], starts: list[int], counts: list[int], tokens: list[list[int]],
+            capture_layers: list[int] | None) -> StepOutput:
+        """Write the new tokens' keys and values to their slots and return their last hidden states (the caller
+        reserved their positions; lengths are the caller's too)."""
+        shape = StepShape(bucket(len(slots)), bucket(max(counts)),
+                          self.context_bucket(max(s + c for s, c in zip(starts, counts))), tuple(capture_layers or ()))
+        rows = self._fill(cache, shape, slots, starts, counts, tokens)
+        x, hidden = self.replay(cache, shape, lambda: self._step(shape))
+        return StepOutput(x.index_select(0, rows), None if hidden is None else hidden.index_select(0, rows))
+
+    def _views(self, buffer: Tensor, shape: StepShape) -> tuple[Tensor, ...]:
+        t, p = shape.sequences * shape.tokens, -(-shape.context // self.page)
+        ids, positions, pages, offsets, rows = (buffer[i * t : (i + 1) * t] for i in range(5))
+        table = buffer[5 * t : 5 * t + shape.sequences * p].view(shape.sequences, p)
+        return ids, positions, pages, offsets, rows, table
+
+    def _fill(self, cache: KVCache, shape: StepShape, slots: list[int], starts: list[int], counts: list[int],
+              tokens: list[list[int]]) -> Tensor:
+        """Write the step's integers into the pinned buffer and copy them over; returns the real tokens' rows in the
+        padded step (on the device)."""
+        n = shape.tokens
+        host = self.host_buffer()
+        ids, positions, pages, offsets, rows, table = (v.numpy() for v in self._views(host, shape))
+        ids[:], positions[:], pages[:], offsets[:], rows[:], table[:] = 0, 0, self.scratch, 0, 0, self.scratch
+        real = 0
+        for b, (slot, start, count, feed) in enumerate(zip(slots, starts, counts, tokens)):
+            at = slice(b * n, b * n + count)
+            where = np.arange(start, start + count)
+            held = cache.tables[slot]
+            ids[at] = feed
+            positions[at] = where
+            pages[at] = np.asarray(held)[where // self.page]
+            offsets[at] = where % self.page
+            rows[real : real + count] = np.arange(b * n, b * n + count)
+            self.fill_table(table, b, held)
+            real += count
+        self.copy_in(5 * len(ids) + table.size)
+        return self._views(self.inputs, shape)[4][:real]
+
+    def _step(self, shape: StepShape) -> Callable[[KVCache], tuple[Tensor, Tensor | None]]:
+        ids, positions, pages, offsets, _, table = self._views(self.inputs, shape)
+        b, n, length = shape.sequences, shape.tokens, shape.context
+        ragged = Ragged.build([n] * b, self.device)
+        context = self.context(table, length)
+        capture = list(shape.capture) or None
+
+        def step(cache: KVCache) -> tuple[Tensor, Tensor | None]:
+            mask = (self.key_index[:length][None, None, :] <= positions.view(b, n, 1))[:, None]
+            return self.target.uniform_layers(ids, positions, pages, offsets, context, ragged, mask, cache, capture)
+
+        return step
+
+
+class DraftGraphs(Recorder):
+    """The drafter's graphed drafts over its context cache. The input buffer holds, for a shape of n padded
+    sequences: anchors and context lengths ([n] each), then the page table ([n, pages]). A padded sequence has
+    no context (its block attends to itself)."""
+
+    def __init__(self, drafter: torch.nn.Module, target: torch.nn.Module, cache: KVCache) -> None:
+        most = bucket(len(cache.lengths))
+        super().__init__([drafter, target], cache, 2 * most + most * -(-cache.max_len // cache.page))
+        self.drafter, self.target = drafter, target
+
+    def run(self, cache: KVCache, slots: list[int], anchors: list[int], block: int) -> tuple[Tensor | None, ...]:
+        """The fields of the drafter's `Draft` for `slots` (see `DFlashDrafter.draft`), each a tensor of its own."""
+        shape = DraftShape(bucket(len(slots)), block, self.context_bucket(max(cache.lengths[s] for s in slots)))
+        host = self.host_buffer()
+        anchor_ids, lengths, table = (v.numpy() for v in self._views(host, shape))
+        anchor_ids[:], lengths[:], table[:] = 0, 0, self.scratch
+        for b, (slot, anchor) in enumerate(zip(slots, anchors)):
+            anchor_ids[b], lengths[b] = anchor, cache.lengths[slot]
+            self.fill_table(table, b, cache.tables[slot])
+        self.copy_in(2 * shape.sequences + table.size)
+        outputs = self.replay(cache, shape, lambda: self._draft(shape))
+        return tuple(None if t is None else t[: len(slots)].clone() for t in outputs)
+
+    def _views(self, buffer: Tensor, shape: DraftShape) -> tuple[Tensor, Tensor, Tensor]:
+        n, p = shape.sequences, -(-shape.context // self.page)
+        return buffer[:n], buffer[n : 2 * n], buffer[2 * n : 2 * n + n * p].view(n, p)
+
+    def _draft(self, shape: DraftShape) -> Callable[[KVCache], tuple[Tensor | None, ...]]:
+        anchors, lengths, table = self._views(self.inputs, shape)
+        context = self.context(table, shape.context)
+
+        def draft(cache: KVCache) -> tuple[Tensor | None, ...]:
+            d = self.drafter.draft_gathered(self.target, cache, anchors, lengths, context, shape.block)
+            return d.tokens, d.hidden, d.accept_ratio, d.accept_rates
+
+        return draft
