@@ -49,6 +49,15 @@ def set_graphs(target: torch.nn.Module, drafter: torch.nn.Module | None, graphed
         drafter.step_graphs = graphed
 
 
+def capture_failures(engine: Engine) -> list[str]:
+    """What CUDA refused to record for this engine's caches (those shapes ran eagerly)."""
+    backend = engine.backend
+    recorders = [engine.target._graphs.get(backend.cache)]
+    if backend.drafter is not None:
+        recorders.append(backend.drafter._graphs.get(backend.context))
+    return [f for r in recorders if r is not None for f in r.failures]
+
+
 def worst_gap(target: torch.nn.Module, prompts: list[list[int]], reference: list[list[int]],
               outputs: list[list[int]]) -> float:
     """The largest logit gap (a fraction of the largest logit) where an output first leaves the reference; 0 when
@@ -103,6 +112,7 @@ def main(argv: list[str] | None = None) -> int:
                 row[f"{arm}_equal_to_plain"] = sum(o == r for o, r in zip(outputs[arm], plain))
             row["speedup"] = round(row["graphs_tok_s"] / row["eager_tok_s"], 3)
             row["graphs_equal_to_eager"] = sum(a == b for a, b in zip(outputs["graphs"], outputs["eager"]))
+            row["capture_failures"] = capture_failures(engines["graphs"])
             row["worst_tie_gap"] = round(max(worst_gap(target, prompts, plain, outputs[arm]) for arm in ARMS), 5)
             report["rows"].append(row)
             print(row, flush=True)

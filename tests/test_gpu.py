@@ -50,9 +50,8 @@ def test_steps_replayed_as_cuda_graphs_match_the_eager_forward(trained_tiny, pag
     fp32 = placement("cuda", "float32")
     graphed, eager = (move_to(clone_target(trained_tiny.target), fp32) for _ in range(2))
     eager.step_graphs = False
-    shapes = check_padded_steps(graphed, eager, paging, tolerance=1e-3)
-    stepper = next(iter(graphed._graphs.values()))
-    assert set(stepper.replays) == shapes and all(r.graph is not None for r in stepper.replays.values())
+    recorder = check_padded_steps(graphed, eager, paging, tolerance=1e-3)
+    assert not recorder.failures and all(r.graph is not None for r in recorder.replays.values())
 
 
 @pytest.mark.parametrize("paging", PAGINGS, ids=PAGING_IDS)
@@ -60,9 +59,8 @@ def test_drafts_replayed_as_cuda_graphs_match_the_eager_draft(trained_tiny, pagi
     fp32 = placement("cuda", "float32")
     target = move_to(clone_target(trained_tiny.target), fp32)
     graphed, eager = (move_to(d, fp32) for d in drafter_twins(trained_tiny, heads=True))
-    shapes = check_padded_drafts(target, graphed, eager, paging, tolerance=1e-3)
-    recorder = next(iter(graphed._graphs.values()))
-    assert set(recorder.replays) == shapes and all(r.graph is not None for r in recorder.replays.values())
+    recorder = check_padded_drafts(target, graphed, eager, paging, tolerance=1e-3)
+    assert not recorder.failures and all(r.graph is not None for r in recorder.replays.values())
 
 
 def test_every_mode_on_cuda_matches_plain_decoding_up_to_rounding_ties(trained_tiny) -> None:

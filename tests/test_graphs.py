@@ -68,10 +68,11 @@ def test_padded_steps_match_the_eager_forward(trained_tiny, paging):
     check_padded_steps(graphed, eager, paging, tolerance=1e-4)
 
 
-def check_padded_steps(graphed, eager, paging, tolerance: float) -> set[graphs.StepShape]:
+def check_padded_steps(graphed, eager, paging, tolerance: float) -> graphs.StepGraphs:
     """Ragged steps (1-16 new tokens, every batch size, slots in any order, with and without captured
     layers) give the eager forward's logits and features, leave the same lengths, and the slots' caches then
-    decode alike: the padding wrote nowhere a slot reads. Returns the shapes the graphed model ran."""
+    decode alike: the padding wrote nowhere a slot reads. Returns the graphed model's recorder (the cache it
+    served is gone with this function)."""
     caches = {m: m.new_cache(SLOTS, LENGTH, paging) for m in (graphed, eager)}
     assert caches[graphed].scratch is not None and caches[eager].scratch is None
     rng = random.Random(3)
@@ -103,7 +104,7 @@ def check_padded_steps(graphed, eager, paging, tolerance: float) -> set[graphs.S
     open_slots = [s for s in range(SLOTS) if caches[eager].lengths[s] < LENGTH]
     last = {m: m.forward(cache, open_slots, [[7]] * len(open_slots)).logits for m, cache in caches.items()}
     torch.testing.assert_close(last[graphed], last[eager], atol=tolerance, rtol=tolerance)
-    return shapes | set(graphed._graphs[caches[graphed]].replays)
+    return graphed._graphs[caches[graphed]]
 
 
 def test_a_weight_update_drops_the_recorded_steps(trained_tiny):
@@ -124,9 +125,10 @@ def test_padded_drafts_match_the_eager_draft(trained_tiny, paging):
     check_padded_drafts(target, *drafter_twins(trained_tiny, heads=True), paging, tolerance=1e-4)
 
 
-def check_padded_drafts(target, graphed, eager, paging, tolerance: float) -> set[graphs.DraftShape]:
+def check_padded_drafts(target, graphed, eager, paging, tolerance: float) -> graphs.DraftGraphs:
     """Drafts for any subset of slots, every block length, over contexts grown step by step, give the eager
-    draft's tokens and (within rounding) its hidden states and heads' outputs. Returns the shapes drafted."""
+    draft's tokens and (within rounding) its hidden states and heads' outputs. Returns the graphed drafter's
+    recorder."""
     caches = {m: m.new_cache(SLOTS, LENGTH, paging) for m in (graphed, eager)}
     assert caches[graphed].scratch is not None and caches[eager].scratch is None
     rng = random.Random(4)
@@ -148,7 +150,7 @@ def check_padded_drafts(target, graphed, eager, paging, tolerance: float) -> set
                                        rtol=tolerance)
     shapes = set(graphed._graphs[caches[graphed]].replays)
     assert len({s.sequences for s in shapes}) > 2 and len({s.block for s in shapes}) > 2
-    return shapes
+    return graphed._graphs[caches[graphed]]
 
 
 def test_a_bad_block_length_is_refused_before_any_draft(trained_tiny):

@@ -18,7 +18,9 @@ without its capture.
 
 from __future__ import annotations
 
+import gc
 import os
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -95,6 +97,7 @@ class Recorder:
         self.copied = torch.cuda.Event() if self.capture else None  # the last copy out of `host`
         self.pool = torch.cuda.graph_pool_handle() if self.capture else None
         self.replays: dict[object, Replay] = {}
+        self.failures: list[str] = []  # captures CUDA refused (their shapes run eagerly)
         self.weights_key: list[tuple[int, int]] | None = None
 
     def context_bucket(self, need: int) -> int:
@@ -144,8 +147,19 @@ class Recorder:
             step(cache)
         torch.cuda.current_stream(self.device).wait_stream(side)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self.pool):
-            outputs = step(cache)
+        collecting = gc.isenabled()
+        gc.disable()  # a collection while capturing could free a dropped cache's graphs, which CUDA refuses then
+        try:
+            with torch.cuda.graph(graph, pool=self.pool):
+                outputs = step(cache)
+        except RuntimeError as exc:  # this shape runs eagerly from now on: slower, never wrong
+            self.failures.append(str(exc).splitlines()[0])
+            warnings.warn(f"adaflash: a step could not be recorded as a CUDA graph, it runs eagerly: {exc}",
+                          RuntimeWarning, stacklevel=2)
+            return Replay(None, step, None)
+        finally:
+            if collecting:
+                gc.enable()
         graph.replay()
         return Replay(graph, step, outputs)
 
