@@ -86,7 +86,10 @@ class Recorder:
     def __init__(self, models: list[torch.nn.Module], cache: KVCache, size: int) -> None:
         if cache.scratch is None:
             raise ValueError("graphed steps need a cache with a scratch page (KVCache(..., scratch=True))")
-        self.models = models
+        # Where each weight lives, resolved once: walking the modules for their parameters every step cost more
+        # host time than the replay itself (docs/results.md, round 23); a replaced parameter is still seen.
+        self.weights = [(m._parameters, n) for model in models for m in model.modules()
+                        for n, p in m._parameters.items() if p is not None]
         self.page, self.paged, self.scratch, self.max_context = cache.page, cache.paged, cache.scratch, cache.max_len
         self.device = cache.k.device
         self.capture = self.device.type == "cuda"
@@ -125,7 +128,7 @@ class Recorder:
     def replay(self, cache: KVCache, shape: object, make: Callable[[], Callable[[KVCache], tuple]]) -> tuple:
         """The outputs of the step of `shape` on the inputs just copied in: replayed, or recorded first (`make`
         builds the step)."""
-        key = [(p.data_ptr(), p._version) for m in self.models for p in m.parameters()]
+        key = [(held[n].data_ptr(), held[n]._version) for held, n in self.weights]
         if key != self.weights_key:  # a graph reads the weights it was recorded with: a load or an update drops all
             self.replays.clear()
             self.weights_key = key
