@@ -1,8 +1,8 @@
 #!/bin/bash
 # The GPU check, in the order that says most if it is cut short: the GPU tests, where a step's time goes
 # (bench_step: the forward's device time against the host's own work, per-operator device time; bench_graph_ceiling:
-# what the same layers cost replayed as a CUDA graph), the plan gate's
-# benchmark on the shared evaluation sets (adaflash against the best fixed mode, fp32, outputs equal to ar's up to
+# what the same layers cost replayed as a CUDA graph; bench_graphs: the engine with graphed steps against eager), the
+# plan gate's benchmark on the shared evaluation sets (adaflash against the best fixed mode, fp32, outputs equal to ar's up to
 # near-ties), then `adaflash bench` in bf16 on the tiny models. Each part is bounded (seconds in *_S) and writes
 # under OUT as it goes; a part that fails does not stop the next.
 #   make gpu-check                       (the project's venv; OUT=bench-out/gpu)
@@ -22,6 +22,8 @@ for c in 1 8; do
     --json "$OUT/step-c$c.json" 2>&1 | grep -v USDT | tail -4
 done
 timeout "${GRAPH_S:-90}" $PYTHON clients/bench_graph_ceiling.py "$OUT/graph-ceiling.json" 2>&1 | grep -v USDT | tail -6
+timeout "${GRAPHS_S:-150}" $PYTHON clients/bench_graphs.py --eval-data "$EVAL_DATA" --device cuda --dtype float32 \
+  --concurrency 1,8,32 --passes 2 --json "$OUT/graphs.json" 2>&1 | grep -v USDT | tail -12
 # GATE_ARGS narrows the gate benchmark where time is short (one set at a few loads with more rounds says more than
 # every set at two rounds: a GPU cell's rounds ranged 0.61-1.57 in round 22), e.g. "--domains code --concurrency 1,8
 # --repeats 4".
