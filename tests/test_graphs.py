@@ -125,21 +125,33 @@ def test_padded_drafts_match_the_eager_draft(trained_tiny, paging):
     check_padded_drafts(target, *drafter_twins(trained_tiny, heads=True), paging, tolerance=1e-4)
 
 
+def check_contexts_equal(graphed, eager, tolerance: float) -> None:
+    """Every slot's projected context, keys and values of every layer, up to its length."""
+    assert graphed.lengths == eager.lengths
+    for slot, length in enumerate(eager.lengths):
+        for store in ("k", "v"):
+            read = [cache.gather([slot], length) for cache in (graphed, eager)]
+            for layer in range(eager.k.shape[0]):
+                torch.testing.assert_close(read[0](getattr(graphed, store)[layer]),
+                                           read[1](getattr(eager, store)[layer]), atol=tolerance, rtol=tolerance)
+
+
 def check_padded_drafts(target, graphed, eager, paging, tolerance: float) -> graphs.DraftGraphs:
-    """Drafts for any subset of slots, every block length, over contexts grown step by step, give the eager
-    draft's tokens and (within rounding) its hidden states and heads' outputs. Returns the graphed drafter's
-    recorder."""
+    """Context projections of a step's size (a prompt's run eagerly) leave the eager projection's keys and
+    values, and drafts for any subset of slots, every block length, over those contexts give the eager draft's
+    tokens and (within rounding) its hidden states and heads' outputs. Returns the graphed drafter's recorder."""
     caches = {m: m.new_cache(SLOTS, LENGTH, paging) for m in (graphed, eager)}
     assert caches[graphed].scratch is not None and caches[eager].scratch is None
     rng = random.Random(4)
     width = graphed.fc.weight.shape[1]
     device = graphed.fc.weight.device
-    for step in range(12):
+    for step in range(10):
         slots = rng.sample(range(SLOTS), rng.randint(1, SLOTS))
-        counts = [rng.randint(1 if step else 5, 9) for _ in slots]
+        counts = [rng.randint(20, 40) if step == 0 else rng.randint(1, 12) for _ in slots]  # a prompt's, then steps'
         features = torch.randn(sum(counts), width, device=device)
         for m, cache in caches.items():
             m.append_context(cache, slots, features, counts)
+        check_contexts_equal(caches[graphed], caches[eager], tolerance)
         drafted = rng.sample(range(SLOTS), rng.randint(1, SLOTS))
         anchors = [rng.randrange(200) for _ in drafted]
         block = rng.randint(2, graphed.config.block_size)
@@ -149,7 +161,9 @@ def check_padded_drafts(target, graphed, eager, paging, tolerance: float) -> gra
             torch.testing.assert_close(getattr(out[graphed], field), getattr(out[eager], field), atol=tolerance,
                                        rtol=tolerance)
     shapes = set(graphed._graphs[caches[graphed]].replays)
-    assert len({s.sequences for s in shapes}) > 2 and len({s.block for s in shapes}) > 2
+    drafts = [s for s in shapes if isinstance(s, graphs.DraftShape)]
+    assert len({s.sequences for s in drafts}) > 2 and len({s.block for s in drafts}) > 2
+    assert len({s.positions for s in shapes if isinstance(s, graphs.ContextShape)}) > 2
     return graphed._graphs[caches[graphed]]
 
 
@@ -160,7 +174,7 @@ def test_a_bad_block_length_is_refused_before_any_draft(trained_tiny):
     for bad in (1, graphed.config.block_size + 1):
         with pytest.raises(ValueError, match="block_length"):
             graphed.draft(trained_tiny.target, cache, [0], [5], bad)
-    assert cache not in graphed._graphs or not graphed._graphs[cache].replays
+    assert not [s for s in graphed._graphs[cache].replays if isinstance(s, graphs.DraftShape)]
 
 
 @pytest.mark.parametrize("mode", MODE_NAMES)

@@ -294,7 +294,7 @@ class DFlashDrafter(nn.Module):
         if cfg.position_head:
             self.position_head = PositionHead(cfg.hidden_size, cfg.position_head_dim, cfg.block_size - 1)
         self.register_buffer("inv_freq", cfg.rope.inv_freq(), persistent=False)
-        self.step_graphs: bool | None = None  # drafts as CUDA graphs (`graphs.wanted`)
+        self.step_graphs: bool | None = None  # drafts and context projections as CUDA graphs (`graphs.wanted`)
         self._graphs: weakref.WeakKeyDictionary[KVCache, graphs.DraftGraphs] = weakref.WeakKeyDictionary()
 
     @property
@@ -357,24 +357,34 @@ class DFlashDrafter(nn.Module):
         starts = [cache.lengths[s] for s in slots]
         for s, st, n in zip(slots, starts, counts):
             cache.reserve(s, st + n)
-        positions, pages, offsets = cache.locate(slots, starts, counts, self.inv_freq.device)
-        fused = self.fuse(features.to(self.fc.weight))
+        recorder = self._recorder(cache)
+        if recorder is not None and recorder.fits(sum(counts)):
+            recorder.append(cache, slots, starts, counts, features.to(self.fc.weight))
+        else:
+            positions, pages, offsets = cache.locate(slots, starts, counts, self.inv_freq.device)
+            self.project_context(cache, positions, pages, offsets, features.to(self.fc.weight))
+        for s, n in zip(slots, counts):
+            cache.lengths[s] += n
+
+    def project_context(self, cache: KVCache, positions: Tensor, pages: Tensor, offsets: Tensor,
+                        features: Tensor) -> None:
+        """`append_context` with every index on the device: features [T, F] at `positions`, their keys and values
+        written to `pages` at `offsets` (what `graphs.DraftGraphs` records)."""
+        fused = self.fuse(features)
         cos, sin = self._rope(positions)
         for i, layer in enumerate(self.layers):
             k, v = layer.self_attn.project_kv(fused, cos, sin)
             cache.k[i][pages, :, offsets] = k
             cache.v[i][pages, :, offsets] = v
-        for s, n in zip(slots, counts):
-            cache.lengths[s] += n
 
     @torch.inference_mode()
     def draft(self, target: Transformer, cache: KVCache, slots: list[int], anchors: list[int],
               block_length: int | None = None) -> Draft:
         """Draft block_length - 1 tokens (default block_size - 1) after each anchor; the anchor sits right after
         the context cached in `cache`. A shorter block than trained costs less and drafts its first positions alike."""
-        recorder = self._draft_graphs(cache, target)
+        recorder = self._recorder(cache)
         if recorder is not None:
-            return Draft(*recorder.run(cache, slots, anchors, self.block_length(block_length)))
+            return Draft(*recorder.run(cache, target, slots, anchors, self.block_length(block_length)))
         lengths = [cache.lengths[s] for s in slots]
         device = cache.k.device
         return self.draft_gathered(target, cache, indices(anchors, device), indices(lengths, device),
@@ -387,13 +397,13 @@ class DFlashDrafter(nn.Module):
         ctx_kv = [(context(cache.k[i]), context(cache.v[i])) for i in range(len(self.layers))]
         return self.draft_block(target, self.block_ids(anchors, block_length), ctx_lens, ctx_kv)
 
-    def _draft_graphs(self, cache: KVCache, target: Transformer) -> graphs.DraftGraphs | None:
-        """This cache's graphed drafts (for `target`), made on its first draft; None where drafts run eagerly."""
+    def _recorder(self, cache: KVCache) -> graphs.DraftGraphs | None:
+        """This cache's graphed drafts and projections, made on first use; None where they run eagerly."""
         if cache.scratch is None or not graphs.wanted(self.step_graphs, cache.k.device):
             return None
         recorder = self._graphs.get(cache)
-        if recorder is None or recorder.target is not target:
-            recorder = self._graphs[cache] = graphs.DraftGraphs(self, target, cache)
+        if recorder is None:
+            recorder = self._graphs[cache] = graphs.DraftGraphs(self, cache)
         return recorder
 
     @torch.inference_mode()

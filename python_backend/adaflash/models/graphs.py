@@ -10,7 +10,7 @@ scratch page and reads nothing a real query sees, because every query attends on
 position in its own slot's pages. The target's graph covers the layers; the final norm and the LM head run
 eagerly on the real rows only, so that no graph holds a [tokens, vocab] output. A draft is padded alike (its
 sequences, and the context it reads); its graph covers the whole draft, the drafter's heads too, whose outputs
-are small. Projecting committed features into the drafter's context stays eager.
+are small; so is projecting committed features into the drafter's context (its positions padded).
 
 On a CPU (`step_graphs = True` on the model, for tests) the same padded step runs eagerly: the graph's math
 without its capture.
@@ -33,6 +33,7 @@ from adaflash.models.layers import Ragged
 
 MAX_NEW = 16  # new tokens per sequence a graphed step takes: decodes and verifies (prefills run eagerly)
 MIN_CONTEXT = 64
+MIN_POSITIONS = 16  # a context projection's smallest bucket
 ENV = "ADAFLASH_CUDA_GRAPHS"  # "0" turns graphed steps off on CUDA (the eager path, for comparison)
 
 
@@ -54,6 +55,11 @@ class StepShape:
     tokens: int  # per sequence
     context: int  # keys attended per sequence
     capture: tuple[int, ...]  # target layers whose outputs the step returns (the drafter's context)
+
+
+@dataclass(frozen=True)
+class ContextShape:
+    positions: int  # projected into the drafter's context
 
 
 @dataclass(frozen=True)
@@ -86,22 +92,32 @@ class Recorder:
     def __init__(self, models: list[torch.nn.Module], cache: KVCache, size: int) -> None:
         if cache.scratch is None:
             raise ValueError("graphed steps need a cache with a scratch page (KVCache(..., scratch=True))")
-        # Where each weight lives, resolved once: walking the modules for their parameters every step cost more
-        # host time than the replay itself (docs/results.md, round 23); a replaced parameter is still seen.
-        self.weights = [(m._parameters, n) for model in models for m in model.modules()
-                        for n, p in m._parameters.items() if p is not None]
+        self.watch(models)
         self.page, self.paged, self.scratch, self.max_context = cache.page, cache.paged, cache.scratch, cache.max_len
         self.device = cache.k.device
         self.capture = self.device.type == "cuda"
-        self.max_sequences = bucket(len(cache.lengths))
-        self.pages_per_row = -(-cache.max_len // cache.page)
         self.inputs = torch.zeros(size, dtype=torch.long, device=self.device)
         self.host = torch.zeros(size, dtype=torch.long, pin_memory=self.capture)
         self.copied = torch.cuda.Event() if self.capture else None  # the last copy out of `host`
         self.pool = torch.cuda.graph_pool_handle() if self.capture else None
         self.replays: dict[object, Replay] = {}
         self.failures: list[str] = []  # captures CUDA refused (their shapes run eagerly)
+
+    def watch(self, models: list[torch.nn.Module]) -> None:
+        """The models whose weights the graphs read: where each weight lives is resolved once (walking the modules
+        for their parameters every step cost more host time than a replay; docs/results.md, round 23), and a
+        replaced or updated parameter is still seen by `replay`, which then drops every graph."""
+        self.weights = [(m._parameters, n) for model in models for m in model.modules()
+                        for n, p in m._parameters.items() if p is not None]
         self.weights_key: list[tuple[int, int]] | None = None
+
+    def place(self, cache: KVCache, slot: int, start: int, count: int, at: int, positions: np.ndarray,
+              pages: np.ndarray, offsets: np.ndarray) -> None:
+        """Positions start.. of `slot` at rows at.. of a step's arrays, and where their keys and values go."""
+        where = np.arange(start, start + count)
+        positions[at : at + count] = where
+        pages[at : at + count] = np.asarray(cache.tables[slot])[where // self.page]
+        offsets[at : at + count] = where % self.page
 
     def context_bucket(self, need: int) -> int:
         return min(max(bucket(need), MIN_CONTEXT), self.max_context)
@@ -206,15 +222,10 @@ class StepGraphs(Recorder):
         ids[:], positions[:], pages[:], offsets[:], rows[:], table[:] = 0, 0, self.scratch, 0, 0, self.scratch
         real = 0
         for b, (slot, start, count, feed) in enumerate(zip(slots, starts, counts, tokens)):
-            at = slice(b * n, b * n + count)
-            where = np.arange(start, start + count)
-            held = cache.tables[slot]
-            ids[at] = feed
-            positions[at] = where
-            pages[at] = np.asarray(held)[where // self.page]
-            offsets[at] = where % self.page
+            ids[b * n : b * n + count] = feed
+            self.place(cache, slot, start, count, b * n, positions, pages, offsets)
             rows[real : real + count] = np.arange(b * n, b * n + count)
-            self.fill_table(table, b, held)
+            self.fill_table(table, b, cache.tables[slot])
             real += count
         self.copy_in(5 * len(ids) + table.size)
         return self._views(self.inputs, shape)[4][:real]
@@ -234,20 +245,31 @@ class StepGraphs(Recorder):
 
 
 class DraftGraphs(Recorder):
-    """The drafter's graphed drafts over its context cache. The input buffer holds, for a shape of n padded
-    sequences: anchors and context lengths ([n] each), then the page table ([n, pages]). A padded sequence has
-    no context (its block attends to itself)."""
+    """The drafter's graphed drafts and context projections over its context cache. For a draft of n padded
+    sequences the input buffer holds anchors and context lengths ([n] each), then the page table ([n, pages]); a
+    padded sequence has no context (its block attends to itself). For a projection of T padded positions it holds
+    their positions, pages and offsets ([T] each), and the features go to a buffer of their own; padded positions
+    project zeros into the scratch page. A projection of more positions than a step's (sequences x MAX_NEW, a
+    prompt's) runs eagerly."""
 
-    def __init__(self, drafter: torch.nn.Module, target: torch.nn.Module, cache: KVCache) -> None:
+    def __init__(self, drafter: torch.nn.Module, cache: KVCache) -> None:
         most = bucket(len(cache.lengths))
-        super().__init__([drafter, target], cache, 2 * most + most * -(-cache.max_len // cache.page))
-        self.drafter, self.target = drafter, target
+        self.max_positions = most * MAX_NEW
+        table = most * -(-cache.max_len // cache.page)
+        super().__init__([drafter], cache, max(2 * most + table, 3 * self.max_positions))
+        self.drafter, self.target = drafter, None
+        self.features = torch.zeros(self.max_positions, drafter.fc.weight.shape[1], dtype=drafter.fc.weight.dtype,
+                                    device=self.device)
 
-    def run(self, cache: KVCache, slots: list[int], anchors: list[int], block: int) -> tuple[Tensor | None, ...]:
+    def run(self, cache: KVCache, target: torch.nn.Module, slots: list[int], anchors: list[int],
+            block: int) -> tuple[Tensor | None, ...]:
         """The fields of the drafter's `Draft` for `slots` (see `DFlashDrafter.draft`), each a tensor of its own."""
+        if target is not self.target:  # the drafts read the target's embedding and LM head: record them again
+            self.target = target
+            self.watch([self.drafter, target])
         shape = DraftShape(bucket(len(slots)), block, self.context_bucket(max(cache.lengths[s] for s in slots)))
         host = self.host_buffer()
-        anchor_ids, lengths, table = (v.numpy() for v in self._views(host, shape))
+        anchor_ids, lengths, table = (v.numpy() for v in self._draft_views(host, shape))
         anchor_ids[:], lengths[:], table[:] = 0, 0, self.scratch
         for b, (slot, anchor) in enumerate(zip(slots, anchors)):
             anchor_ids[b], lengths[b] = anchor, cache.lengths[slot]
@@ -256,12 +278,36 @@ class DraftGraphs(Recorder):
         outputs = self.replay(cache, shape, lambda: self._draft(shape))
         return tuple(None if t is None else t[: len(slots)].clone() for t in outputs)
 
-    def _views(self, buffer: Tensor, shape: DraftShape) -> tuple[Tensor, Tensor, Tensor]:
+    def fits(self, positions: int) -> bool:
+        return positions <= self.max_positions
+
+    def append(self, cache: KVCache, slots: list[int], starts: list[int], counts: list[int], features: Tensor) -> None:
+        """Project `features` (packed, counts[b] positions of slots[b] from starts[b], on the device in the
+        drafter's dtype) into the cache; the caller reserved the positions and keeps the lengths."""
+        total = sum(counts)
+        shape = ContextShape(max(bucket(total), MIN_POSITIONS))
+        host = self.host_buffer()
+        positions, pages, offsets = (v.numpy() for v in self._context_views(host, shape))
+        positions[:], pages[:], offsets[:] = 0, self.scratch, 0
+        at = 0
+        for slot, start, count in zip(slots, starts, counts):
+            self.place(cache, slot, start, count, at, positions, pages, offsets)
+            at += count
+        self.copy_in(3 * shape.positions)
+        self.features[:total].copy_(features)
+        self.features[total : shape.positions].zero_()
+        self.replay(cache, shape, lambda: self._append(shape))
+
+    def _draft_views(self, buffer: Tensor, shape: DraftShape) -> tuple[Tensor, Tensor, Tensor]:
         n, p = shape.sequences, -(-shape.context // self.page)
         return buffer[:n], buffer[n : 2 * n], buffer[2 * n : 2 * n + n * p].view(n, p)
 
+    def _context_views(self, buffer: Tensor, shape: ContextShape) -> tuple[Tensor, Tensor, Tensor]:
+        t = shape.positions
+        return buffer[:t], buffer[t : 2 * t], buffer[2 * t : 3 * t]
+
     def _draft(self, shape: DraftShape) -> Callable[[KVCache], tuple[Tensor | None, ...]]:
-        anchors, lengths, table = self._views(self.inputs, shape)
+        anchors, lengths, table = self._draft_views(self.inputs, shape)
         context = self.context(table, shape.context)
 
         def draft(cache: KVCache) -> tuple[Tensor | None, ...]:
@@ -269,3 +315,13 @@ class DraftGraphs(Recorder):
             return d.tokens, d.hidden, d.accept_ratio, d.accept_rates
 
         return draft
+
+    def _append(self, shape: ContextShape) -> Callable[[KVCache], tuple]:
+        positions, pages, offsets = self._context_views(self.inputs, shape)
+        features = self.features[: shape.positions]
+
+        def append(cache: KVCache) -> tuple:
+            self.drafter.project_context(cache, positions, pages, offsets, features)
+            return ()
+
+        return append
