@@ -1,4 +1,5 @@
-"""The target's decode and verify steps, and the drafter's drafts, replayed as CUDA graphs.
+"""The target's decode and verify steps, the drafter's drafts and its context projections, replayed as CUDA
+graphs.
 
 Why: on a GPU a small model's eager step is bound by the host issuing its kernels, a few hundred a forward,
 while the device computes for a fraction of that time (docs/results.md, "GPU, round 22" and "round 23"). A
