@@ -203,3 +203,34 @@ def test_a_cache_and_its_recorded_steps_are_freed_together(trained_tiny):
     del cache
     gc.collect()
     assert len(graphed._graphs) == 0
+
+
+def test_the_gate_learns_nothing_from_a_step_that_recorded_a_shape(trained_tiny, monkeypatch):
+    """A step that meets a shape for the first time pays its capture on a GPU (tens of replays' time): the plan
+    gate, which follows whichever arm commits more tokens per millisecond, must not take it for the arm's speed."""
+    graphed, _ = twins(trained_tiny)
+    engine = Engine(graphed, trained_tiny.drafter, num_slots=8, max_len=MAX_LEN, cost_model=fixed_costs())
+    recorded_in_step = []
+    record, step, observe = graphs.Recorder._record, engine.scheduler.step, engine.scheduler.gate.observe
+
+    def recording(self, cache, run):
+        recorded_in_step.append(True)
+        return record(self, cache, run)
+
+    async def stepping():
+        recorded_in_step.clear()
+        return await step()
+
+    observed = []
+
+    def observing(arm, tokens, ms):
+        observed.append(bool(recorded_in_step))
+        observe(arm, tokens, ms)
+
+    monkeypatch.setattr(graphs.Recorder, "_record", recording)
+    monkeypatch.setattr(engine.scheduler, "step", stepping)
+    monkeypatch.setattr(engine.scheduler.gate, "observe", observing)
+    prompts = random_prompts(16, seed=12)
+    for _ in range(2):  # the second pass meets (almost) no new shape: the gate learns from its steps
+        engine.generate([Request(p, MAX_TOKENS, mode="adaflash", stop_ids=()) for p in prompts], concurrency=8)
+    assert graphs.recordings() > 0 and observed and not any(observed)

@@ -28,6 +28,7 @@ from adaflash.decoding.modes import Length, Mode, get_mode
 from adaflash.decoding.planner import Candidate, Plan, Planner
 from adaflash.decoding.sequence import Request, Sequence, StepRecord, draft_cap
 from adaflash.decoding.steps import StepResult, StopEarly
+from adaflash.models import graphs
 from adaflash.models.cache import Paging
 
 if TYPE_CHECKING:
@@ -157,7 +158,7 @@ class Scheduler:
         steps where every running sequence decodes plainly (`_runs`); retire the finished.
 
         Returns the sequences that changed (admitted, advanced, finished or failed)."""
-        started, self._forwards_ms = time.perf_counter(), 0.0
+        started, self._forwards_ms, recorded = time.perf_counter(), 0.0, graphs.recordings()
         active = [s for s in self.running.values() if not s.finished]
         admitted = self._admit()
         arm = self._arm(active)
@@ -169,7 +170,8 @@ class Scheduler:
             feeds, copied = await self._propose(active, arm) if active else ([], {})
             if admitted or active:
                 await self._forward(admitted, active, feeds, copied)
-        if active and not admitted:  # a prefill's time is not the step's own
+        # A prefill's time is not the step's own, nor a graph's first recording (tens of times a replay's).
+        if active and not admitted and graphs.recordings() == recorded:
             # From the previous step's end: what the caller does between steps (a server's responses and checks) is
             # paid per call too, so plain decoding's runs and the gate weigh it.
             ms = (time.perf_counter() - (self._mark or started)) * 1000

@@ -45,6 +45,13 @@ def wanted(choice: bool | None, device: torch.device) -> bool:
     return device.type == "cuda" and os.environ.get(ENV, "1") != "0"
 
 
+def recordings() -> int:
+    """Shapes met for the first time in this process (recorded on CUDA): a step that met one also paid its capture,
+    tens of milliseconds against a replay's one, so whoever learns from a step's time leaves that step out (the
+    scheduler's gate does)."""
+    return Recorder.recorded
+
+
 def bucket(n: int) -> int:
     """The power of two a count is padded to."""
     return 1 << max(n - 1, 0).bit_length()
@@ -89,6 +96,8 @@ class Recorder:
     they were recorded with. One per (model, cache); `Transformer` and `DFlashDrafter` keep theirs keyed weakly
     by the cache, and a recorder holds no reference to the cache (it is passed to `run`), so that both are freed
     with the cache."""
+
+    recorded = 0  # shapes met for the first time, by every recorder of the process (`recordings`)
 
     def __init__(self, models: list[torch.nn.Module], cache: KVCache, size: int) -> None:
         if cache.scratch is None:
@@ -151,6 +160,7 @@ class Recorder:
             self.weights_key = key
         replay = self.replays.get(shape)
         if replay is None:
+            Recorder.recorded += 1
             replay = self.replays[shape] = self._record(cache, make())
         elif replay.graph is not None:
             replay.graph.replay()
