@@ -180,7 +180,9 @@ class Recorder:
         collecting = gc.isenabled()
         gc.disable()  # a collection while capturing could free a dropped cache's graphs, which CUDA refuses then
         try:
-            with torch.cuda.graph(graph, pool=self.pool):
+            # thread_local: a served target records on a thread of its own while the server's other threads may copy
+            # tensors; only this thread's calls may not break the capture (and theirs are not refused meanwhile).
+            with torch.cuda.graph(graph, pool=self.pool, capture_error_mode="thread_local"):
                 outputs = step(cache)
         except RuntimeError as exc:  # this shape runs eagerly from now on: slower, never wrong
             self.failures.append(str(exc).splitlines()[0])
