@@ -52,9 +52,9 @@ def set_graphs(target: torch.nn.Module, drafter: torch.nn.Module | None, graphed
 def capture_failures(engine: Engine) -> list[str]:
     """What CUDA refused to record for this engine's caches (those shapes ran eagerly)."""
     backend = engine.backend
-    recorders = [engine.target._graphs.get(backend.cache)]
+    recorders = [engine.target.recorders.get(backend.cache)]
     if backend.drafter is not None:
-        recorders.append(backend.drafter._graphs.get(backend.context))
+        recorders.append(backend.drafter.recorders.get(backend.context))
     return [f for r in recorders if r is not None for f in r.failures]
 
 

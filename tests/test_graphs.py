@@ -7,6 +7,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import gc
+import pickle
 import random
 
 import pytest
@@ -97,21 +98,21 @@ def check_padded_steps(graphed, eager, paging, tolerance: float) -> graphs.StepG
             keep = caches[eager].lengths[s] - rng.randint(0, len(feeds[slots.index(s)]) - 1)
             for cache in caches.values():
                 cache.truncate(s, keep)
-        shapes |= set(graphed._graphs[caches[graphed]].replays)
+        shapes |= set(graphed.recorders.get(caches[graphed]).replays)
     assert len({s.sequences for s in shapes}) > 2 and len({s.tokens for s in shapes}) > 2
     assert any(s.capture for s in shapes) and any(not s.capture for s in shapes)
     assert any(s.context == LENGTH for s in shapes)
     open_slots = [s for s in range(SLOTS) if caches[eager].lengths[s] < LENGTH]
     last = {m: m.forward(cache, open_slots, [[7]] * len(open_slots)).logits for m, cache in caches.items()}
     torch.testing.assert_close(last[graphed], last[eager], atol=tolerance, rtol=tolerance)
-    return graphed._graphs[caches[graphed]]
+    return graphed.recorders.get(caches[graphed])
 
 
 def test_a_weight_update_drops_the_recorded_steps(trained_tiny):
     graphed, _ = twins(trained_tiny)
     cache = graphed.new_cache(2, 40)
     graphed.forward(cache, [0, 1], [[1, 2, 3], [4, 5]])
-    stepper = graphed._graphs[cache]
+    stepper = graphed.recorders.get(cache)
     assert stepper.replays
     with torch.no_grad():
         graphed.model.norm.weight.mul_(1.0)
@@ -160,11 +161,11 @@ def check_padded_drafts(target, graphed, eager, paging, tolerance: float) -> gra
         for field in ("hidden", "accept_ratio", "accept_rates"):
             torch.testing.assert_close(getattr(out[graphed], field), getattr(out[eager], field), atol=tolerance,
                                        rtol=tolerance)
-    shapes = set(graphed._graphs[caches[graphed]].replays)
+    shapes = set(graphed.recorders.get(caches[graphed]).replays)
     drafts = [s for s in shapes if isinstance(s, graphs.DraftShape)]
     assert len({s.sequences for s in drafts}) > 2 and len({s.block for s in drafts}) > 2
     assert len({s.positions for s in shapes if isinstance(s, graphs.ContextShape)}) > 2
-    return graphed._graphs[caches[graphed]]
+    return graphed.recorders.get(caches[graphed])
 
 
 def test_a_bad_block_length_is_refused_before_any_draft(trained_tiny):
@@ -174,7 +175,7 @@ def test_a_bad_block_length_is_refused_before_any_draft(trained_tiny):
     for bad in (1, graphed.config.block_size + 1):
         with pytest.raises(ValueError, match="block_length"):
             graphed.draft(trained_tiny.target, cache, [0], [5], bad)
-    assert not [s for s in graphed._graphs[cache].replays if isinstance(s, graphs.DraftShape)]
+    assert not [s for s in graphed.recorders.get(cache).replays if isinstance(s, graphs.DraftShape)]
 
 
 @pytest.mark.parametrize("mode", MODE_NAMES)
@@ -188,21 +189,22 @@ def test_graphed_decoding_is_lossless(trained_tiny, mode):
     engine = Engine(graphed, drafter, num_slots=8, max_len=MAX_LEN, cost_model=fixed_costs(), plan_gate=False)
     seqs = engine.generate([Request(p, MAX_TOKENS, mode=mode, stop_ids=()) for p in prompts], concurrency=8)
     assert [s.output for s in seqs] == reference
-    assert graphed._graphs[engine.cache].replays
+    assert graphed.recorders.get(engine.cache).replays
     if mode != "ar":
-        assert mode == "ngram" or drafter._graphs[engine.context].replays
+        assert mode == "ngram" or drafter.recorders.get(engine.context).replays
 
 
 def test_a_cache_and_its_recorded_steps_are_freed_together(trained_tiny):
     """The target keys its graphed steps by cache, weakly: an engine's or a cost measurement's cache, once
-    dropped, takes its graphs (and on a GPU their memory) with it."""
+    dropped, takes its graphs (and on a GPU their memory) with it; a copy of the model starts with none."""
     graphed, _ = twins(trained_tiny)
     cache = graphed.new_cache(2, 40)
     graphed.forward(cache, [0, 1], [[1, 2, 3], [4, 5]])
-    assert len(graphed._graphs) == 1
+    assert len(graphed.recorders) == 1
+    assert len(copy.deepcopy(graphed).recorders) == len(pickle.loads(pickle.dumps(graphed)).recorders) == 0
     del cache
     gc.collect()
-    assert len(graphed._graphs) == 0
+    assert len(graphed.recorders) == 0
 
 
 def test_the_gate_learns_nothing_from_a_step_that_recorded_a_shape(trained_tiny, monkeypatch):

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import copy
 import importlib.util
-import weakref
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -295,7 +294,7 @@ class DFlashDrafter(nn.Module):
             self.position_head = PositionHead(cfg.hidden_size, cfg.position_head_dim, cfg.block_size - 1)
         self.register_buffer("inv_freq", cfg.rope.inv_freq(), persistent=False)
         self.step_graphs: bool | None = None  # drafts and context projections as CUDA graphs (`graphs.wanted`)
-        self._graphs: weakref.WeakKeyDictionary[KVCache, graphs.DraftGraphs] = weakref.WeakKeyDictionary()
+        self.recorders = graphs.Recorders(graphs.DraftGraphs)
 
     @property
     def length_head(self) -> LengthHead | None:
@@ -357,7 +356,7 @@ class DFlashDrafter(nn.Module):
         starts = [cache.lengths[s] for s in slots]
         for s, st, n in zip(slots, starts, counts):
             cache.reserve(s, st + n)
-        recorder = self._recorder(cache)
+        recorder = self.recorders.of(self, cache)
         if recorder is not None and recorder.fits(sum(counts)):
             recorder.append(cache, slots, starts, counts, features.to(self.fc.weight))
         else:
@@ -382,7 +381,7 @@ class DFlashDrafter(nn.Module):
               block_length: int | None = None) -> Draft:
         """Draft block_length - 1 tokens (default block_size - 1) after each anchor; the anchor sits right after
         the context cached in `cache`. A shorter block than trained costs less and drafts its first positions alike."""
-        recorder = self._recorder(cache)
+        recorder = self.recorders.of(self, cache)
         if recorder is not None:
             return Draft(*recorder.run(cache, target, slots, anchors, self.block_length(block_length)))
         lengths = [cache.lengths[s] for s in slots]
@@ -396,15 +395,6 @@ class DFlashDrafter(nn.Module):
         cache (what `graphs.DraftGraphs` records)."""
         ctx_kv = [(context(cache.k[i]), context(cache.v[i])) for i in range(len(self.layers))]
         return self.draft_block(target, self.block_ids(anchors, block_length), ctx_lens, ctx_kv)
-
-    def _recorder(self, cache: KVCache) -> graphs.DraftGraphs | None:
-        """This cache's graphed drafts and projections, made on first use; None where they run eagerly."""
-        if cache.scratch is None or not graphs.wanted(self.step_graphs, cache.k.device):
-            return None
-        recorder = self._graphs.get(cache)
-        if recorder is None:
-            recorder = self._graphs[cache] = graphs.DraftGraphs(self, cache)
-        return recorder
 
     @torch.inference_mode()
     def draft_uncached(self, target: Transformer, features: Tensor, anchor: int) -> Draft:

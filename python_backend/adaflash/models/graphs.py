@@ -22,6 +22,7 @@ from __future__ import annotations
 import gc
 import os
 import warnings
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -93,9 +94,8 @@ class StepOutput:
 class Recorder:
     """What the target's and the drafter's graphs share: the input buffer (one long tensor on the device, filled
     from a pinned twin in one copy a step), the graphs by shape, a memory pool for all of them, and the weights
-    they were recorded with. One per (model, cache); `Transformer` and `DFlashDrafter` keep theirs keyed weakly
-    by the cache, and a recorder holds no reference to the cache (it is passed to `run`), so that both are freed
-    with the cache."""
+    they were recorded with. One per (model, cache), kept by the model's `Recorders`; it holds no reference to
+    the cache (the cache is passed to each call)."""
 
     recorded = 0  # shapes met for the first time, by every recorder of the process (`recordings`)
 
@@ -194,6 +194,34 @@ class Recorder:
                 gc.enable()
         graph.replay()
         return Replay(graph, step, outputs)
+
+
+class Recorders:
+    """A model's recorders, one per cache it runs over, made on first use. Keyed weakly by the cache (a recorder
+    holds no cache), so a dropped cache frees its graphs; a copied model starts with none."""
+
+    def __init__(self, kind: type[Recorder]) -> None:
+        self.kind = kind
+        self.by_cache: weakref.WeakKeyDictionary[KVCache, Recorder] = weakref.WeakKeyDictionary()
+
+    def of(self, model: torch.nn.Module, cache: KVCache) -> Recorder | None:
+        """`model`'s recorder over `cache`; None where its steps run eagerly (`wanted`, and a cache made for it)."""
+        if cache.scratch is None or not wanted(model.step_graphs, cache.k.device):
+            return None
+        recorder = self.by_cache.get(cache)
+        if recorder is None:
+            recorder = self.by_cache[cache] = self.kind(model, cache)
+        return recorder
+
+    def get(self, cache: KVCache) -> Recorder | None:
+        return self.by_cache.get(cache)
+
+    def __len__(self) -> int:
+        return len(self.by_cache)
+
+    def __reduce__(self) -> tuple:
+        """A copied or pickled model's recorders start empty: graphs belong to this process's caches."""
+        return Recorders, (self.kind,)
 
 
 class StepGraphs(Recorder):

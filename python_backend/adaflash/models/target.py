@@ -7,7 +7,6 @@ Parameter names match Hugging Face checkpoints, so `model.safetensors` loads as 
 
 from __future__ import annotations
 
-import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -287,7 +286,7 @@ class Transformer(nn.Module):
         self._layer_parameters: list[tuple[nn.Module, str]] | None = None  # what keys `_native_layers`
         self._native_layers: tuple[list, native.Layers | None] | None = None
         self.step_graphs: bool | None = None  # decode and verify steps as CUDA graphs (`graphs.wanted`)
-        self._graphs: weakref.WeakKeyDictionary[KVCache, graphs.StepGraphs] = weakref.WeakKeyDictionary()
+        self.recorders = graphs.Recorders(graphs.StepGraphs)
 
     @classmethod
     def from_pretrained(cls, path: str | Path, place: Placement = CPU) -> "Transformer":
@@ -338,7 +337,7 @@ class Transformer(nn.Module):
         starts = [cache.lengths[s] for s in slots]
         for s, st, c in zip(slots, starts, counts):
             cache.reserve(s, st + c)
-        stepper = self._step_graphs(cache) if logit_rows is None else None
+        stepper = self.recorders.of(self, cache) if logit_rows is None else None
         if stepper is not None and stepper.fits(counts):
             step = stepper.run(cache, slots, starts, counts, tokens, capture_layers)
             out = ForwardOutput(self.logits(step.x), step.hidden)
@@ -389,15 +388,6 @@ class Transformer(nn.Module):
         already on the device (what `graphs.StepGraphs` records): one attention group under `mask`."""
         group = AttentionGroup(slice(None), context, ragged, context.length, mask)
         return self.forward_layers(ForwardBatch(positions, pages, offsets, [group]), ids, cache, capture_layers)
-
-    def _step_graphs(self, cache: KVCache) -> graphs.StepGraphs | None:
-        """This cache's graphed steps, made on its first step; None where steps run eagerly."""
-        if cache.scratch is None or not graphs.wanted(self.step_graphs, cache.k.device):
-            return None
-        stepper = self._graphs.get(cache)
-        if stepper is None:
-            stepper = self._graphs[cache] = graphs.StepGraphs(self, cache)
-        return stepper
 
     def _fused_layers(self, fb: ForwardBatch) -> native.Layers | None:
         """The layers' weights for `native.decode_layers` when this forward can take it: a decode or verify step
