@@ -22,13 +22,12 @@ import torch
 from adaflash.cli_args import add_placement_args
 from adaflash.decoding.engine import Engine
 from adaflash.decoding.sequence import Request, context_length
-from adaflash.evaluation.bench import departure_gap
-from adaflash.evaluation.prompts import encode_prompts, load_prompts, read_jsonl
+from adaflash.evaluation.bench import departures
 from adaflash.models.bundle import load_bundle
 from adaflash.models.drafter import block_size_of
 from adaflash.models.placement import placement
+from bench_step import SHARED_DATA, code_prompts
 
-SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 ARMS = ("eager", "graphs")
 
 
@@ -63,7 +62,7 @@ def worst_gap(target: torch.nn.Module, prompts: list[list[int]], reference: list
     """The largest logit gap (a fraction of the largest logit) where an output first leaves the reference; 0 when
     every output equals it."""
     target.step_graphs = False
-    return max((departure_gap(target, p, r, o) for p, r, o in zip(prompts, reference, outputs) if r != o), default=0.0)
+    return max(departures(target, prompts, reference, outputs), default=0.0)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -81,10 +80,7 @@ def main(argv: list[str] | None = None) -> int:
     bundle = load_bundle(args.model_dir, place=place)
     target = bundle.target
     levels = [int(c) for c in args.concurrency.split(",")]
-    humaneval = args.eval_data / "eval" / "humaneval.jsonl"
-    count = max(max(levels), 8)
-    texts = read_jsonl(humaneval)[:count] if humaneval.exists() else load_prompts(None, count)
-    ids = encode_prompts(bundle.tokenizer, texts, 512)
+    ids = code_prompts(bundle, args.eval_data, max(max(levels), 8))
     max_len = context_length([len(i) for i in ids], args.max_tokens, block_size_of(bundle.drafter))
     report = {"torch": torch.__version__, "device": str(place.device), "dtype": place.dtype_name,
               "max_tokens": args.max_tokens, "passes": args.passes, "rows": []}
@@ -99,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
             rates = {arm: [] for arm in ARMS}
             outputs = {}
             for arm in ARMS:  # warm-up: records the graphs of the shapes this workload meets
-                timed_generate(engines[arm], arm == "graphs", prompts[:c], mode, 16, c)
+                timed_generate(engines[arm], arm == "graphs", prompts[:c], mode, min(16, args.max_tokens), c)
             for _ in range(args.passes):
                 for arm in ARMS:
                     rate, outputs[arm] = timed_generate(engines[arm], arm == "graphs", prompts, mode, args.max_tokens,

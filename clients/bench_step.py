@@ -34,7 +34,7 @@ from adaflash.cli_args import add_placement_args
 from adaflash.decoding.engine import Engine
 from adaflash.decoding.sequence import Request, context_length
 from adaflash.evaluation.prompts import encode_prompts, load_prompts, read_jsonl
-from adaflash.models.bundle import load_bundle
+from adaflash.models.bundle import Bundle, load_bundle
 from adaflash.models.drafter import block_size_of
 from adaflash.models.placement import placement
 
@@ -158,6 +158,13 @@ def op_profile(engine: Engine, prompts: list[list[int]], mode: str, steps: int) 
         {"top_device": top(device), "device_us_per_step": round(sum(device.values()) / done, 1)} if gpu else {})
 
 
+def code_prompts(bundle: Bundle, eval_data: Path, n: int) -> list[list[int]]:
+    """`n` code prompts as token ids: HumanEval's from the shared data when present, else the built-in ones."""
+    humaneval = eval_data / "eval" / "humaneval.jsonl"
+    texts = read_jsonl(humaneval)[:n] if humaneval.exists() else load_prompts(None, n)
+    return encode_prompts(bundle.tokenizer, texts, 512)
+
+
 def git_revision() -> str:
     import adaflash
 
@@ -184,9 +191,7 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:
         raise SystemExit(f"error: --{exc}") from None
     bundle = load_bundle(args.model_dir, place=place)
-    humaneval = args.eval_data / "eval" / "humaneval.jsonl"
-    texts = read_jsonl(humaneval)[: args.prompts] if humaneval.exists() else load_prompts(None, args.prompts)
-    ids = encode_prompts(bundle.tokenizer, texts, 512)
+    ids = code_prompts(bundle, args.eval_data, args.prompts)
     max_len = context_length([len(i) for i in ids], args.max_tokens, block_size_of(bundle.drafter))
     engine = Engine(bundle.target, bundle.drafter, num_slots=args.concurrency, max_len=max_len)
     clock = ForwardClock(engine)
@@ -195,7 +200,7 @@ def main(argv: list[str] | None = None) -> int:
               "concurrency": args.concurrency, "prompts": len(ids), "max_tokens": args.max_tokens, "modes": {}}
     c = args.concurrency
     for mode in args.modes.split(","):
-        run_steps(engine, clock, ids[:2 * c], mode, 16, c)  # warm-up
+        run_steps(engine, clock, ids[:2 * c], mode, min(16, args.max_tokens), c)  # warm-up
         runs = [run_steps(engine, clock, ids, mode, args.max_tokens, c) for _ in range(args.repeats)]
         best = max(runs, key=lambda r: r["tokens_per_s_end_to_end"])
         best["tokens_per_s_unclocked"] = max(run_unclocked(engine, clock, ids, mode, args.max_tokens, c)

@@ -88,13 +88,17 @@ class KVCache:
 
     def locate(self, slots: list[int], starts: list[int], counts: list[int],
                device: torch.device) -> tuple[Tensor, Tensor, Tensor]:
-        """The `counts[b]` new positions from `starts[b]` of `slots[b]`, and where they go: their pages and offsets,
-        [T] each (one copy to the device for the three)."""
+        """`where`'s three on `device`, [T] each (one copy for the three)."""
+        found = indices(list(self.where(slots, starts, counts)), device)
+        return found[0], found[1], found[2]
+
+    def where(self, slots: list[int], starts: list[int], counts: list[int]) -> tuple[list[int], list[int], list[int]]:
+        """The `counts[b]` new positions from `starts[b]` of `slots[b]`, packed, and where they go: their pages and
+        offsets (the caller reserved them)."""
         positions = [st + j for st, c in zip(starts, counts) for j in range(c)]
         owners = [s for s, c in zip(slots, counts) for _ in range(c)]
         pages = [self.tables[s][p // self.page] for s, p in zip(owners, positions)]
-        found = indices([positions, pages, [p % self.page for p in positions]], device)
-        return found[0], found[1], found[2]
+        return positions, pages, [p % self.page for p in positions]
 
     def gather(self, slots: list[int], length: int) -> "Gather":
         """What attention reads of `slots`: their first `length` positions, found once for every layer of a

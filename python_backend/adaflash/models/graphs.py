@@ -121,14 +121,6 @@ class Recorder:
                         for n, p in m._parameters.items() if p is not None]
         self.weights_key: list[tuple[int, int]] | None = None
 
-    def place(self, cache: KVCache, slot: int, start: int, count: int, at: int, positions: np.ndarray,
-              pages: np.ndarray, offsets: np.ndarray) -> None:
-        """Positions start.. of `slot` at rows at.. of a step's arrays, and where their keys and values go."""
-        where = np.arange(start, start + count)
-        positions[at : at + count] = where
-        pages[at : at + count] = np.asarray(cache.tables[slot])[where // self.page]
-        offsets[at : at + count] = where % self.page
-
     def context_bucket(self, need: int) -> int:
         return min(max(bucket(need), MIN_CONTEXT), self.max_context)
 
@@ -263,8 +255,9 @@ class StepGraphs(Recorder):
         ids[:], positions[:], pages[:], offsets[:], rows[:], table[:] = 0, 0, self.scratch, 0, 0, self.scratch
         real = 0
         for b, (slot, start, count, feed) in enumerate(zip(slots, starts, counts, tokens)):
-            ids[b * n : b * n + count] = feed
-            self.place(cache, slot, start, count, b * n, positions, pages, offsets)
+            at = slice(b * n, b * n + count)
+            ids[at] = feed
+            positions[at], pages[at], offsets[at] = cache.where([slot], [start], [count])
             rows[real : real + count] = np.arange(b * n, b * n + count)
             self.fill_table(table, b, cache.tables[slot])
             real += count
@@ -330,10 +323,7 @@ class DraftGraphs(Recorder):
         host = self.host_buffer()
         positions, pages, offsets = (v.numpy() for v in self._context_views(host, shape))
         positions[:], pages[:], offsets[:] = 0, self.scratch, 0
-        at = 0
-        for slot, start, count in zip(slots, starts, counts):
-            self.place(cache, slot, start, count, at, positions, pages, offsets)
-            at += count
+        positions[:total], pages[:total], offsets[:total] = cache.where(slots, starts, counts)
         self.copy_in(3 * shape.positions)
         self.features[:total].copy_(features)
         self.features[total : shape.positions].zero_()
