@@ -63,10 +63,26 @@ class ForwardClock:
         return out
 
 
+class DraftClock:
+    """Keeps the milliseconds of every draft call (the backend times it to the device's end, context appends
+    included): with a cheap target step the drafter's share is what decides whether drafting pays."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.backend, self.inner, self.ms = engine.backend, engine.backend.draft, []
+
+        async def timed(*args, **kwargs):
+            out = await self.inner(*args, **kwargs)
+            self.ms.append(out.ms)
+            return out
+
+        self.backend.draft = timed
+
+
 def run_steps(engine: Engine, clock: ForwardClock, prompts: list[list[int]], mode: str, max_tokens: int,
-              concurrency: int = 1) -> dict:
-    """The prompts `concurrency` at a time; each group's first step (its prefill) is left out of the step figures."""
-    step_ms, forward_ms, tokens, wall = [], [], 0, 0.0
+              concurrency: int = 1, drafts: DraftClock | None = None) -> dict:
+    """The prompts `concurrency` at a time; each group's first step (its prefill) is left out of the step figures.
+    With `drafts`, the drafts' time too: their median over the steps that drafted, and those steps' share."""
+    step_ms, forward_ms, draft_ms, tokens, wall = [], [], [], 0, 0.0
     groups = [prompts[i:i + concurrency] for i in range(0, len(prompts), concurrency)]
     for group in groups:
         seqs = [engine.submit(Request(ids, max_tokens, mode=mode)) for ids in group]
@@ -74,10 +90,14 @@ def run_steps(engine: Engine, clock: ForwardClock, prompts: list[list[int]], mod
         engine.step()
         while engine.has_work:
             clock.ms.clear()
+            if drafts is not None:
+                drafts.ms.clear()
             s0 = time.perf_counter()
             engine.step()
             step_ms.append((time.perf_counter() - s0) * 1000)
             forward_ms.append(sum(clock.ms))
+            if drafts is not None and drafts.ms:
+                draft_ms.append(sum(drafts.ms))
         engine.backend.place.synchronize()
         wall += time.perf_counter() - t0
         tokens += sum(len(s.output) for s in seqs)
@@ -85,7 +105,9 @@ def run_steps(engine: Engine, clock: ForwardClock, prompts: list[list[int]], mod
     return {"steps": len(step_ms), "output_tokens": tokens, "tokens_per_s_end_to_end": round(tokens / wall, 2),
             "step_ms_median": round(step, 3), "forward_ms_median": round(forward, 3),
             "rest_ms_median": round(step - forward, 3),
-            "tokens_per_step": round(tokens / (len(step_ms) + len(groups)), 3)}
+            "tokens_per_step": round(tokens / (len(step_ms) + len(groups)), 3)} | (
+        {"draft_ms_median": round(statistics.median(draft_ms), 3),
+         "drafting_share": round(len(draft_ms) / len(step_ms), 3)} if draft_ms else {})
 
 
 def run_unclocked(engine: Engine, clock: ForwardClock, prompts: list[list[int]], mode: str, max_tokens: int,
@@ -123,7 +145,9 @@ def decode_all(engine: Engine) -> int:
 
 def host_profile(engine: Engine, prompts: list[list[int]], mode: str, steps: int) -> dict:
     """Python functions per decode step by their own time (cProfile), top 15: what the host does around the
-    operators (on the first GPU run, an index tensor made from a list by every layer showed up here first)."""
+    operators (on the first GPU run, an index tensor made from a list by every layer showed up here first); and
+    the project's own functions by their time with what they call, top 25, which says which part of a step holds
+    the time (on a GPU a function that reads the device back also holds the device work queued before it)."""
     prefill(engine, prompts, mode, steps)
     prof = cProfile.Profile()
     prof.enable()
@@ -131,10 +155,15 @@ def host_profile(engine: Engine, prompts: list[list[int]], mode: str, steps: int
     prof.disable()
     stats = pstats.Stats(prof).stats  # (file, line, name) -> (primitive calls, calls, own s, cumulative s, callers)
     top = sorted(stats.items(), key=lambda item: item[1][2], reverse=True)[:15]
+    ours = sorted(((k, v) for k, v in stats.items() if "adaflash" in k[0]), key=lambda item: item[1][3], reverse=True)
     return {"steps": done, "top": [{"function": f"{Path(file).name}:{line}({name})",
                                     "calls_per_step": round(calls / done, 1),
                                     "self_us_per_step": round(own / done * 1e6, 1)}
-                                   for (file, line, name), (_, calls, own, _, _) in top]}
+                                   for (file, line, name), (_, calls, own, _, _) in top],
+            "top_cumulative": [{"function": f"{Path(file).name}:{line}({name})",
+                                "calls_per_step": round(calls / done, 1),
+                                "cumulative_us_per_step": round(cum / done * 1e6, 1)}
+                               for (file, line, name), (_, calls, _, cum, _) in ours[:25]]}
 
 
 def op_profile(engine: Engine, prompts: list[list[int]], mode: str, steps: int) -> dict:
@@ -194,14 +223,14 @@ def main(argv: list[str] | None = None) -> int:
     ids = code_prompts(bundle, args.eval_data, args.prompts)
     max_len = context_length([len(i) for i in ids], args.max_tokens, block_size_of(bundle.drafter))
     engine = Engine(bundle.target, bundle.drafter, num_slots=args.concurrency, max_len=max_len)
-    clock = ForwardClock(engine)
+    clock, drafts = ForwardClock(engine), DraftClock(engine)
     report = {"revision": git_revision(), "torch": torch.__version__, "threads": torch.get_num_threads(),
               "platform": platform.platform(), "device": str(engine.backend.place.device), "dtype": engine.backend.place.dtype_name,
               "concurrency": args.concurrency, "prompts": len(ids), "max_tokens": args.max_tokens, "modes": {}}
     c = args.concurrency
     for mode in args.modes.split(","):
         run_steps(engine, clock, ids[:2 * c], mode, min(16, args.max_tokens), c)  # warm-up
-        runs = [run_steps(engine, clock, ids, mode, args.max_tokens, c) for _ in range(args.repeats)]
+        runs = [run_steps(engine, clock, ids, mode, args.max_tokens, c, drafts) for _ in range(args.repeats)]
         best = max(runs, key=lambda r: r["tokens_per_s_end_to_end"])
         best["tokens_per_s_unclocked"] = max(run_unclocked(engine, clock, ids, mode, args.max_tokens, c)
                                              for _ in range(args.repeats))

@@ -7,6 +7,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import gc
+import json
 import pickle
 import random
 
@@ -15,6 +16,7 @@ import torch
 from helpers import clone_target, fixed_costs, random_prompts
 from test_lossless import MAX_LEN, MAX_TOKENS, greedy_reference
 
+from adaflash.decoding.costs import CostModel, measure_costs
 from adaflash.decoding.engine import Engine
 from adaflash.decoding.modes import MODE_NAMES
 from adaflash.decoding.sequence import Request
@@ -186,12 +188,25 @@ def test_graphed_decoding_is_lossless(trained_tiny, mode):
     drafter.step_graphs = True
     prompts = random_prompts(16, seed=11)
     reference = [greedy_reference(eager, p, MAX_TOKENS) for p in prompts]
-    engine = Engine(graphed, drafter, num_slots=8, max_len=MAX_LEN, cost_model=fixed_costs(), plan_gate=False)
+    cost = fixed_costs()
+    cost.padded = True  # as a table measured on graphed steps is: the policy chooses widths (`_choose_padded`)
+    engine = Engine(graphed, drafter, num_slots=8, max_len=MAX_LEN, cost_model=cost, plan_gate=False)
     seqs = engine.generate([Request(p, MAX_TOKENS, mode=mode, stop_ids=()) for p in prompts], concurrency=8)
     assert [s.output for s in seqs] == reference
     assert graphed.recorders.get(engine.cache).replays
     if mode != "ar":
         assert mode == "ngram" or drafter.recorders.get(engine.context).replays
+
+
+def test_a_cost_table_measured_on_graphed_steps_is_padded_and_keeps_it(trained_tiny, tmp_path):
+    """The policy reads a padded table by shapes (`CostModel.padded`): a table knows whether its target's steps were
+    padded when it was measured, and a saved table keeps it."""
+    graphed, eager = twins(trained_tiny)
+    tables = {t: measure_costs(t, trained_tiny.drafter, 4, context=32, reps=1) for t in (graphed, eager)}
+    assert tables[graphed].padded and not tables[eager].padded
+    tables[graphed].save(tmp_path / "costs.json")
+    loaded = CostModel.from_json(json.loads((tmp_path / "costs.json").read_text()))
+    assert loaded.padded and loaded.verify == {b: [tuple(p) for p in pts] for b, pts in tables[graphed].verify.items()}
 
 
 def test_a_cache_and_its_recorded_steps_are_freed_together(trained_tiny):
@@ -207,13 +222,14 @@ def test_a_cache_and_its_recorded_steps_are_freed_together(trained_tiny):
     assert len(graphed.recorders) == 0
 
 
-def test_the_gate_learns_nothing_from_a_step_that_recorded_a_shape(trained_tiny, monkeypatch):
+def test_the_gate_and_the_cost_model_learn_nothing_from_a_step_that_recorded_a_shape(trained_tiny, monkeypatch):
     """A step that meets a shape for the first time pays its capture on a GPU (tens of replays' time): the plan
-    gate, which follows whichever arm commits more tokens per millisecond, must not take it for the arm's speed."""
+    gate, which follows whichever arm commits more tokens per millisecond, must not take it for the arm's speed,
+    nor the cost model for its forwards' or the step's."""
     graphed, _ = twins(trained_tiny)
     engine = Engine(graphed, trained_tiny.drafter, num_slots=8, max_len=MAX_LEN, cost_model=fixed_costs())
     recorded_in_step = []
-    record, step, observe = graphs.Recorder._record, engine.scheduler.step, engine.scheduler.gate.observe
+    record, step = graphs.Recorder._record, engine.scheduler.step
 
     def recording(self, cache, run):
         recorded_in_step.append(True)
@@ -223,16 +239,24 @@ def test_the_gate_learns_nothing_from_a_step_that_recorded_a_shape(trained_tiny,
         recorded_in_step.clear()
         return await step()
 
-    observed = []
+    observed = {}
 
-    def observing(arm, tokens, ms):
-        observed.append(bool(recorded_in_step))
-        observe(arm, tokens, ms)
+    def watched(owner, name):
+        learn = getattr(owner, name)
+
+        def observing(*args):
+            observed.setdefault(name, []).append(bool(recorded_in_step))
+            learn(*args)
+
+        monkeypatch.setattr(owner, name, observing)
 
     monkeypatch.setattr(graphs.Recorder, "_record", recording)
     monkeypatch.setattr(engine.scheduler, "step", stepping)
-    monkeypatch.setattr(engine.scheduler.gate, "observe", observing)
+    watched(engine.scheduler.gate, "observe")
+    for name in ("observe_verify", "observe_draft", "observe_step"):
+        watched(engine.cost, name)
     prompts = random_prompts(16, seed=12)
     for _ in range(2):  # the second pass meets (almost) no new shape: the gate learns from its steps
         engine.generate([Request(p, MAX_TOKENS, mode="adaflash", stop_ids=()) for p in prompts], concurrency=8)
-    assert graphs.recordings() > 0 and observed and not any(observed)
+    assert graphs.recordings() > 0 and set(observed) == {"observe", "observe_verify", "observe_draft", "observe_step"}
+    assert not any(any(seen) for seen in observed.values()), observed

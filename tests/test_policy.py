@@ -116,6 +116,72 @@ def test_optimal_against_brute_force_with_unequal_caps_and_other_tokens():
         assert objective(ks, rates, cost, 4, 2, 0.7, 0.0) == pytest.approx(best, rel=1e-9)
 
 
+def padded_objective(ks, rates, cost, batch, other_width, draft_ms, sunk_ms):
+    """`objective` for padded verifies: every sequence of the forward costs what the widest feed costs."""
+    expected = batch + sum(float(np.prod(rates[i, : j + 1])) for i, k in enumerate(ks) for j in range(k))
+    width = max([other_width] + [k + 1 for k in ks])
+    return expected / (cost.padded_verify_ms(batch, width) + cost.step_ms + sunk_ms + (draft_ms if any(ks) else 0.0))
+
+
+def test_padded_verifies_are_chosen_optimally_against_brute_force():
+    """Where verifies run padded to power-of-two shapes (CUDA graphs), a verify costs its widest feed's shape for
+    every sequence: the choice must be the best of every length vector under that cost, the others' width included."""
+    rng = np.random.default_rng(21)
+    for _ in range(80):
+        rates = rng.uniform(0.0, 1.0, size=(3, 7))
+        caps = rng.integers(0, 8, size=3).tolist()
+        per_token, fixed = float(rng.uniform(0.0, 0.5)), float(rng.uniform(0.5, 3.0))
+        cost = CostModel(verify={b: [(b * w, fixed + per_token * b * w) for w in (1, 2, 4, 8, 16)] for b in (1, 2, 4)},
+                         step_ms=float(rng.uniform(0, 1)), verify_scale=float(rng.uniform(0.5, 2)), padded=True)
+        other_width, draft_ms, sunk_ms = int(rng.integers(1, 6)), float(rng.uniform(0, 3)), float(rng.uniform(0, 1))
+        ks, rate = choose_lengths(rates, caps, cost, batch=4, other_tokens=other_width, draft_ms=draft_ms,
+                                  sunk_ms=sunk_ms, other_width=other_width)
+        assert all(0 <= k <= c for k, c in zip(ks, caps))
+        best = max(padded_objective(v, rates, cost, 4, other_width, draft_ms, sunk_ms)
+                   for v in itertools.product(*[range(c + 1) for c in caps]))
+        assert rate == pytest.approx(best, rel=1e-9)
+        assert padded_objective(ks, rates, cost, 4, other_width, draft_ms, sunk_ms) == pytest.approx(best, rel=1e-9)
+
+
+def test_a_padded_verify_fills_the_width_it_pays_for():
+    """Once a width is paid, verifying within it costs nothing more: a good copy of 10 tokens is verified whole (a
+    cut to 9 would run the same shape), and beside a sequence that feeds 8 tokens a weak proposal verifies 7, where
+    beside one-token feeds it verifies none."""
+    cost = CostModel(verify={1: [(w, 1.0 + 0.01 * w) for w in (1, 2, 4, 8, 16)],
+                             2: [(2 * w, 1.0 + 0.1 * w) for w in (1, 2, 4, 8, 16)]}, padded=True)
+    ks, _ = choose_lengths(np.full((1, 15), 0.9), [10], cost, batch=1, other_tokens=0, draft_ms=0.0)
+    assert ks == [10]
+    weak = np.full((1, 15), 0.02)
+    assert choose_lengths(weak, [15], cost, batch=2, other_tokens=8, draft_ms=0.0, other_width=1)[0] == [0]
+    assert choose_lengths(weak, [15], cost, batch=2, other_tokens=8, draft_ms=0.0, other_width=8)[0] == [7]
+
+
+def test_padded_choices_of_a_large_batch_are_those_of_python_floats(monkeypatch):
+    """From VECTOR_ROWS sequences the padded sums run in numpy; they choose as the lists would."""
+    rng = np.random.default_rng(5)
+    cost = CostModel(verify={b: [(b * w, 2.0 + 0.01 * b * w) for w in (1, 2, 4, 8, 16)] for b in (16, 32)},
+                     padded=True)
+    for _ in range(20):
+        rates = rng.uniform(0.0, 1.0, size=(24, 15))
+        caps = rng.integers(0, 16, size=24).tolist()
+        vector = choose_lengths(rates, caps, cost, batch=30, other_tokens=6, draft_ms=0.5, other_width=2)
+        monkeypatch.setattr(policy, "VECTOR_ROWS", 1000)
+        lists = choose_lengths(rates, caps, cost, batch=30, other_tokens=6, draft_ms=0.5, other_width=2)
+        monkeypatch.undo()
+        assert vector[0] == lists[0] and vector[1] == pytest.approx(lists[1], rel=1e-12)
+
+
+def test_a_padded_verify_teaches_the_scale_against_its_padded_shape():
+    """A padded forward of 3 sequences whose widest feed is 3 tokens ran the shape of 4 x 4: timed as the table's
+    figure for that shape, the live scale stays where it was."""
+    cost = CostModel(verify={b: [(b * w, 1.0 + 0.1 * b * w) for w in (1, 2, 4, 8, 16)] for b in (1, 2, 4)},
+                     padded=True)
+    for _ in range(10):
+        cost.observe_verify(3, 5, 1.0 + 0.1 * 16, widest=3)
+    assert cost.verify_scale == pytest.approx(1.0)
+    assert cost.padded_verify_ms(3, 3) == pytest.approx(1.0 + 0.1 * 16)
+
+
 def test_one_sequence_chooses_as_a_batch_of_one_would():
     """At concurrency 1 every step plans one sequence in Python floats (numpy's calls cost more there, cold after
     the forward); it must choose exactly as the batch path, ties and rates included, also beside other sequences."""

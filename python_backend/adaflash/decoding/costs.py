@@ -4,6 +4,10 @@ Speculation pays when the tokens it commits outweigh the extra verify cost. Alon
 verify of many tokens costs about as much as a one-token decode; under load the forward is
 compute-bound and every verified draft token costs time. So the costs are measured on the
 running machine (`measure_costs`) and followed live (`CostModel.observe_*`).
+
+Where the target's steps run padded (CUDA graphs, `models/graphs.py`), a verify costs what its padded shape costs:
+every sequence as wide as the widest feed, rounded up to a power of two, and the sequences rounded up likewise
+(`CostModel.padded`). The table's points are exactly those shapes, so a padded verify reads them directly.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
+from adaflash.models.graphs import bucket
 from adaflash.models.placement import Placement, place_of
 
 if TYPE_CHECKING:
@@ -40,6 +45,7 @@ class CostModel:
     verify_scale: float = 1.0  # live time / table time, learnt by `observe_*` (contexts grow, machines vary)
     draft_scale: float = 1.0
     step_ms: float = 0.0  # a step's time outside the model forwards (planning, commits, transport), learnt live
+    padded: bool = False  # verifies run padded to power-of-two shapes (`padded_verify_ms`)
     _curves: dict[int, np.ndarray] = field(default_factory=dict, init=False, repr=False, compare=False)
     _bounds: dict[int, tuple[int, int]] = field(default_factory=dict, init=False, repr=False, compare=False)
     _drafts: dict[tuple[int, int | None], float] = field(default_factory=dict, init=False, repr=False, compare=False)
@@ -56,9 +62,10 @@ class CostModel:
         bounded = min(max(ms, self.step_ms / 2), self.step_ms * 2)  # a stall (a page fault, a neighbour) moves it little
         self.step_ms = (1 - _FOLLOW_WEIGHT) * self.step_ms + _FOLLOW_WEIGHT * bounded
 
-    def observe_verify(self, batch: int, total_tokens: int, ms: float) -> None:
-        """Fold a timed verify forward into `verify_scale`."""
-        self.verify_scale = _follow(self.verify_scale, ms / float(self._table_verify_ms(batch, total_tokens)))
+    def observe_verify(self, batch: int, total_tokens: int, ms: float, widest: int = 1) -> None:
+        """Fold a timed verify forward into `verify_scale`; `widest`: its longest feed (what a padded one costs)."""
+        table = self._table_padded_ms(batch, widest) if self.padded else self._table_verify_ms(batch, total_tokens)
+        self.verify_scale = _follow(self.verify_scale, ms / float(table))
 
     def observe_draft(self, n: int, length: int, ms: float) -> None:
         """Fold a timed drafter forward into `draft_scale`."""
@@ -77,6 +84,14 @@ class CostModel:
         if isinstance(total_tokens, np.ndarray) and total_tokens.dtype.kind in "iu":
             return self._whole_totals(batch, int(total_tokens.max(initial=0)))[total_tokens] * self.verify_scale
         return self._table_verify_ms(batch, total_tokens) * self.verify_scale
+
+    def padded_verify_ms(self, batch: int, width: int) -> float:
+        """A padded verify of `batch` sequences whose longest feed is `width` tokens: what every feed of it costs."""
+        return self._table_padded_ms(batch, width) * self.verify_scale
+
+    def _table_padded_ms(self, batch: int, width: int) -> float:
+        rows = bucket(batch)
+        return self._table_verify_ms(rows, rows * bucket(width))
 
     def _whole_totals(self, batch: int, most: int) -> np.ndarray:
         """`_table_verify_ms` of `batch` at every whole number of tokens up to `most` at least, worked out once: the
@@ -168,13 +183,15 @@ class CostModel:
         return self._drafts[key]
 
     def to_json(self) -> dict:
-        return {"verify_ms": {str(b): pts for b, pts in self.verify.items()}, "draft_ms": {str(b): v for b, v in self.draft.items()}}
+        return {"verify_ms": {str(b): pts for b, pts in self.verify.items()},
+                "draft_ms": {str(b): v for b, v in self.draft.items()}, "padded": self.padded}
 
     @classmethod
     def from_json(cls, d: dict) -> "CostModel":
         return cls(
             verify={int(b): [tuple(p) for p in pts] for b, pts in d["verify_ms"].items()},
             draft={int(b): [tuple(p) for p in pts] for b, pts in d.get("draft_ms", {}).items()},
+            padded=bool(d.get("padded", False)),
         )
 
     def save(self, path: str | Path) -> None:
@@ -215,7 +232,8 @@ def measure_costs(
     max_len: int | None = None,
 ) -> CostModel:
     """Time batched verify forwards (and drafts) over `context` cached positions, on caches of their own as
-    long as the caller's (`max_len`: attention reads the cache strided by it)."""
+    long as the caller's (`max_len`: attention reads the cache strided by it). The table is padded where the
+    target's steps are (its cache has the scratch page graphed steps pad into)."""
     max_len = max_len or context + max(tokens_per_seq) + 1
     context = min(context, max_len - max(tokens_per_seq) - 1)
     cache = target.new_cache(max_batch, max_len)
@@ -231,7 +249,7 @@ def measure_costs(
         drafter.append_context(drafter_cache, slots, torch.randn(max_batch * context, width, generator=g),
                                [context] * max_batch)
     batches = sorted({1, max_batch} | {2**i for i in range(20) if 2**i < max_batch})
-    model = CostModel()
+    model = CostModel(padded=cache.scratch is not None)
     points: list[tuple[dict, int, int, Callable[[], None]]] = []  # (its table, batch, tokens or block length, run)
     for b in batches:
         points += [(model.verify, b, b * k, _verify_fn(target, cache, slots[:b], context, _ragged(b * k, b, vocab, g)))

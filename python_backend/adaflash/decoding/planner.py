@@ -27,16 +27,18 @@ if TYPE_CHECKING:
 @dataclass(frozen=True)
 class Load:
     """Sequences in the same verify forward besides the ones being decided: how many, the tokens they feed,
-    the tokens they are expected to commit, how many of them draft."""
+    the tokens they are expected to commit, how many of them draft, and their longest feed (what a padded verify
+    costs, `CostModel.padded`)."""
 
     sequences: int = 0
     tokens: int = 0
     expected: float = 0.0
     drafting: int = 0
+    widest: int = 1
 
     def __add__(self, other: Load) -> Load:
         return Load(self.sequences + other.sequences, self.tokens + other.tokens, self.expected + other.expected,
-                    self.drafting + other.drafting)
+                    self.drafting + other.drafting, max(self.widest, other.widest))
 
     @classmethod
     def peers(cls, n: int) -> Load:
@@ -81,7 +83,8 @@ class Plan:
         drafting = {d.key for d in self.drafts}
         keys = [k for k in self.proposals if k not in drafting]
         return Load(len(keys), sum(len(self.proposals[k]) + 1 for k in keys),
-                    sum(self.expected.get(k, 1.0) for k in keys))
+                    sum(self.expected.get(k, 1.0) for k in keys),
+                    widest=max((len(self.proposals[k]) + 1 for k in keys), default=1))
 
 
 class Planner:
@@ -148,7 +151,8 @@ class Planner:
         n_drafting = len(rest) + outside.drafting + sum(
             s.key in caps and s.can_draft and s.key not in plan.proposals and s.key not in ids for s in seqs)
         chosen, length = c.choose_drafters([s.policy for s in rest], [caps[s.key] for s in rest],
-                                           len(rest) + load.sequences, load.tokens, n_drafting, load.expected)
+                                           len(rest) + load.sequences, load.tokens, n_drafting, load.expected,
+                                           load.widest)
         self._copy(plan, seqs, [s for s, chose in zip(rest, chosen) if not chose], proposals, caps, outside)
         return length
 
@@ -165,7 +169,8 @@ class Planner:
         load = self._load(seqs, {s.key for s in chosen}, caps, plan) + outside
         ks, expected = self.controller.copy_lengths(
             [s.policy for s in chosen], [proposals[s.key][1] for s in chosen],
-            [len(proposals[s.key][0]) for s in chosen], len(chosen) + load.sequences, load.tokens, load.expected)
+            [len(proposals[s.key][0]) for s in chosen], len(chosen) + load.sequences, load.tokens, load.expected,
+            load.widest)
         for s, k, e in zip(chosen, ks, expected):
             plan.proposals[s.key] = proposals[s.key][0][:k]
             plan.expected[s.key] = e
@@ -182,7 +187,8 @@ class Planner:
                 return len(plan.proposals[s.key]) + 1
             return 1 + (caps.get(s.key, 0) if s.mode.length is not Length.COST_AWARE else 0)
         others = [s for s in seqs if s.key not in ids]
-        return Load(len(others), sum(map(tokens, others)), sum(plan.expected.get(s.key, 1.0) for s in others))
+        fed = [tokens(s) for s in others]
+        return Load(len(others), sum(fed), sum(plan.expected.get(s.key, 1.0) for s in others), widest=max(fed, default=1))
 
     def draft_block_length(self, requests: list[DraftRequest]) -> int:
         """The block one drafter forward runs for requests that may come from separate plans: the longest."""
@@ -201,10 +207,11 @@ class Planner:
         adaptive = [i for i, m in enumerate(modes) if m.length is Length.COST_AWARE]
         if adaptive:
             fixed = [i for i in range(len(requests)) if i not in set(adaptive)]
-            load = besides + Load(len(fixed), sum(ks[i] + 1 for i in fixed), float(len(fixed)))
+            load = besides + Load(len(fixed), sum(ks[i] + 1 for i in fixed), float(len(fixed)),
+                                  widest=max((ks[i] + 1 for i in fixed), default=1))
             rates = c.draft_rates(draft, adaptive, np.stack([requests[i].rates for i in adaptive]))
             chosen = c.draft_lens(rates, [requests[i].cap for i in adaptive], len(adaptive) + load.sequences,
-                               load.tokens, len(requests), load.expected)
+                                  load.tokens, len(requests), load.expected, load.widest)
             for i, k in zip(adaptive, chosen):
                 ks[i] = k
         return ks

@@ -20,6 +20,7 @@ import torch
 
 from adaflash.decoding import ngram
 from adaflash.decoding.costs import CostModel, block_lengths
+from adaflash.models.graphs import bucket
 
 if TYPE_CHECKING:
     from adaflash.models.drafter import Draft
@@ -116,6 +117,7 @@ def choose_lengths(
     draft_ms: float,
     sunk_ms: float = 0.0,
     other_expected: float | None = None,
+    other_width: int = 1,
 ) -> tuple[list[int], float]:
     """Per-sequence draft lengths maximising expected committed tokens per millisecond.
 
@@ -127,13 +129,40 @@ def choose_lengths(
     commit (default: one each): the rate is the whole batch's, else drafts that slow the others
     down would look cheap. `draft_ms` is paid only if some k > 0 (deciding whether to draft at
     all); `sunk_ms` is time every option pays (a draft already made), as is the step's time outside its
-    forwards (`CostModel.step_ms`). Returns the lengths and the rate they promise.
+    forwards (`CostModel.step_ms`). `other_width`: the other sequences' longest feed, which a padded verify
+    (`_choose_padded`) pays whatever these choose. Returns the lengths and the rate they promise.
     """
+    if cost.padded:
+        return _choose_padded(rates, caps, cost, batch, other_width, draft_ms, sunk_ms, other_expected)
     if len(caps) == 1:
         row = rates[0].tolist() if isinstance(rates, np.ndarray) else list(rates[0])
         return _choose_one(row, caps[0], cost, batch, other_tokens, draft_ms, sunk_ms, other_expected)
     return _choose_many(np.asarray(rates, dtype=float), caps, cost, batch, other_tokens, draft_ms, sunk_ms,
                         other_expected)
+
+
+def _choose_padded(rates: np.ndarray | list[list[float]], caps: list[int], cost: CostModel, batch: int,
+                   other_width: int, draft_ms: float, sunk_ms: float,
+                   other_expected: float | None) -> tuple[list[int], float]:
+    """`choose_lengths` where verifies run padded (`CostModel.padded`): a verify costs what its widest feed costs,
+    rounded up to a power of two, for every sequence in it. Once a width is paid, verifying more of a proposal within
+    it costs nothing and can only commit more, so each width's best choice with anything verified is every
+    sequence's proposal cut to it (`draft_ms` is paid once); against those stands verifying nothing at the others'
+    width. The widths from the others' up to the longest proposal's are tried, the fewest tokens winning a tie."""
+    n = len(caps)
+    rows = rates.tolist() if isinstance(rates, np.ndarray) and n < VECTOR_ROWS else rates
+    base = (batch - n if other_expected is None else other_expected) + n
+    width, longest = bucket(other_width), max(caps, default=0)
+    best = [0] * n, base / (cost.padded_verify_ms(batch, width) + cost.step_ms + sunk_ms)
+    while True:
+        ks = [min(cap, width - 1) for cap in caps]
+        rate = (base + sum(_prefix_sums(rows, ks))) / (cost.padded_verify_ms(batch, width) + cost.step_ms + sunk_ms
+                                                       + draft_ms)
+        if any(ks) and rate > best[1]:
+            best = ks, rate
+        if width > longest:
+            return best[0], float(best[1])
+        width *= 2
 
 
 def _choose_many(rates: np.ndarray, caps: list[int], cost: CostModel, batch: int, other_tokens: int, draft_ms: float,
@@ -208,11 +237,15 @@ def _verify_times(cost: CostModel, batch: int, first: int, count: int) -> np.nda
 
 
 def _best_block(rates: np.ndarray, caps: list[int], cost: CostModel, batch: int, other_tokens: int,
-                lengths: list[int], drafts: list[float], other_expected: float | None) -> int | None:
+                lengths: list[int], drafts: list[float], other_expected: float | None,
+                other_width: int = 1) -> int | None:
     """The block length, of `lengths` (drafter forwards costing `drafts`), whose best choice (`_choose_many`, with
     each cap lowered to the block) promises the highest rate with something drafted; None when none drafts. One
     sort serves every length: a shorter block's gains are the longer one's with later positions left out, in the
-    same order, so each length's sums, and choice, are `_choose_many`'s."""
+    same order, so each length's sums, and choice, are `_choose_many`'s. Padded verifies try each length with
+    `_choose_padded`."""
+    if cost.padded:
+        return _best_padded_block(rates, caps, cost, batch, other_width, lengths, drafts, other_expected)
     n = len(caps)
     value, _, position = _sorted_gains(rates, caps)
     others = batch - n if other_expected is None else other_expected
@@ -228,6 +261,18 @@ def _best_block(rates: np.ndarray, caps: list[int], cost: CostModel, batch: int,
             top, top_rate = _best_count(kept, times, others + n, cost.step_ms, 0.0, draft_ms)
         if top and top_rate > best_rate:
             best, best_rate = length, top_rate
+    return best
+
+
+def _best_padded_block(rates: np.ndarray, caps: list[int], cost: CostModel, batch: int, other_width: int,
+                       lengths: list[int], drafts: list[float], other_expected: float | None) -> int | None:
+    """`_best_block` over padded verifies."""
+    best, best_rate = None, 0.0
+    for length, draft_ms in zip(lengths, drafts):
+        ks, rate = _choose_padded(rates, [min(c, length - 1) for c in caps], cost, batch, other_width, draft_ms, 0.0,
+                                  other_expected)
+        if any(ks) and rate > best_rate:
+            best, best_rate = length, rate
     return best
 
 
@@ -384,7 +429,8 @@ class LengthController:
         return out
 
     def copy_lengths(self, seqs: list[PolicyState], matched: list[int], proposal_lens: list[int], batch: int,
-                     other_tokens: int, other_expected: float | None = None) -> tuple[list[int], list[float]]:
+                     other_tokens: int, other_expected: float | None = None,
+                     other_width: int = 1) -> tuple[list[int], list[float]]:
         """How much of each copy proposal to verify (cost-aware, nothing to draft), and the tokens each
         is expected to commit. A sequence whose copies have been declined or cut short for `probe_every` steps
         verifies its copy whole: positions past the cut are tried only then, so a few early misses there would
@@ -394,7 +440,7 @@ class LengthController:
         (docs/results.md, engine speed round 8)."""
         rates = self._copy_rows(seqs, matched)
         ks, _ = choose_lengths(rates, proposal_lens, self.cost, batch, other_tokens, draft_ms=0.0,
-                               other_expected=other_expected)
+                               other_expected=other_expected, other_width=other_width)
         due = []
         for i, s in enumerate(seqs):
             if ks[i] < proposal_lens[i]:
@@ -411,7 +457,8 @@ class LengthController:
         return ks, [1.0 + s for s in _prefix_sums(rates, ks)]
 
     def choose_drafters(self, seqs: list[PolicyState], caps: list[int], batch: int, other_tokens: int,
-                        n_drafting: int, other_expected: float | None = None) -> tuple[list[bool], int]:
+                        n_drafting: int, other_expected: float | None = None,
+                        other_width: int = 1) -> tuple[list[bool], int]:
         """Which adaflash sequences draft this step, and the block_length to draft;
         updates their skip counters.
 
@@ -420,10 +467,11 @@ class LengthController:
         less than the decode step it may save.
         """
         key = (batch, other_tokens, None if other_expected is None else round(other_expected, 1), n_drafting,
-               tuple(caps), self.cost.scales, self.global_stats.version, tuple(s.stats.version for s in seqs))
+               other_width, tuple(caps), self.cost.scales, self.global_stats.version,
+               tuple(s.stats.version for s in seqs))
         if self._decision is None or self._decision[0] != key:
             self._decision = (key, *self._plan(self.estimated_rates(seqs), caps, batch, other_tokens, n_drafting,
-                                               other_expected))
+                                               other_expected, other_width))
         _, pays, block_length = self._decision
         if pays:
             self._drafter_probes.restore()
@@ -463,7 +511,7 @@ class LengthController:
         return True
 
     def _plan(self, rates: np.ndarray, caps: list[int], batch: int, other_tokens: int,
-              n_drafting: int, other_expected: float | None) -> tuple[bool, int]:
+              n_drafting: int, other_expected: float | None, other_width: int = 1) -> tuple[bool, int]:
         """Whether drafting beats plain decoding, and the block_length that does best: the drafter's
         cost grows with the block, so under load a short block can pay where a full one cannot.
         When nothing pays, probes draft the shortest block."""
@@ -471,22 +519,22 @@ class LengthController:
         drafts = [self.cost.draft_ms(n_drafting, length) for length in lengths]
         if len(caps) > 1:
             best = _best_block(np.asarray(rates, dtype=float), caps, self.cost, batch, other_tokens, lengths, drafts,
-                               other_expected)
+                               other_expected, other_width)
         else:
             best = None
             best_rate = 0.0
             for block_length, draft_ms in zip(lengths, drafts):
                 ks, rate = choose_lengths(rates, [min(caps[0], block_length - 1)], self.cost, batch, other_tokens,
-                                          other_expected=other_expected, draft_ms=draft_ms)
+                                          other_expected=other_expected, draft_ms=draft_ms, other_width=other_width)
                 if any(ks) and rate > best_rate:
                     best_rate, best = rate, block_length
         return best is not None, best or lengths[0]
 
     def draft_lens(self, rates: np.ndarray, caps: list[int], batch: int, other_tokens: int, n_drafting: int,
-                   other_expected: float | None = None) -> list[int]:
+                   other_expected: float | None = None, other_width: int = 1) -> list[int]:
         """k per drafted adaflash sequence; the draft is made, so its cost is paid whatever k is."""
         ks, _ = choose_lengths(rates, caps, self.cost, batch, other_tokens, draft_ms=0.0, other_expected=other_expected,
-                               sunk_ms=self.cost.draft_ms(n_drafting, rates.shape[1] + 1))
+                               sunk_ms=self.cost.draft_ms(n_drafting, rates.shape[1] + 1), other_width=other_width)
         return ks
 
     def draft_rates(self, draft: "Draft", rows: list[int], estimates: np.ndarray) -> np.ndarray:

@@ -109,6 +109,7 @@ class Scheduler:
         self.run_steps = run_steps
         self.gate = gate
         self._mark: float | None = None  # when the last step ended
+        self._recorded = graphs.recordings()  # at the start of the current step (`_timed_alone`)
         self.call_overhead_ms: float | None = None  # of a plain decoding call: its time outside the forwards
         self.decode_step_ms: float | None = None  # of a plain decoding call: its forwards' time per step
 
@@ -158,7 +159,7 @@ class Scheduler:
         steps where every running sequence decodes plainly (`_runs`); retire the finished.
 
         Returns the sequences that changed (admitted, advanced, finished or failed)."""
-        started, self._forwards_ms, recorded = time.perf_counter(), 0.0, graphs.recordings()
+        started, self._forwards_ms, self._recorded = time.perf_counter(), 0.0, graphs.recordings()
         active = [s for s in self.running.values() if not s.finished]
         admitted = self._admit()
         arm = self._arm(active)
@@ -171,7 +172,7 @@ class Scheduler:
             if admitted or active:
                 await self._forward(admitted, active, feeds, copied)
         # A prefill's time is not the step's own, nor a graph's first recording (tens of times a replay's).
-        if active and not admitted and graphs.recordings() == recorded:
+        if active and not admitted and self._timed_alone():
             # From the previous step's end: what the caller does between steps (a server's responses and checks) is
             # paid per call too, so plain decoding's runs and the gate weigh it.
             ms = (time.perf_counter() - (self._mark or started)) * 1000
@@ -181,6 +182,11 @@ class Scheduler:
         await self._retire([s for s in self.running.values() if s.finished])
         self._mark = time.perf_counter()
         return [*admitted, *active]
+
+    def _timed_alone(self) -> bool:
+        """Whether this step's times are its own so far: no graph was recorded in it (a first recording takes tens
+        of times a replay's), so the cost model, the gate and the overhead estimates may learn from them."""
+        return graphs.recordings() == self._recorded
 
     def _arm(self, active: list[Sequence]) -> Arm | None:
         """The gate's arm for the cost-aware sequences of this call; None when there is no gate or no such
@@ -233,7 +239,7 @@ class Scheduler:
             return runs
         self._forwards_ms += timed.ms
         runs = [len(res.committed) for res in timed.value[1]]
-        if self.cost is not None and min(runs) == max(runs):  # every step of the call a one-token verify of all
+        if self.cost is not None and min(runs) == max(runs) and self._timed_alone():  # every step a one-token verify
             self.cost.observe_verify(len(active), len(active), timed.ms / runs[0])
         for seq, res in zip(active, timed.value[1]):
             self._queue_context(seq, res)
@@ -293,7 +299,7 @@ class Scheduler:
                 seq.pending_context.clear()
             return {}
         self._forwards_ms += timed.ms
-        if self.cost is not None:
+        if self.cost is not None and self._timed_alone():
             self.cost.observe_draft(len(seqs), plan.block_length, timed.ms)
         ks = self.planner.cut(plan.drafts, timed.value, plan.load_besides_drafts())
         tokens = timed.value.tokens.tolist()
@@ -311,8 +317,8 @@ class Scheduler:
         for seq, res in zip(admitted, prefilled):
             self._queue_context(seq, res)
             seq.commit(res.committed, res.log_probs)
-        if active and not admitted and self.cost is not None:  # a prefill riding in the call is not the verify's
-            self.cost.observe_verify(len(active), sum(map(len, feeds)), timed.ms)
+        if active and not admitted and self.cost is not None and self._timed_alone():  # (a prefill is not the verify's)
+            self.cost.observe_verify(len(active), sum(map(len, feeds)), timed.ms, max(map(len, feeds)))
         for seq, feed, res in zip(active, feeds, verified):
             self._queue_context(seq, res)
             self.planner.controller.observe(seq.policy, len(feed) - 1, res.accepted, matched=copied.get(seq.id, 0))
