@@ -50,6 +50,7 @@ class CostModel:
     _bounds: dict[int, tuple[int, int]] = field(default_factory=dict, init=False, repr=False, compare=False)
     _drafts: dict[tuple[int, int | None], float] = field(default_factory=dict, init=False, repr=False, compare=False)
     _by_total: dict[int, np.ndarray] = field(default_factory=dict, init=False, repr=False, compare=False)
+    _shapes: dict[tuple[int, int], float] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def observe_step(self, ms: float) -> None:
         """Fold a step's time outside its forwards into `step_ms`. Every option of a step pays it alike, so it
@@ -90,8 +91,13 @@ class CostModel:
         return self._table_padded_ms(batch, width) * self.verify_scale
 
     def _table_padded_ms(self, batch: int, width: int) -> float:
-        rows = bucket(batch)
-        return self._table_verify_ms(rows, rows * bucket(width))
+        """The table at the padded shape, kept: a plan reads a few widths for each block length it weighs, right
+        after the forward, and the interpolation cost more than the choice."""
+        key = (batch, width)
+        if key not in self._shapes:
+            rows = bucket(batch)
+            self._shapes[key] = float(self._table_verify_ms(rows, rows * bucket(width)))
+        return self._shapes[key]
 
     def _whole_totals(self, batch: int, most: int) -> np.ndarray:
         """`_table_verify_ms` of `batch` at every whole number of tokens up to `most` at least, worked out once: the

@@ -150,19 +150,31 @@ def _choose_padded(rates: np.ndarray | list[list[float]], caps: list[int], cost:
     sequence's proposal cut to it (`draft_ms` is paid once); against those stands verifying nothing at the others'
     width. The widths from the others' up to the longest proposal's are tried, the fewest tokens winning a tie."""
     n = len(caps)
-    rows = rates.tolist() if isinstance(rates, np.ndarray) and n < VECTOR_ROWS else rates
+    committed = _committed_by_width(rates, caps)
     base = (batch - n if other_expected is None else other_expected) + n
     width, longest = bucket(other_width), max(caps, default=0)
     best = [0] * n, base / (cost.padded_verify_ms(batch, width) + cost.step_ms + sunk_ms)
     while True:
         ks = [min(cap, width - 1) for cap in caps]
-        rate = (base + sum(_prefix_sums(rows, ks))) / (cost.padded_verify_ms(batch, width) + cost.step_ms + sunk_ms
-                                                       + draft_ms)
+        rate = (base + committed(ks)) / (cost.padded_verify_ms(batch, width) + cost.step_ms + sunk_ms + draft_ms)
         if any(ks) and rate > best[1]:
             best = ks, rate
         if width > longest:
             return best[0], float(best[1])
         width *= 2
+
+
+def _committed_by_width(rates: np.ndarray | list[list[float]], caps: list[int]) -> Callable[[list[int]], float]:
+    """The tokens verifying ks[i] of each proposal is expected to commit, from running sums made once (a padded choice
+    reads them at every width): in lists below VECTOR_ROWS sequences, in an array from there."""
+    if len(caps) >= VECTOR_ROWS:
+        rates = np.asarray(rates, dtype=float)
+        sums = np.concatenate([np.zeros((len(caps), 1)), np.cumsum(np.cumprod(rates, axis=1), axis=1)], axis=1)
+        rows = np.arange(len(caps))
+        return lambda ks: float(sums[rows, ks].sum())
+    rows = rates.tolist() if isinstance(rates, np.ndarray) else rates
+    sums = [list(accumulate(_products(row[:cap]), initial=0.0)) for row, cap in zip(rows, caps)]
+    return lambda ks: sum(s[k] for s, k in zip(sums, ks))
 
 
 def _choose_many(rates: np.ndarray, caps: list[int], cost: CostModel, batch: int, other_tokens: int, draft_ms: float,
