@@ -1,5 +1,6 @@
-"""Round 24's diagnosis of the gate on a GPU: every call the gate observes, by arm, against the same decoding
-without the gate, at concurrency 1 on HumanEval prompts after a warm-up pass (graphs recorded).
+"""Round 24's diagnosis of the gate on a GPU: every call the gate observes, by arm and load, against the same
+decoding without the gate and against `ar` and `ngram`, on HumanEval prompts after a warm-up pass (graphs recorded);
+steps by the sequences they ran.
 
 Why: on the H200 the gate's running rate of the plan arm at one sequence (0.9-1.2 tokens/ms) sat far below what
 adaflash without the gate decodes at (about 1.7), while on the CPU the two agree.
@@ -39,48 +40,51 @@ def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--eval-data", type=Path, default=Path("../shared/data"))
     p.add_argument("--prompts", type=int, default=8)
+    p.add_argument("--concurrency", type=int, default=1)
     add_placement_args(p)
     p.add_argument("--json", type=Path, required=True)
     args = p.parse_args()
     bundle = load_bundle(Path("models/default"), place=placement(args.device, args.dtype))
-    ids = code_prompts(bundle, args.eval_data, args.prompts)
+    c = args.concurrency
+    ids = code_prompts(bundle, args.eval_data, max(args.prompts, c))
     max_len = context_length([len(i) for i in ids], 64, block_size_of(bundle.drafter))
-    gated = Engine(bundle.target, bundle.drafter, num_slots=1, max_len=max_len)
-    plain = Engine(bundle.target, bundle.drafter, num_slots=1, max_len=max_len, cost_model=copy.deepcopy(gated.cost),
+    gated = Engine(bundle.target, bundle.drafter, num_slots=c, max_len=max_len)
+    plain = Engine(bundle.target, bundle.drafter, num_slots=c, max_len=max_len, cost_model=copy.deepcopy(gated.cost),
                    plan_gate=False)
     report = {}
-    for name, engine, mode in (("ngram", gated, "ngram"), ("adaflash", gated, "adaflash"),
+    for name, engine, mode in (("ar", gated, "ar"), ("ngram", gated, "ngram"), ("adaflash", gated, "adaflash"),
                                ("adaflash-no-gate", plain, "adaflash")):
-        engine.generate([Request(i, 64, mode=mode) for i in ids], concurrency=1)  # warm-up: shapes recorded
-        calls: dict[str, list] = {"plan": [], "plain": [], "steps": []}
+        engine.generate([Request(i, 64, mode=mode) for i in ids], concurrency=c)  # warm-up: shapes recorded
+        calls: dict[str, list] = {}
         gate = engine.scheduler.gate
         if gate is not None:
-            def watching(arm, tokens, ms, observe=gate.observe, calls=calls):
-                calls[arm.value].append((tokens, ms))
+            def watching(arm, tokens, ms, observe=gate.observe, calls=calls, gate=gate):
+                calls.setdefault(f"{arm.value} at {1 << (gate._bucket - 1)}+", []).append((tokens, ms))
                 observe(arm, tokens, ms)
 
             gate.observe = watching
         step = engine.scheduler.step
 
         async def timed_step(step=step, calls=calls, engine=engine):
+            running = len(engine.scheduler.running)
             before = sum(len(s.output) for s in engine.scheduler.running.values())
             recorded, t0 = graphs.recordings(), time.perf_counter()
             out = await step()
             ms = (time.perf_counter() - t0) * 1000
             after = sum(len(s.output) for s in out)
-            if graphs.recordings() == recorded:
-                calls["steps"].append((after - before, ms))
+            if graphs.recordings() == recorded and running:
+                calls.setdefault(f"steps at {1 << (running.bit_length() - 1)}+", []).append((after - before, ms))
             return out
 
         engine.scheduler.step = timed_step
         t0 = time.perf_counter()
-        seqs = engine.generate([Request(i, 64, mode=mode) for i in ids], concurrency=1)
+        seqs = engine.generate([Request(i, 64, mode=mode) for i in ids], concurrency=c)
         wall = time.perf_counter() - t0
         del engine.scheduler.step
         if gate is not None:
             del gate.observe
         report[name] = {"tokens_per_s": round(sum(len(s.output) for s in seqs) / wall, 1),
-                        **{k: summary(v) for k, v in calls.items()}}
+                        **{k: summary(v) for k, v in sorted(calls.items())}}
         print(name, json.dumps(report[name]), flush=True)
     args.json.write_text(json.dumps(report, indent=1) + "\n")
 
