@@ -479,7 +479,7 @@ class LengthController:
         less than the decode step it may save.
         """
         key = (batch, other_tokens, None if other_expected is None else round(other_expected, 1), n_drafting,
-               other_width, tuple(caps), self.cost.scales, self.global_stats.version,
+               other_width if self.cost.padded else 1, tuple(caps), self.cost.scales, self.global_stats.version,
                tuple(s.stats.version for s in seqs))
         if self._decision is None or self._decision[0] != key:
             self._decision = (key, *self._plan(self.estimated_rates(seqs), caps, batch, other_tokens, n_drafting,
