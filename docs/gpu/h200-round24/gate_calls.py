@@ -51,9 +51,13 @@ def main() -> None:
     gated = Engine(bundle.target, bundle.drafter, num_slots=c, max_len=max_len)
     plain = Engine(bundle.target, bundle.drafter, num_slots=c, max_len=max_len, cost_model=copy.deepcopy(gated.cost),
                    plan_gate=False)
+    # Without a drafter: the same policy over copies alone, no features captured or kept (what planning costs apart)
+    alone = Engine(bundle.target, bundle.drafter, num_slots=c, max_len=max_len, cost_model=copy.deepcopy(gated.cost),
+                   plan_gate=False)
+    alone.scheduler.has_drafter = False  # sequences admitted from now on cannot draft (`Scheduler.add`)
     report = {}
     for name, engine, mode in (("ar", gated, "ar"), ("ngram", gated, "ngram"), ("adaflash", gated, "adaflash"),
-                               ("adaflash-no-gate", plain, "adaflash")):
+                               ("adaflash-no-gate", plain, "adaflash"), ("adaflash-no-drafter", alone, "adaflash")):
         engine.generate([Request(i, 64, mode=mode) for i in ids], concurrency=c)  # warm-up: shapes recorded
         calls: dict[str, list] = {}
         gate = engine.scheduler.gate
@@ -77,13 +81,24 @@ def main() -> None:
             return out
 
         engine.scheduler.step = timed_step
+        planning: list[float] = []
+        plan = engine.planner.plan
+
+        def timed_plan(*a, plan=plan, planning=planning, **k):
+            t0 = time.perf_counter()
+            out = plan(*a, **k)
+            planning.append((time.perf_counter() - t0) * 1000)
+            return out
+
+        engine.planner.plan = timed_plan
         t0 = time.perf_counter()
         seqs = engine.generate([Request(i, 64, mode=mode) for i in ids], concurrency=c)
         wall = time.perf_counter() - t0
-        del engine.scheduler.step
+        del engine.scheduler.step, engine.planner.plan
         if gate is not None:
             del gate.observe
         report[name] = {"tokens_per_s": round(sum(len(s.output) for s in seqs) / wall, 1),
+                        "plan_ms_mean": round(statistics.fmean(planning), 3) if planning else None,
                         **{k: summary(v) for k, v in sorted(calls.items())}}
         print(name, json.dumps(report[name]), flush=True)
     args.json.write_text(json.dumps(report, indent=1) + "\n")
