@@ -249,15 +249,11 @@ def _verify_times(cost: CostModel, batch: int, first: int, count: int) -> np.nda
 
 
 def _best_block(rates: np.ndarray, caps: list[int], cost: CostModel, batch: int, other_tokens: int,
-                lengths: list[int], drafts: list[float], other_expected: float | None,
-                other_width: int = 1) -> int | None:
+                lengths: list[int], drafts: list[float], other_expected: float | None) -> int | None:
     """The block length, of `lengths` (drafter forwards costing `drafts`), whose best choice (`_choose_many`, with
     each cap lowered to the block) promises the highest rate with something drafted; None when none drafts. One
     sort serves every length: a shorter block's gains are the longer one's with later positions left out, in the
-    same order, so each length's sums, and choice, are `_choose_many`'s. Padded verifies try each length with
-    `_choose_padded`."""
-    if cost.padded:
-        return _best_padded_block(rates, caps, cost, batch, other_width, lengths, drafts, other_expected)
+    same order, so each length's sums, and choice, are `_choose_many`'s."""
     n = len(caps)
     value, _, position = _sorted_gains(rates, caps)
     others = batch - n if other_expected is None else other_expected
@@ -273,18 +269,6 @@ def _best_block(rates: np.ndarray, caps: list[int], cost: CostModel, batch: int,
             top, top_rate = _best_count(kept, times, others + n, cost.step_ms, 0.0, draft_ms)
         if top and top_rate > best_rate:
             best, best_rate = length, top_rate
-    return best
-
-
-def _best_padded_block(rates: np.ndarray, caps: list[int], cost: CostModel, batch: int, other_width: int,
-                       lengths: list[int], drafts: list[float], other_expected: float | None) -> int | None:
-    """`_best_block` over padded verifies."""
-    best, best_rate = None, 0.0
-    for length, draft_ms in zip(lengths, drafts):
-        ks, rate = _choose_padded(rates, [min(c, length - 1) for c in caps], cost, batch, other_width, draft_ms, 0.0,
-                                  other_expected)
-        if any(ks) and rate > best_rate:
-            best, best_rate = length, rate
     return best
 
 
@@ -529,15 +513,16 @@ class LengthController:
         When nothing pays, probes draft the shortest block."""
         lengths = block_lengths(self.block_size)
         drafts = [self.cost.draft_ms(n_drafting, length) for length in lengths]
-        if len(caps) > 1:
+        if len(caps) > 1 and not self.cost.padded:
             best = _best_block(np.asarray(rates, dtype=float), caps, self.cost, batch, other_tokens, lengths, drafts,
-                               other_expected, other_width)
-        else:
+                               other_expected)
+        else:  # one sequence, or padded verifies (a few widths a length): each length's own choice
             best = None
             best_rate = 0.0
             for block_length, draft_ms in zip(lengths, drafts):
-                ks, rate = choose_lengths(rates, [min(caps[0], block_length - 1)], self.cost, batch, other_tokens,
-                                          other_expected=other_expected, draft_ms=draft_ms, other_width=other_width)
+                ks, rate = choose_lengths(rates, [min(c, block_length - 1) for c in caps], self.cost, batch,
+                                          other_tokens, other_expected=other_expected, draft_ms=draft_ms,
+                                          other_width=other_width)
                 if any(ks) and rate > best_rate:
                     best_rate, best = rate, block_length
         return best is not None, best or lengths[0]
