@@ -1,10 +1,13 @@
-"""The plan gate: blocks of calls on each arm, the faster arm followed at each load, the other tried again."""
+"""The plan gate: blocks of calls on each arm, the fastest arm followed at each load, the others tried again."""
 
 from __future__ import annotations
 
 import pytest
 
-from adaflash.decoding.gate import BLOCK_CALLS, EXPLORE_AFTER, SWITCH_MARGIN, WARMUP_CALLS, WEIGHT, Arm, PlanGate
+from adaflash.decoding.gate import (BLOCK_CALLS, BLOCK_SEQUENCE_STEPS, EXPLORE_AFTER, SWITCH_MARGIN, WARMUP_CALLS, WEIGHT,
+                                   Arm, PlanGate, block_calls)
+
+TWO = (Arm.PLAN, Arm.PLAIN)  # a gate without the copy arm: what the rules do between two arms
 
 
 def run_blocks(gate: PlanGate, sequences: int, rates: dict[Arm, float], blocks: int) -> list[Arm]:
@@ -15,7 +18,7 @@ def run_blocks(gate: PlanGate, sequences: int, rates: dict[Arm, float], blocks: 
         arms.append(arm)
         load = gate.loads[sequences.bit_length()]
         ended = sum(load.blocks.values())
-        for _ in range(BLOCK_CALLS + WARMUP_CALLS):
+        for _ in range(block_calls(sequences) + WARMUP_CALLS):
             assert gate.choose(sequences) is arm
             gate.observe(arm, round(rates[arm] * 100), 100.0)
             if sum(load.blocks.values()) > ended:
@@ -25,16 +28,16 @@ def run_blocks(gate: PlanGate, sequences: int, rates: dict[Arm, float], blocks: 
 
 
 def test_both_arms_are_measured_first_then_the_faster_one_leads():
-    gate = PlanGate()
+    gate = PlanGate(arms=TWO)
     arms = run_blocks(gate, 8, {Arm.PLAN: 1.0, Arm.PLAIN: 3.0}, 3)
     assert arms == [Arm.PLAN, Arm.PLAIN, Arm.PLAIN]
-    gate = PlanGate()
+    gate = PlanGate(arms=TWO)
     assert run_blocks(gate, 8, {Arm.PLAN: 3.0, Arm.PLAIN: 1.0}, 3) == [Arm.PLAN, Arm.PLAIN, Arm.PLAN]
 
 
 @pytest.mark.parametrize("ahead", [1.08, 1.2, 3.0])
 def test_the_other_arm_is_tried_again_less_often_the_further_the_leader_is_ahead(ahead):
-    gate = PlanGate()
+    gate = PlanGate(arms=TWO)
     arms = run_blocks(gate, 8, {Arm.PLAN: 1.0, Arm.PLAIN: ahead}, 2 + 3 * 40)[2:]
     every = next(blocks for bound, blocks in EXPLORE_AFTER if ahead < bound)
     tried = [i for i, arm in enumerate(arms) if arm is Arm.PLAN]
@@ -43,7 +46,7 @@ def test_the_other_arm_is_tried_again_less_often_the_further_the_leader_is_ahead
 
 
 def test_a_change_of_leader_is_followed():
-    gate = PlanGate()
+    gate = PlanGate(arms=TWO)
     run_blocks(gate, 1, {Arm.PLAN: 2.0, Arm.PLAIN: 1.0}, 6)
     arms = run_blocks(gate, 1, {Arm.PLAN: 0.5, Arm.PLAIN: 1.0}, 24)
     assert gate.loads[1].leader() is Arm.PLAIN and arms.count(Arm.PLAIN) > arms.count(Arm.PLAN)
@@ -52,7 +55,7 @@ def test_a_change_of_leader_is_followed():
 def test_each_load_is_learnt_apart():
     """Rates at one sequence do not decide for 64: both arms are measured there anew, and the first load's
     choice is still known when it comes back."""
-    gate = PlanGate()
+    gate = PlanGate(arms=TWO)
     run_blocks(gate, 1, {Arm.PLAN: 2.0, Arm.PLAIN: 1.0}, 4)
     assert run_blocks(gate, 64, {Arm.PLAN: 10.0, Arm.PLAIN: 30.0}, 3) == [Arm.PLAN, Arm.PLAIN, Arm.PLAIN]
     assert gate.choose(1) is Arm.PLAN
@@ -60,18 +63,18 @@ def test_each_load_is_learnt_apart():
 
 
 def test_a_block_cut_by_a_change_of_load_teaches_nothing():
-    gate = PlanGate()
+    gate = PlanGate(arms=TWO)
     arm = gate.choose(8)
-    for _ in range(BLOCK_CALLS - 1):
+    for _ in range(block_calls(8) - 1):
         gate.observe(arm, 100, 1.0)
     gate.choose(16)
     assert gate.loads[8 .bit_length()].rates == {Arm.PLAN: None, Arm.PLAIN: None}
 
 
 def test_calls_of_the_other_arm_or_without_time_are_not_counted():
-    gate = PlanGate()
+    gate = PlanGate(arms=TWO)
     gate.choose(4)
-    for _ in range(3 * BLOCK_CALLS):
+    for _ in range(3 * block_calls(4)):
         gate.observe(Arm.PLAIN, 100, 1.0)
         gate.observe(Arm.PLAN, 100, 0.0)
     assert gate.loads[4 .bit_length()].rates == {Arm.PLAN: None, Arm.PLAIN: None} and gate.arm is Arm.PLAN
@@ -79,7 +82,7 @@ def test_calls_of_the_other_arm_or_without_time_are_not_counted():
 
 def test_the_leader_keeps_its_place_within_the_margin():
     """Rates within SWITCH_MARGIN of each other: the arm leading stays, whichever is a little ahead."""
-    gate = PlanGate()
+    gate = PlanGate(arms=TWO)
     arms = run_blocks(gate, 2, {Arm.PLAN: 1.0, Arm.PLAIN: 1.0 + SWITCH_MARGIN / 2}, 20)
     assert arms[2:].count(Arm.PLAN) > arms[2:].count(Arm.PLAIN)
 
@@ -87,7 +90,7 @@ def test_the_leader_keeps_its_place_within_the_margin():
 def test_an_arm_s_first_blocks_count_alike():
     """The running rate starts as the mean of an arm's blocks, so a first block measured at a bad moment does
     not outweigh the next ones."""
-    gate = PlanGate()
+    gate = PlanGate(arms=TWO)
     run_blocks(gate, 1, {Arm.PLAN: 1.0, Arm.PLAIN: 0.5}, 1)
     run_blocks(gate, 1, {Arm.PLAN: 3.0, Arm.PLAIN: 0.5}, 2)
     assert gate.loads[1].rates[Arm.PLAN] == pytest.approx(2.0)
@@ -96,11 +99,11 @@ def test_an_arm_s_first_blocks_count_alike():
 def test_the_first_call_after_a_switch_is_not_measured():
     """It carries the switch's own cost (the drafter's catch-up after a plain stretch), which the arm would not pay
     while leading."""
-    gate = PlanGate()
+    gate = PlanGate(arms=TWO)
     run_blocks(gate, 8, {Arm.PLAN: 1.0, Arm.PLAIN: 1.0}, 1)
     assert gate.choose(8) is Arm.PLAIN
     gate.observe(Arm.PLAIN, 1, 1000.0)  # a slow first call
-    for _ in range(BLOCK_CALLS):
+    for _ in range(block_calls(8)):
         gate.observe(Arm.PLAIN, 200, 100.0)
     assert gate.loads[8 .bit_length()].rates[Arm.PLAIN] == pytest.approx(2.0)
 
@@ -108,8 +111,8 @@ def test_the_first_call_after_a_switch_is_not_measured():
 def test_below_its_minimum_load_every_call_plans_and_nothing_is_learnt():
     """The orchestrator's gate (`min_sequences`): fewer running sequences plan every call, however fast plain
     decoding looked at a higher load, and their calls teach nothing; from the minimum on it decides as before."""
-    gate = PlanGate(min_sequences=8)
-    for _ in range(3 * (BLOCK_CALLS + WARMUP_CALLS)):
+    gate = PlanGate(min_sequences=8, arms=TWO)
+    for _ in range(3 * (block_calls(7) + WARMUP_CALLS)):
         assert gate.choose(7) is Arm.PLAN
         gate.observe(Arm.PLAN, 1, 100.0)
     assert gate.loads == {}
@@ -124,7 +127,7 @@ def test_an_arm_run_again_after_many_leader_blocks_catches_up_with_its_new_rate_
     """The other arm's new block weighs as much as the leader's rate gave the blocks since it last ran: a rate
     left from long before does not keep the gate on an arm that has fallen behind (with a fixed weight, one
     block moved plain's stale 1.0 only to ~2.0, short of the leader's 2.0 plus the margin)."""
-    gate = PlanGate()
+    gate = PlanGate(arms=TWO)
     run_blocks(gate, 8, {Arm.PLAN: 2.0, Arm.PLAIN: 1.0}, 40)
     load = gate.loads[8 .bit_length()]
     assert load.leader() is Arm.PLAN and load.blocks[Arm.PLAN] > 1 / WEIGHT
@@ -132,3 +135,42 @@ def test_an_arm_run_again_after_many_leader_blocks_catches_up_with_its_new_rate_
     while Arm.PLAIN not in arms:
         arms += run_blocks(gate, 8, {Arm.PLAN: 2.0, Arm.PLAIN: 4.0}, 1)
     assert load.rates[Arm.PLAIN] > 3.5 and load.leader() is Arm.PLAIN
+
+
+def test_three_arms_are_measured_in_turn_then_the_fastest_leads():
+    gate = PlanGate()
+    arms = run_blocks(gate, 8, {Arm.PLAN: 1.0, Arm.COPY: 3.0, Arm.PLAIN: 2.0}, 5)
+    assert arms == [Arm.PLAN, Arm.COPY, Arm.PLAIN, Arm.COPY, Arm.COPY]
+
+
+def test_each_arm_behind_is_tried_again_as_often_as_its_own_distance_says():
+    """Plain decoding close behind the copy arm is tried every few blocks, the plan arm far behind rarely."""
+    gate = PlanGate()
+    rates = {Arm.PLAN: 1.0, Arm.COPY: 3.0, Arm.PLAIN: 2.9}
+    arms = run_blocks(gate, 8, rates, 3 + 200)[3:]
+    assert arms.count(Arm.COPY) > arms.count(Arm.PLAIN) > arms.count(Arm.PLAN) > 0
+    for arm in (Arm.PLAN, Arm.PLAIN):
+        every = next(blocks for bound, blocks in EXPLORE_AFTER if rates[Arm.COPY] / rates[arm] < bound)
+        tried = [i for i, a in enumerate(arms) if a is arm]
+        assert all(b - a >= every + 1 for a, b in zip(tried, tried[1:]))
+        assert max(b - a for a, b in zip(tried, tried[1:])) <= every + 2  # delayed at most by the other's turn
+
+
+def test_a_block_carries_as_many_sequence_steps_at_every_load():
+    """One sequence's block of four calls swung with whether its copies hit: a block spans at least
+    BLOCK_SEQUENCE_STEPS sequence steps, in at least BLOCK_CALLS calls."""
+    assert block_calls(1) == BLOCK_SEQUENCE_STEPS and block_calls(64) == BLOCK_CALLS
+    assert all(block_calls(n) * n >= BLOCK_SEQUENCE_STEPS for n in range(1, 65))
+    gate = PlanGate()
+    arm = gate.choose(1)
+    for _ in range(BLOCK_SEQUENCE_STEPS - 1):
+        gate.observe(arm, 1, 1.0)
+    assert gate.loads[1].rates[Arm.PLAN] is None
+    gate.observe(arm, 1, 1.0)
+    assert gate.loads[1].rates[Arm.PLAN] == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize("arms", [(Arm.PLAIN, Arm.PLAN), (Arm.PLAN, Arm.COPY)])
+def test_a_gate_starts_with_the_plan_arm_and_can_decode_plainly(arms):
+    with pytest.raises(ValueError, match="Arm.PLAN"):
+        PlanGate(arms=arms)

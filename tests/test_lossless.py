@@ -9,7 +9,7 @@ import torch
 from helpers import cheap_drafter_costs, clone_target, fixed_costs, random_prompts
 
 from adaflash.decoding.engine import Engine
-from adaflash.decoding.gate import Arm
+from adaflash.decoding import gate
 from adaflash.decoding.modes import DRAFTER_MODE_NAMES, MODE_NAMES
 from adaflash.decoding.sampling import SamplingParams
 from adaflash.decoding.sequence import Request
@@ -513,10 +513,13 @@ def test_engine_caches_follow_the_committed_tokens(trained_tiny, prompts):
     assert checked > 50
 
 
-def test_the_plan_gate_s_plain_runs_keep_the_drafter_context_and_the_output(trained_tiny, prompts, reference):
-    """adaflash under the plan gate alternates planned steps and runs of plain decoding (three steps a call):
-    the output is plain decoding's, and after every call the drafter's context drafts what a recomputation
-    from the text drafts, so the features of a run's steps reach it as those of single steps do."""
+def test_the_plan_gate_s_arms_keep_the_drafter_context_and_the_output(trained_tiny, prompts, reference, monkeypatch):
+    """adaflash under the plan gate alternates planned steps, copies verified whole and runs of plain decoding (three
+    steps a call; blocks of one call, so that every arm runs in a short test): the output is plain decoding's, and
+    after every call the drafter's context drafts what a recomputation from the text drafts, so the features of a
+    run's steps and of the copy arm's reach it as those of planned steps do."""
+    monkeypatch.setattr(gate, "BLOCK_CALLS", 1)
+    monkeypatch.setattr(gate, "BLOCK_SEQUENCE_STEPS", 1)
     bundle = trained_tiny
     twin = clone_target(bundle.target)
     drafter = bundle.drafter
@@ -538,7 +541,7 @@ def test_the_plan_gate_s_plain_runs_keep_the_drafter_context_and_the_output(trai
                                ref.tokens)
     assert [s.output for s in seqs] == reference[:8]
     measured = [load.rates for load in engine.scheduler.gate.loads.values()]
-    assert any(r[Arm.PLAN] is not None and r[Arm.PLAIN] is not None for r in measured)  # both arms ran
+    assert any(None not in r.values() for r in measured)  # every arm ran
     assert any(st.draft_len for s in seqs for st in s.steps)
 
 

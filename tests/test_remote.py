@@ -11,7 +11,8 @@ import pytest
 from helpers import clone_target, fixed_costs, random_prompts
 
 from adaflash.decoding.engine import Engine
-from adaflash.decoding.gate import Arm, PlanGate
+from adaflash.decoding import gate as gate_rules
+from adaflash.decoding.gate import PlanGate
 from adaflash.decoding.modes import MODE_NAMES
 from adaflash.decoding.planner import Planner
 from adaflash.decoding.policy import LengthController
@@ -125,10 +126,13 @@ def test_served_loop_equals_the_engine_with_one_target_call_per_step(trained_tin
     assert models.empty()
 
 
-def test_the_plan_gate_s_plain_arm_runs_several_steps_per_call_and_sends_their_features(trained_tiny):
-    """Served adaflash under the plan gate: on its plain arm a target call carries several steps, and every
-    committed position's features travel to the drafter (prompt, verifies and runs: len(tokens) - 1 rows per
-    sequence); the output and its stream are plain decoding's."""
+def test_the_plan_gate_s_plain_arm_runs_several_steps_per_call_and_sends_their_features(trained_tiny, monkeypatch):
+    """Served adaflash under the plan gate (blocks of one call, so that every arm runs in a short test): on its plain
+    arm a target call carries several steps, and every committed position's features travel to the drafter
+    (prompt, verifies, copies and runs: len(tokens) - 1 rows per sequence); the output and its stream are plain
+    decoding's."""
+    monkeypatch.setattr(gate_rules, "BLOCK_CALLS", 1)
+    monkeypatch.setattr(gate_rules, "BLOCK_SEQUENCE_STEPS", 1)
     prompts = random_prompts(6, seed=13)
     models = Models(trained_tiny, 6)
     gate = PlanGate()
@@ -137,7 +141,7 @@ def test_the_plan_gate_s_plain_arm_runs_several_steps_per_call_and_sends_their_f
     for seq, ref in zip(seqs, reference(trained_tiny, prompts)):
         assert seq.output == ref == streamed[seq.id]
         assert sum(models.feature_rows[seq.id]) == len(seq.tokens) - 1
-    assert gate.loads[6 .bit_length()].rates[Arm.PLAIN] is not None
+    assert None not in gate.loads[6 .bit_length()].rates.values()  # every arm ran
     steps = [n for model, op, n in models.calls if model == protocol.TARGET and op is Op.STEP]
     assert len(steps) < 1 + max(len(s.steps) for s in seqs)  # runs: fewer calls than steps
     assert any(op is Op.DRAFT for _, op, _ in models.calls)

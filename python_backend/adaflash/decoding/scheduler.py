@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
 from adaflash.decoding.costs import CostModel
 from adaflash.decoding.gate import Arm, PlanGate
-from adaflash.decoding.modes import Length, Mode, get_mode
+from adaflash.decoding.modes import REFERENCE_MODE, Length, Mode, get_mode
 from adaflash.decoding.planner import Candidate, Plan, Planner
 from adaflash.decoding.sequence import Request, Sequence, StepRecord, draft_cap
 from adaflash.decoding.steps import StepResult, StopEarly
@@ -278,10 +278,9 @@ class Scheduler:
 
     async def _propose(self, active: list[Sequence], arm: Arm | None) -> tuple[list[list[int]], dict[Hashable, int]]:
         """Each sequence's feed ([anchor] + draft), and for drafts copied from the context the n-gram length
-        their lookup matched. On the gate's plain arm the cost-aware sequences propose nothing (a cap of 0)."""
-        modes = [get_mode(s.request.mode) for s in active]
-        plan = self.planner.plan([Candidate(s.id, m, s.tokens, 0 if arm is Arm.PLAIN and _gated(m) else self._cap(s),
-                                            s.policy, s.can_draft) for s, m in zip(active, modes)])
+        their lookup matched. Off the gate's plan arm the cost-aware sequences step as the arm's fixed mode."""
+        plan = self.planner.plan([Candidate(s.id, _stepping_as(get_mode(s.request.mode), arm), s.tokens, self._cap(s),
+                                            s.policy, s.can_draft) for s in active])
         drafts = dict(plan.proposals)
         if plan.drafts:
             drafts.update(await self._draft(plan))
@@ -350,9 +349,18 @@ def _gated(mode: Mode) -> bool:
     return mode.length is Length.COST_AWARE
 
 
+# The fixed mode a cost-aware sequence steps as on each arm of the gate but the plan arm.
+ARM_MODES: dict[Arm, Mode] = {Arm.COPY: get_mode("ngram"), Arm.PLAIN: get_mode(REFERENCE_MODE)}
+
+
+def _stepping_as(mode: Mode, arm: Arm | None) -> Mode:
+    """The mode a sequence of `mode` steps as in a call on `arm`."""
+    return ARM_MODES[arm] if _gated(mode) and arm in ARM_MODES else mode
+
+
 def _proposes(mode: Mode, arm: Arm | None) -> bool:
     """Whether a sequence of `mode` may propose tokens in a call on `arm`."""
-    return mode.proposes and not (arm is Arm.PLAIN and _gated(mode))
+    return _stepping_as(mode, arm).proposes
 
 
 def _ema(old: float | None, new: float) -> float:
