@@ -21,6 +21,7 @@ from pathlib import Path
 
 from adaflash.cli_args import add_placement_args, csv_list
 from adaflash.decoding.engine import Engine
+from adaflash.decoding.gate import Arm, Tally
 from adaflash.decoding.sequence import Request, context_length
 from adaflash.evaluation.bench import departures
 from adaflash.evaluation.prompts import Prompt, encode_prompts, eval_set_prompts, load_prompts
@@ -70,9 +71,12 @@ def summarise(rows: list[dict]) -> list[dict]:
     out = []
     for domain, c in cells:
         rounds: dict[int, dict[str, float]] = {}
+        calls: dict[str, int] = {}
         for r in rows:
             if (r["domain"], r["concurrency"]) == (domain, c):
                 rounds.setdefault(r["repeat"], {})[r["variant"]] = r["tokens_per_s"]
+                for arm, run in r.get("arms", {}).items():
+                    calls[arm] = calls.get(arm, 0) + run["calls"]
         med = {v: statistics.median(tps[v] for tps in rounds.values()) for v in VARIANTS}
         best_fixed = max(FIXED, key=lambda v: med[v])
         best = med[best_fixed]
@@ -81,7 +85,8 @@ def summarise(rows: list[dict]) -> list[dict]:
                     "adaflash_over_best": round(med["adaflash"] / best, 3),
                     "adaflash_no_gate_over_best": round(med["adaflash-no-gate"] / best, 3),
                     "adaflash_over_best_by_round": _over_best(rounds, "adaflash"),
-                    "adaflash_no_gate_over_best_by_round": _over_best(rounds, "adaflash-no-gate")})
+                    "adaflash_no_gate_over_best_by_round": _over_best(rounds, "adaflash-no-gate"),
+                    "adaflash_calls_by_arm": calls})
     return out
 
 
@@ -98,6 +103,15 @@ def gate_state(engine: Engine) -> dict[str, dict]:
                                       "blocks": {a.value: n for a, n in load.blocks.items()},
                                       "leading": load.leading.value}
             for bucket, load in sorted(engine.scheduler.gate.loads.items())}
+
+
+def arms_run(before: dict[Arm, Tally], after: dict[Arm, Tally]) -> dict[str, dict]:
+    """The gated run's observed calls on each arm, and their tokens per ms: where a cell's time went."""
+    out = {}
+    for arm, end in after.items():
+        calls, tokens, ms = (end.calls - before[arm].calls, end.tokens - before[arm].tokens, end.ms - before[arm].ms)
+        out[arm.value] = {"calls": calls, "tokens_per_ms": round(tokens / ms, 3) if ms > 0 else None}
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -128,6 +142,7 @@ def main(argv: list[str] | None = None) -> int:
             for repeat in range(args.repeats):
                 reference = None
                 for variant, (engine, mode) in engines.items():
+                    tally = copy.deepcopy(gated.scheduler.gate.tally)
                     t0 = time.perf_counter()
                     seqs = engine.generate([Request(i, args.max_tokens, mode=mode) for i in cell], concurrency=c)
                     wall = time.perf_counter() - t0
@@ -138,13 +153,14 @@ def main(argv: list[str] | None = None) -> int:
                     ok &= right
                     rows.append({"domain": domain, "concurrency": c, "repeat": repeat, "variant": variant,
                                  "tokens_per_s": round(sum(map(len, outputs)) / wall, 1) if right else None,
-                                 "greedy_equal_to_ar": not gaps, "departures_at_ties": len(gaps) if right else None})
+                                 "greedy_equal_to_ar": not gaps, "departures_at_ties": len(gaps) if right else None,
+                                 **({"arms": arms_run(tally, gated.scheduler.gate.tally)} if variant == "adaflash" else {})})
                     print(domain, c, repeat, variant, rows[-1]["tokens_per_s"], flush=True)
     summary = summarise(rows) if ok else []
     for s in summary:
         print(f"{s['domain']:14s} c={s['concurrency']:<3d} best {s['best_fixed']:5s} adaflash "
               f"{s['adaflash_over_best']:.2f} (rounds {s['adaflash_over_best_by_round']}), without the gate "
-              f"{s['adaflash_no_gate_over_best']:.2f}")
+              f"{s['adaflash_no_gate_over_best']:.2f}; calls by arm {s['adaflash_calls_by_arm']}")
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()},
                                      "device": str(place.device), "dtype": place.dtype_name,

@@ -59,6 +59,16 @@ def block_calls(sequences: int) -> int:
 
 
 @dataclass
+class Tally:
+    """The calls observed on one arm over the gate's life, warm-ups included: what a benchmark reads of where a
+    run's time went."""
+
+    calls: int = 0
+    tokens: int = 0
+    ms: float = 0.0
+
+
+@dataclass
 class _Load:
     """What the gate knows at one load (running sequences within a power of two): each arm's running rate in
     tokens per ms, its blocks, and the blocks of any arm since it last ran."""
@@ -116,6 +126,7 @@ class PlanGate:
         self._tokens = 0
         self._ms = 0.0
         self._warmup = 0  # calls of the current arm still to pass unmeasured
+        self.tally = {arm: Tally() for arm in arms}
 
     def choose(self, sequences: int) -> Arm:
         """The arm of a call carrying `sequences` running sequences: the current block's, or on a change of
@@ -139,6 +150,8 @@ class PlanGate:
         observed: their time is the new sequences'."""
         if arm is not self.arm or self._bucket is None or ms <= 0:
             return
+        tally = self.tally[arm]
+        tally.calls, tally.tokens, tally.ms = tally.calls + 1, tally.tokens + tokens, tally.ms + ms
         if self._warmup:
             self._warmup -= 1
             return
