@@ -7,6 +7,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import gc
+import itertools
 import json
 import pickle
 import random
@@ -74,15 +75,20 @@ def test_padded_steps_match_the_eager_forward(trained_tiny, paging):
 def check_padded_steps(graphed, eager, paging, tolerance: float) -> graphs.StepGraphs:
     """Ragged steps (1-16 new tokens, every batch size, slots in any order, with and without captured
     layers) give the eager forward's logits and features, leave the same lengths, and the slots' caches then
-    decode alike: the padding wrote nowhere a slot reads. Returns the graphed model's recorder (the cache it
-    served is gone with this function)."""
+    decode alike: the padding wrote nowhere a slot reads. The prompts' prefill is a padded step too (8 x 128 tokens
+    padded), its logits asked of the last rows only, as `steps.prefill_batch` asks. Returns the graphed model's
+    recorder (the cache it served is gone with this function)."""
     caches = {m: m.new_cache(SLOTS, LENGTH, paging) for m in (graphed, eager)}
     assert caches[graphed].scratch is not None and caches[eager].scratch is None
     rng = random.Random(3)
     prompts = random_prompts(SLOTS, seed=5, min_len=3, max_len=110)
-    for m, cache in caches.items():
-        m.forward(cache, list(range(SLOTS)), prompts)  # prefills run eagerly in both
-    shapes = set()
+    last_rows = torch.tensor(list(itertools.accumulate(map(len, prompts)))) - 1
+    filled = {m: m.forward(cache, list(range(SLOTS)), prompts, logit_rows=last_rows, capture_layers=CAPTURE)
+              for m, cache in caches.items()}
+    torch.testing.assert_close(filled[graphed].logits, filled[eager].logits, atol=tolerance, rtol=tolerance)
+    torch.testing.assert_close(filled[graphed].hidden, filled[eager].hidden, atol=tolerance, rtol=tolerance)
+    shapes = set(graphed.recorders.get(caches[graphed]).replays)
+    assert max(s.tokens for s in shapes) > graphs.MAX_NEW  # the prefill was padded, not eager
     for step in range(24):
         open_slots = [s for s in range(SLOTS) if caches[eager].lengths[s] < LENGTH]
         slots = rng.sample(open_slots, rng.randint(1, len(open_slots)))
@@ -260,3 +266,14 @@ def test_the_gate_and_the_cost_model_learn_nothing_from_a_step_that_recorded_a_s
         engine.generate([Request(p, MAX_TOKENS, mode="adaflash", stop_ids=()) for p in prompts], concurrency=8)
     assert graphs.recordings() > 0 and set(observed) == {"observe", "observe_verify", "observe_draft", "observe_step"}
     assert not any(any(seen) for seen in observed.values()), observed
+
+
+def test_a_prefill_past_the_graphed_tokens_runs_eagerly(trained_tiny):
+    """A prefill padded past PREFILL_TOKENS records no shape, and gives the eager forward's logits."""
+    graphed, eager = twins(trained_tiny)
+    caches = {m: m.new_cache(2, 1024 + 8) for m in (graphed, eager)}
+    prompt = random_prompts(1, seed=9, min_len=graphs.PREFILL_TOKENS // 2 + 1, max_len=graphs.PREFILL_TOKENS // 2 + 1)[0]
+    assert graphs.bucket(2) * graphs.bucket(len(prompt)) > graphs.PREFILL_TOKENS
+    out = {m: m.forward(cache, [0, 1], [prompt, prompt[:5]]) for m, cache in caches.items()}
+    torch.testing.assert_close(out[graphed].logits, out[eager].logits, atol=1e-4, rtol=1e-4)
+    assert not graphed.recorders.get(caches[graphed]).replays

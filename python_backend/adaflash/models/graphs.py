@@ -33,7 +33,12 @@ from torch import Tensor
 from adaflash.models.cache import Gather, KVCache
 from adaflash.models.layers import Ragged
 
-MAX_NEW = 16  # new tokens per sequence a graphed step takes: decodes and verifies (prefills run eagerly)
+MAX_NEW = 16  # new tokens per sequence any graphed step takes: decodes and verifies
+# Padded tokens (sequences x tokens per sequence) a graphed step of longer feeds takes: prefills. An eager prefill on a
+# GPU host took several verifies' time, and where sequences end one by one (prompt lookup's and adaflash's do) each
+# admission paid one (docs/results.md, GPU round 25). Larger prefills run eagerly: every prefill shape keeps its
+# outputs in the graphs' pool, so this bounds that memory too.
+PREFILL_TOKENS = 1024
 MIN_CONTEXT = 64
 MIN_POSITIONS = 16  # a context projection's smallest bucket
 ENV = "ADAFLASH_CUDA_GRAPHS"  # "0" turns graphed steps off on CUDA (the eager path, for comparison)
@@ -222,12 +227,16 @@ class StepGraphs(Recorder):
 
     def __init__(self, target: torch.nn.Module, cache: KVCache) -> None:
         most = bucket(len(cache.lengths))
-        super().__init__([target], cache, 5 * most * MAX_NEW + most * -(-cache.max_len // cache.page))
+        tokens = max(most * MAX_NEW, PREFILL_TOKENS)
+        super().__init__([target], cache, 5 * tokens + most * -(-cache.max_len // cache.page))
         self.target = target
         self.key_index = torch.arange(cache.max_len, device=self.device)
 
     def fits(self, counts: list[int]) -> bool:
-        return 0 < max(counts) <= MAX_NEW
+        """Whether a step feeding `counts` new tokens to its sequences is graphed: every decode and verify (at most
+        MAX_NEW a sequence), and prefills within PREFILL_TOKENS padded."""
+        longest = max(counts)
+        return 0 < longest and (longest <= MAX_NEW or bucket(len(counts)) * bucket(longest) <= PREFILL_TOKENS)
 
     def run(self, cache: KVCache, slots: list[int], starts: list[int], counts: list[int], tokens: list[list[int]],
             capture_layers: list[int] | None) -> StepOutput:

@@ -337,10 +337,11 @@ class Transformer(nn.Module):
         starts = [cache.lengths[s] for s in slots]
         for s, st, c in zip(slots, starts, counts):
             cache.reserve(s, st + c)
-        stepper = self.recorders.of(self, cache) if logit_rows is None else None
+        stepper = self.recorders.of(self, cache)
         if stepper is not None and stepper.fits(counts):
             step = stepper.run(cache, slots, starts, counts, tokens, capture_layers)
-            out = ForwardOutput(self.logits(step.x), step.hidden)
+            out = ForwardOutput(self.logits(step.x if logit_rows is None else step.x.index_select(0, logit_rows)),
+                                step.hidden)
         else:
             device = self.inv_freq.device
             fb = ForwardBatch.build(cache, slots, starts, counts, device)
