@@ -340,7 +340,7 @@ class Transformer(nn.Module):
         stepper = self.recorders.of(self, cache)
         if stepper is not None and stepper.fits(counts):
             step = stepper.run(cache, slots, starts, counts, tokens, capture_layers)
-            out = ForwardOutput(self.logits(step.x if logit_rows is None else step.x.index_select(0, logit_rows)),
+            out = ForwardOutput(self.logits(step.x if logit_rows is None else step.x[logit_rows]),
                                 step.hidden)
         else:
             device = self.inv_freq.device
