@@ -144,13 +144,14 @@ def test_three_arms_are_measured_in_turn_then_the_fastest_leads():
 
 
 def test_each_arm_behind_is_tried_again_as_often_as_its_own_distance_says():
-    """Plain decoding close behind the copy arm is tried every few blocks, the plan arm far behind rarely."""
+    """Plain decoding close behind the copy arm is tried every few blocks, the plan arm far behind rarely; with two
+    arms behind, each half as often as one arm behind would be."""
     gate = PlanGate()
     rates = {Arm.PLAN: 1.0, Arm.COPY: 3.0, Arm.PLAIN: 2.9}
     arms = run_blocks(gate, 8, rates, 3 + 200)[3:]
     assert arms.count(Arm.COPY) > arms.count(Arm.PLAIN) > arms.count(Arm.PLAN) > 0
     for arm in (Arm.PLAN, Arm.PLAIN):
-        every = next(blocks for bound, blocks in EXPLORE_AFTER if rates[Arm.COPY] / rates[arm] < bound)
+        every = 2 * next(blocks for bound, blocks in EXPLORE_AFTER if rates[Arm.COPY] / rates[arm] < bound)
         tried = [i for i, a in enumerate(arms) if a is arm]
         assert all(b - a >= every + 1 for a, b in zip(tried, tried[1:]))
         assert max(b - a for a, b in zip(tried, tried[1:])) <= every + 2  # delayed at most by the other's turn

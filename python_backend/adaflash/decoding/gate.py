@@ -39,7 +39,9 @@ WARMUP_CALLS = 1
 # kept exploring an arm that was far behind (docs/results.md, round 15).
 WEIGHT = 0.15
 SWITCH_MARGIN = 0.05  # another arm leads once its rate is this much above the leader's (noise does not flip it)
-# Blocks between two blocks of an arm that does not lead, by how far the leader is ahead (its rate / the arm's).
+# Blocks between two blocks of an arm that does not lead, by how far the leader is ahead (its rate / the arm's), for
+# each arm behind: with two behind each is tried half as often, so that trying them costs the share of calls that
+# one arm behind cost.
 EXPLORE_AFTER = ((1.1, 2), (1.3, 6), (float("inf"), 16))
 SERVED_MIN_SEQUENCES = 8  # the orchestrator's `PlanGate(min_sequences)`
 
@@ -106,7 +108,7 @@ class _Load:
 
     def _explore_after(self, leader: Arm, arm: Arm) -> int:
         ahead = self.rates[leader] / self.rates[arm] if self.rates[arm] else float("inf")
-        return next(blocks for bound, blocks in EXPLORE_AFTER if ahead < bound)
+        return next(blocks for bound, blocks in EXPLORE_AFTER if ahead < bound) * (len(self.arms) - 1)
 
 
 class PlanGate:
