@@ -25,6 +25,7 @@ from adaflash.decoding.gate import Arm, Tally
 from adaflash.decoding.sequence import Request, context_length
 from adaflash.evaluation.bench import departures
 from adaflash.evaluation.prompts import Prompt, encode_prompts, eval_set_prompts, load_prompts
+from adaflash.models import graphs
 from adaflash.models.bundle import load_bundle
 from adaflash.models.drafter import block_size_of
 from adaflash.models.placement import placement
@@ -142,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
             for repeat in range(args.repeats):
                 reference = None
                 for variant, (engine, mode) in engines.items():
-                    tally = copy.deepcopy(gated.scheduler.gate.tally)
+                    tally, recorded = copy.deepcopy(gated.scheduler.gate.tally), graphs.recordings()
                     t0 = time.perf_counter()
                     seqs = engine.generate([Request(i, args.max_tokens, mode=mode) for i in cell], concurrency=c)
                     wall = time.perf_counter() - t0
@@ -154,6 +155,7 @@ def main(argv: list[str] | None = None) -> int:
                     rows.append({"domain": domain, "concurrency": c, "repeat": repeat, "variant": variant,
                                  "tokens_per_s": round(sum(map(len, outputs)) / wall, 1) if right else None,
                                  "greedy_equal_to_ar": not gaps, "departures_at_ties": len(gaps) if right else None,
+                                 "graphs_recorded": graphs.recordings() - recorded,
                                  **({"arms": arms_run(tally, gated.scheduler.gate.tally)} if variant == "adaflash" else {})})
                     print(domain, c, repeat, variant, rows[-1]["tokens_per_s"], flush=True)
     summary = summarise(rows) if ok else []
