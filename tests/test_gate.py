@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from adaflash.decoding.gate import (BLOCK_CALLS, BLOCK_SEQUENCE_STEPS, EXPLORE_AFTER, SWITCH_MARGIN, WARMUP_CALLS, WEIGHT,
-                                   Arm, PlanGate, block_calls)
+                                   ARMS, Arm, PlanGate, arms_for, block_calls)
 
 TWO = (Arm.PLAN, Arm.PLAIN)  # a gate without the copy arm: what the rules do between two arms
 
@@ -175,3 +175,10 @@ def test_a_block_carries_as_many_sequence_steps_at_every_load():
 def test_a_gate_starts_with_the_plan_arm_and_can_decode_plainly(arms):
     with pytest.raises(ValueError, match="Arm.PLAN"):
         PlanGate(arms=arms)
+
+
+def test_the_copy_arm_is_an_option_where_steps_are_padded_and_the_planner_copies():
+    """On graphed steps a plan's host work is what the copy arm saves; where the forward dominates, the plan arm's own
+    copies cover prompt lookup and the copy arm's slow exploring blocks only cost."""
+    assert arms_for(copies=True, padded=True) == ARMS
+    assert arms_for(copies=True, padded=False) == arms_for(copies=False, padded=True) == TWO

@@ -525,6 +525,7 @@ def test_the_plan_gate_s_arms_keep_the_drafter_context_and_the_output(trained_ti
     drafter = bundle.drafter
     engine = Engine(bundle.target, drafter, num_slots=6, max_len=MAX_LEN, cost_model=cheap_drafter_costs(6),
                     run_steps=3)
+    engine.scheduler.gate = gate.PlanGate(arms=gate.ARMS)  # the copy arm too (an eager table's gate has none)
     seqs = [engine.submit(Request(prompts[i], MAX_TOKENS, mode="adaflash" if i % 4 else "ar", stop_ids=()))
             for i in range(8)]
     while engine.has_work:

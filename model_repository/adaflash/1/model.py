@@ -27,7 +27,7 @@ spin_target_threads()  # before torch loads: the target's threads, when it runs 
 
 import torch  # noqa: E402
 
-from adaflash.decoding.gate import SERVED_MIN_SEQUENCES, PlanGate  # noqa: E402
+from adaflash.decoding.gate import SERVED_MIN_SEQUENCES, PlanGate, arms_for  # noqa: E402
 from adaflash.decoding.modes import modes_served  # noqa: E402
 from adaflash.decoding.planner import Planner  # noqa: E402
 from adaflash.decoding.policy import LengthController  # noqa: E402
@@ -205,7 +205,7 @@ class TritonPythonModel:
                                 called=lambda model, op, n: self._later(self.metrics.called, model, op.name.lower(), n))
         self.scheduler = Scheduler(backend, self.planner, self.planner.controller.cost, max_active, self.max_len,
                                    self.has_drafter, paging=protocol.model_paging(params),
-                                   gate=PlanGate(SERVED_MIN_SEQUENCES))
+                                   gate=self._gate(self.planner.controller.cost))
         self.clients = {}  # sequence id -> Client
         self.next_cancel_check = 0.0
         self.ids = itertools.count(int.from_bytes(os.urandom(4), "little") << 20)
@@ -335,6 +335,11 @@ class TritonPythonModel:
         if self.has_drafter and self.scheduler.cost is None:
             cost = protocol.decode_cost_table(await self._call(protocol.TARGET, protocol.encode_costs_call()))
             self.planner.controller.cost = self.scheduler.cost = cost
+            self.scheduler.gate = self._gate(cost)  # (its arms follow the table; no step ran before it came)
+
+    def _gate(self, cost):
+        """The plan gate for the target's cost table (None: not fetched yet)."""
+        return PlanGate(SERVED_MIN_SEQUENCES, arms_for(self.planner.copies, cost is not None and cost.padded))
 
     async def _cancel_departed(self):
         """End the sequences whose client went away, asked of Triton every CANCEL_CHECK_S."""

@@ -15,7 +15,7 @@ from itertools import count
 import torch
 
 from adaflash.decoding.costs import CostModel, measure_costs
-from adaflash.decoding.gate import ARMS, Arm, PlanGate
+from adaflash.decoding.gate import PlanGate, arms_for
 from adaflash.decoding.planner import Planner
 from adaflash.decoding.policy import LengthController
 from adaflash.decoding.scheduler import Scheduler, Timed, run_now
@@ -117,7 +117,7 @@ class Engine:
         self.cost = cost_model
         self.backend = LocalBackend(target, drafter, num_slots, max_len, paging)
         self.planner = Planner(LengthController(cost_model, block_size_of(drafter), prior_weight, probe_every), copies)
-        gate = PlanGate(arms=ARMS if copies else (Arm.PLAN, Arm.PLAIN)) if plan_gate else None
+        gate = PlanGate(arms=arms_for(copies, cost_model is not None and cost_model.padded)) if plan_gate else None
         self.scheduler = Scheduler(self.backend, self.planner, cost_model, num_slots, max_len, drafter is not None,
                                    prefill_tokens, paging, run_steps, gate)
         self._ids = count()

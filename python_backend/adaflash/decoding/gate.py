@@ -55,6 +55,14 @@ class Arm(Enum):
 ARMS = (Arm.PLAN, Arm.COPY, Arm.PLAIN)  # in the order a load first measures them
 
 
+def arms_for(copies: bool, padded: bool) -> tuple[Arm, ...]:
+    """The arms of a gate: the copy arm where the planner may copy and the target's steps are padded (graphed), whose
+    host work a plan's adds to; else plan and plain. Where the forward dominates a step (eager, a CPU) the plan arm's
+    own copies already do what prompt lookup does, and the copy arm only cost its exploration: its blocks of whole
+    copies are slow calls there (docs/results.md, round 25, the CPU A/B)."""
+    return ARMS if copies and padded else (Arm.PLAN, Arm.PLAIN)
+
+
 def block_calls(sequences: int) -> int:
     """Calls in one block of an arm at a load of `sequences`."""
     return max(BLOCK_CALLS, -(-BLOCK_SEQUENCE_STEPS // max(sequences, 1)))
