@@ -156,7 +156,8 @@ def main(argv: list[str] | None = None) -> int:
                                  "tokens_per_s": round(sum(map(len, outputs)) / wall, 1) if right else None,
                                  "greedy_equal_to_ar": not gaps, "departures_at_ties": len(gaps) if right else None,
                                  "graphs_recorded": graphs.recordings() - recorded,
-                                 **({"arms": arms_run(tally, gated.scheduler.gate.tally)} if variant == "adaflash" else {})})
+                                 **({"arms": arms_run(tally, gated.scheduler.gate.tally)}
+                                    if variant == "adaflash" else {})})
                     print(domain, c, repeat, variant, rows[-1]["tokens_per_s"], flush=True)
     summary = summarise(rows) if ok else []
     for s in summary:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from adaflash.decoding.gate import (BLOCK_CALLS, BLOCK_SEQUENCE_STEPS, EXPLORE_AFTER, SWITCH_MARGIN, WARMUP_CALLS, WEIGHT,
-                                   ARMS, Arm, PlanGate, arms_for, block_calls)
+from adaflash.decoding.gate import (ARMS, BLOCK_CALLS, BLOCK_SEQUENCE_STEPS, EXPLORE_AFTER, SWITCH_MARGIN,
+                                   WARMUP_CALLS, WEIGHT, Arm, PlanGate, arms_for, block_calls)
 
 TWO = (Arm.PLAN, Arm.PLAIN)  # a gate without the copy arm: what the rules do between two arms
 

@@ -271,8 +271,9 @@ def test_the_gate_and_the_cost_model_learn_nothing_from_a_step_that_recorded_a_s
 def test_a_prefill_past_the_graphed_tokens_runs_eagerly(trained_tiny):
     """A prefill padded past PREFILL_TOKENS records no shape, and gives the eager forward's logits."""
     graphed, eager = twins(trained_tiny)
-    caches = {m: m.new_cache(2, 1024 + 8) for m in (graphed, eager)}
-    prompt = random_prompts(1, seed=9, min_len=graphs.PREFILL_TOKENS // 2 + 1, max_len=graphs.PREFILL_TOKENS // 2 + 1)[0]
+    caches = {m: m.new_cache(2, graphs.PREFILL_TOKENS + 8) for m in (graphed, eager)}
+    length = graphs.PREFILL_TOKENS // 2 + 1
+    prompt = random_prompts(1, seed=9, min_len=length, max_len=length)[0]
     assert graphs.bucket(2) * graphs.bucket(len(prompt)) > graphs.PREFILL_TOKENS
     out = {m: m.forward(cache, [0, 1], [prompt, prompt[:5]]) for m, cache in caches.items()}
     torch.testing.assert_close(out[graphed].logits, out[eager].logits, atol=1e-4, rtol=1e-4)

@@ -10,10 +10,10 @@ decoding, and where the planned steps commit what prompt lookup's would, the pla
 GPU host it cost 0.7 ms a step over prompt lookup's at 8 sequences: docs/results.md, GPU round 24). So the gate runs
 its arms in blocks of calls, follows the one that commits the most tokens per millisecond of the whole step, and
 keeps trying the others now and then, more often the closer they are. Its arms are the fixed modes a cost-aware
-sequence could have been (`Arm`): the plan itself, prompt lookup, plain decoding. The output does not depend on the
-arm (each verifies losslessly), so greedy decoding stays equal to plain decoding whatever the gate chooses. The engine uses it at every load; the
-orchestrator from SERVED_MIN_SEQUENCES running sequences, below which served planning every step was measured
-faster (docs/results.md, rounds 13 and 14).
+sequence could have been (`Arm`): the plan itself, prompt lookup (where steps are graphed: `arms_for`), plain
+decoding. The output does not depend on the arm (each verifies losslessly), so greedy decoding stays equal to plain
+decoding whatever the gate chooses. The engine uses it at every load; the orchestrator from SERVED_MIN_SEQUENCES
+running sequences, below which served planning every step was measured faster (docs/results.md, rounds 13 and 14).
 """
 
 from __future__ import annotations
@@ -125,7 +125,7 @@ class PlanGate:
 
     def __init__(self, min_sequences: int = 1, arms: tuple[Arm, ...] = ARMS) -> None:
         """`min_sequences`: below this many running sequences every call plans, and nothing is learnt. `arms`: those
-        the gate chooses from, Arm.PLAN first (without copies, as `Planner(copies=False)`, Arm.COPY is no option)."""
+        the gate chooses from (`arms_for`), Arm.PLAN first."""
         if arms[0] is not Arm.PLAN or Arm.PLAIN not in arms:
             raise ValueError("a gate's arms start with Arm.PLAN and include Arm.PLAIN")
         self.min_sequences, self.arms = min_sequences, arms
