@@ -102,7 +102,7 @@ def gate_state(engine: Engine) -> dict[str, dict]:
     followed the faster arm and how often it tried the other."""
     return {f"{1 << (bucket - 1)}+": {"rates": {a.value: r and round(r, 4) for a, r in load.rates.items()},
                                       "blocks": {a.value: n for a, n in load.blocks.items()},
-                                      "leading": load.leading.value}
+                                      "leading": load.leading and load.leading.value}
             for bucket, load in sorted(engine.scheduler.gate.loads.items())}
 
 

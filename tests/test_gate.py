@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from adaflash.decoding.gate import (ARMS, BLOCK_CALLS, BLOCK_SEQUENCE_STEPS, EXPLORE_AFTER, SWITCH_MARGIN,
-                                   WARMUP_CALLS, WEIGHT, Arm, PlanGate, arms_for, block_calls)
+from adaflash.decoding.gate import (ARMS, BLOCK_CALLS, BLOCK_SEQUENCE_STEPS, EXPLORE_AFTER, PLAIN_PREFERENCE,
+                                   SWITCH_MARGIN, WARMUP_CALLS, WEIGHT, Arm, PlanGate, arms_for, block_calls)
 
 TWO = (Arm.PLAN, Arm.PLAIN)  # a gate without the copy arm: what the rules do between two arms
 
@@ -39,7 +39,7 @@ def test_both_arms_are_measured_first_then_the_faster_one_leads():
 def test_the_other_arm_is_tried_again_less_often_the_further_the_leader_is_ahead(ahead):
     gate = PlanGate(arms=TWO)
     arms = run_blocks(gate, 8, {Arm.PLAN: 1.0, Arm.PLAIN: ahead}, 2 + 3 * 40)[2:]
-    every = next(blocks for bound, blocks in EXPLORE_AFTER if ahead < bound)
+    every = next(blocks for bound, blocks in EXPLORE_AFTER if ahead * (1 + PLAIN_PREFERENCE) < bound)
     tried = [i for i, arm in enumerate(arms) if arm is Arm.PLAN]
     assert tried and all(b - a == every + 1 for a, b in zip(tried, tried[1:]))
     assert arms.count(Arm.PLAIN) > arms.count(Arm.PLAN)
@@ -81,9 +81,11 @@ def test_calls_of_the_other_arm_or_without_time_are_not_counted():
 
 
 def test_the_leader_keeps_its_place_within_the_margin():
-    """Rates within SWITCH_MARGIN of each other: the arm leading stays, whichever is a little ahead."""
+    """Scores within SWITCH_MARGIN of each other: the arm leading stays, whichever is a little ahead."""
     gate = PlanGate(arms=TWO)
-    arms = run_blocks(gate, 2, {Arm.PLAN: 1.0, Arm.PLAIN: 1.0 + SWITCH_MARGIN / 2}, 20)
+    run_blocks(gate, 2, {Arm.PLAN: 1.5, Arm.PLAIN: 1.0}, 4)
+    assert gate.loads[2].leader() is Arm.PLAN
+    arms = run_blocks(gate, 2, {Arm.PLAN: 1.0, Arm.PLAIN: (1.0 + SWITCH_MARGIN / 2) / (1 + PLAIN_PREFERENCE)}, 40)
     assert arms[2:].count(Arm.PLAN) > arms[2:].count(Arm.PLAIN)
 
 
@@ -147,11 +149,12 @@ def test_each_arm_behind_is_tried_again_as_often_as_its_own_distance_says():
     """Plain decoding close behind the copy arm is tried every few blocks, the plan arm far behind rarely; with two
     arms behind, each half as often as one arm behind would be."""
     gate = PlanGate()
-    rates = {Arm.PLAN: 1.0, Arm.COPY: 3.0, Arm.PLAIN: 2.9}
+    rates = {Arm.PLAN: 1.0, Arm.COPY: 3.0, Arm.PLAIN: 2.6}
+    scores = {**rates, Arm.PLAIN: rates[Arm.PLAIN] * (1 + PLAIN_PREFERENCE)}
     arms = run_blocks(gate, 8, rates, 3 + 200)[3:]
     assert arms.count(Arm.COPY) > arms.count(Arm.PLAIN) > arms.count(Arm.PLAN) > 0
     for arm in (Arm.PLAN, Arm.PLAIN):
-        every = 2 * next(blocks for bound, blocks in EXPLORE_AFTER if rates[Arm.COPY] / rates[arm] < bound)
+        every = 2 * next(blocks for bound, blocks in EXPLORE_AFTER if scores[Arm.COPY] / scores[arm] < bound)
         tried = [i for i, a in enumerate(arms) if a is arm]
         assert all(b - a >= every + 1 for a, b in zip(tried, tried[1:]))
         assert max(b - a for a, b in zip(tried, tried[1:])) <= every + 2  # delayed at most by the other's turn
@@ -182,3 +185,20 @@ def test_the_copy_arm_is_an_option_where_steps_are_padded_and_the_planner_copies
     copies cover prompt lookup and the copy arm's slow exploring blocks only cost."""
     assert arms_for(copies=True, padded=True) == ARMS
     assert arms_for(copies=True, padded=False) == arms_for(copies=False, padded=True) == TWO
+
+
+@pytest.mark.parametrize(("plan", "leads"), [(1.0 + PLAIN_PREFERENCE / 2, Arm.PLAIN),
+                                             ((1.0 + PLAIN_PREFERENCE) * (1 + 2 * SWITCH_MARGIN), Arm.PLAN)])
+def test_another_arm_leads_plain_decoding_only_where_clearly_faster(plan, leads):
+    """A speculating arm's calls leave out what its sequences out of step cost (admissions one by one, a shrinking
+    batch at the end): within PLAIN_PREFERENCE of plain's rate, plain decoding leads; well past it, the arm does.
+    A gate without the preference, or one sequence alone, follows the faster rate."""
+    gate = PlanGate(arms=TWO)
+    arms = run_blocks(gate, 8, {Arm.PLAN: plan, Arm.PLAIN: 1.0}, 2 + 30)[2:]
+    assert gate.loads[8 .bit_length()].leader() is leads
+    assert arms.count(leads) > len(arms) // 2
+    neutral = PlanGate(arms=TWO, plain_preference=0.0)
+    run_blocks(neutral, 8, {Arm.PLAN: 1.0 + PLAIN_PREFERENCE / 2, Arm.PLAIN: 1.0}, 2 + 30)
+    assert neutral.loads[8 .bit_length()].leader() is Arm.PLAN
+    run_blocks(gate, 1, {Arm.PLAN: 1.0 + PLAIN_PREFERENCE / 2, Arm.PLAIN: 1.0}, 2 + 30)
+    assert gate.loads[1].leader() is Arm.PLAN  # one sequence is out of step with no one

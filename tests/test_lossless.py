@@ -564,3 +564,21 @@ def test_a_verify_with_a_prefill_riding_along_does_not_teach_the_verify_scale():
     assert engine.cost.verify_scale == learnt
     engine.step()
     assert engine.cost.verify_scale != learnt
+
+
+def test_the_gate_reads_a_call_s_load_with_the_sequences_it_admits(trained_tiny, prompts, reference):
+    """A full batch whose sequences end one by one admits a waiting one in the call after each end: the gate is
+    asked for that call's arm at the load of the batch it runs (the admitted sequence counted), not one fewer,
+    which read as another load and dropped the block under way."""
+    bundle = trained_tiny
+    engine = Engine(bundle.target, bundle.drafter, num_slots=3, max_len=MAX_LEN, cost_model=cheap_drafter_costs(3))
+    loads = []
+    choose = engine.scheduler.gate.choose
+    engine.scheduler.gate.choose = lambda n: loads.append((n, len(engine.running))) or choose(n)
+    seqs = [engine.submit(Request(p, MAX_TOKENS - 3 * (i % 3), mode="adaflash", stop_ids=()))
+            for i, p in enumerate(prompts[:9])]
+    while engine.has_work:
+        engine.step()
+    assert [s.output for s in seqs] == [r[:MAX_TOKENS - 3 * (i % 3)] for i, r in enumerate(reference[:9])]
+    assert loads and all(n == running for n, running in loads)
+    assert sum(n == 3 for n, _ in loads) > len(loads) // 2

@@ -12,6 +12,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from adaflash.decoding.sampling import History, SamplingParams
+from adaflash.decoding.steps import step_batch
 from adaflash.models import native, target as target_module
 from adaflash.models.cache import Paging
 from adaflash.models.layers import Layout, RopeConfig, apply_rope, rms_norm, rope_cos_sin
@@ -149,17 +151,41 @@ def _prompts(lengths: list[int]) -> list[list[int]]:
 @needs_native
 @pytest.mark.parametrize("paging", [None, Paging(page=16, pages=64)])
 def test_native_attention_equals_torch(target, paging, monkeypatch):
-    """Decode and verify steps of sequences of different lengths, unpaged and paged: the logits of torch's path."""
+    """Prefills, decode and verify steps of sequences of different lengths, unpaged and paged: the logits of torch's
+    path."""
     prompts, steps = _prompts([37, 5, 90]), _prompts([1, 4, 2])
     logits = {}
-    for limit in (target_module.NATIVE_ATTENTION_MAX_NEW, 0):  # 0: torch's attention
-        monkeypatch.setattr(target_module, "NATIVE_ATTENTION_MAX_NEW", limit)
-        cache = _prefilled(target, prompts, paging)
+    for in_c in (True, False):
+        if not in_c:
+            monkeypatch.setattr(native, "attends_over", lambda store: False)
         with torch.inference_mode():
+            cache = target.new_cache(len(prompts), 256, paging)
+            prefilled = target.forward(cache, list(range(len(prompts))), prompts).logits
             alone = target.forward(cache, [1], [steps[0]]).logits
             batch = target.forward(cache, [0, 1, 2], steps).logits
-        logits[limit] = torch.cat([alone, batch])
-    assert torch.allclose(logits[0], logits[target_module.NATIVE_ATTENTION_MAX_NEW], atol=1e-4, rtol=1e-4)
+        logits[in_c] = torch.cat([prefilled, alone, batch])
+    assert torch.allclose(logits[True], logits[False], atol=1e-4, rtol=1e-4)
+
+
+@needs_native
+def test_a_prompt_is_prefilled_alike_alone_or_beside_verifies(target):
+    """Bitwise, in the native kernels: a prompt's logits, features and cache entries whether it is prefilled alone
+    or in one forward with other sequences' verify feeds, and those verifies' logits the same as verified alone:
+    what lets `steps.step_batch` join an admission to a step without changing a token."""
+    prompt, others, feeds = _prompts([70])[0], _prompts([30, 12]), _prompts([5, 1])
+    with torch.inference_mode():
+        apart = target.new_cache(3, 256)
+        target.forward(apart, [1, 2], others)
+        alone = target.forward(apart, [0], [prompt], capture_layers=[0, 1])
+        verified = target.forward(apart, [1, 2], feeds).logits
+        joined = target.new_cache(3, 256)
+        target.forward(joined, [1, 2], others)
+        both = target.forward(joined, [0, 1, 2], [prompt, *feeds], capture_layers=[0, 1])
+    assert target.batch_invariant(joined)
+    assert torch.equal(both.logits[: len(prompt)], alone.logits)
+    assert torch.equal(both.hidden[: len(prompt)], alone.hidden)
+    assert torch.equal(both.logits[len(prompt):], verified)
+    assert torch.equal(joined.k, apart.k) and torch.equal(joined.v, apart.v)
 
 
 @needs_native
@@ -183,7 +209,7 @@ def test_a_verify_gives_the_logits_of_decoding_bitwise(target, monkeypatch):
     """With the native kernels a decode or verify forward, each sequence adding at most a block, is batch-invariant:
     verifying a block (alone, or beside others, up to hundreds of tokens in the call) gives, bit for bit, the logits
     of decoding its tokens one at a time, so greedy speculative decoding commits exactly what plain decoding would."""
-    block = target_module.NATIVE_ATTENTION_MAX_NEW
+    block = target_module.STEP_MAX_NEW
     prompts = _prompts([60, 23, 31, 45] * 5)
     fused_calls = []
     decode_layers = native.decode_layers
@@ -242,3 +268,37 @@ def test_a_failed_build_leaves_torch_products(tmp_path):
     out = _available_in_subprocess({"CC": "/bin/false", "ADAFLASH_CACHE_DIR": str(tmp_path)})
     assert out.startswith("False") and "native kernels unavailable" in out
     assert not list(tmp_path.iterdir())  # no half-written library left behind
+
+
+@needs_native
+def test_an_admitting_step_is_one_forward_with_the_results_of_two(target, monkeypatch):
+    """`steps.step_batch` prefilling one sequence while verifying two (greedy with a logits processor, and sampled
+    with log-probabilities) runs one target forward, and every result (tokens, acceptance, features, log-probs)
+    and the caches' lengths equal those of the prefill and the verify as two forwards."""
+    prompts, drafts = _prompts([40, 25]), _prompts([4, 2])
+    admitted = _prompts([33])
+    feeds = [admitted[0], *([p[-1], *d] for p, d in zip(prompts, drafts))]
+    sampling = [SamplingParams(), SamplingParams(repetition_penalty=1.3),
+                SamplingParams(temperature=0.8, seed=7, log_probs=True)]
+    histories = [None, History(prompts[0], len(prompts[0])), History(prompts[1], len(prompts[1]))]
+    calls = []
+    forward = Transformer.forward
+    monkeypatch.setattr(Transformer, "forward", lambda self, *a, **k: calls.append(1) or forward(self, *a, **k))
+    results, lengths = {}, {}
+    for joined in (True, False):
+        if not joined:
+            monkeypatch.setattr(Transformer, "batch_invariant", lambda self, cache: False)
+        cache = target.new_cache(3, 256)
+        with torch.inference_mode():
+            target.forward(cache, [1, 2], [p[:-1] for p in prompts])
+            calls.clear()
+            results[joined], _ = step_batch(target, cache, 1, [0, 1, 2], feeds, sampling,
+                                            [torch.Generator().manual_seed(s.seed) for s in sampling], [0, 1],
+                                            histories=histories)
+        assert len(calls) == (1 if joined else 2)
+        lengths[joined] = cache.lengths[:3]
+    assert lengths[True] == lengths[False]
+    for one, two in zip(results[True], results[False]):
+        assert (one.committed, one.accepted, one.expected_accepted, one.log_probs) == \
+            (two.committed, two.accepted, two.expected_accepted, two.log_probs)
+        assert torch.equal(one.features, two.features)

@@ -39,6 +39,13 @@ WARMUP_CALLS = 1
 # kept exploring an arm that was far behind (docs/results.md, round 15).
 WEIGHT = 0.15
 SWITCH_MARGIN = 0.05  # another arm leads once its rate is this much above the leader's (noise does not flip it)
+# Another arm leads plain decoding only where its rate is this much above plain's. Why: the calls the gate observes
+# are not all a speculating arm costs. Its sequences advance out of step, so they end one by one and each admission
+# prefills alone, where plain decoding's end together and prefill together; a batch's last sequences then run in a
+# shrinking batch. On the CPU at 8 sequences the plan arm's observed calls ran plain's rate while whole runs on it
+# took 0.87-0.90 of plain's throughput (docs/results.md, round 26). One sequence alone has no one to be out of step
+# with: there the rates compare as they are.
+PLAIN_PREFERENCE = 0.10
 # Blocks between two blocks of an arm that does not lead, by how far the leader is ahead (its rate / the arm's), for
 # each arm behind: with two behind each is tried half as often, so that trying them costs the share of calls that
 # one arm behind cost.
@@ -84,10 +91,11 @@ class _Load:
     tokens per ms, its blocks, and the blocks of any arm since it last ran."""
 
     arms: tuple[Arm, ...]
+    plain_preference: float = PLAIN_PREFERENCE
     rates: dict[Arm, float | None] = field(init=False)
     blocks: dict[Arm, int] = field(init=False)
     since: dict[Arm, int] = field(init=False)
-    leading: Arm = Arm.PLAN
+    leading: Arm | None = None  # once every arm is measured
 
     def __post_init__(self) -> None:
         self.rates = {arm: None for arm in self.arms}
@@ -95,15 +103,19 @@ class _Load:
         self.since = {arm: 0 for arm in self.arms}
 
     def leader(self) -> Arm:
-        """An arm not yet measured, else the leading one, which gives way once another's running rate is
-        SWITCH_MARGIN above its own."""
+        """An arm not yet measured, else the leading one: at first the best by its score (`score`), then the one
+        leading until another's score is SWITCH_MARGIN above its own."""
         for arm in self.arms:
             if self.rates[arm] is None:
                 return arm
-        best = max(self.arms, key=lambda arm: self.rates[arm])
-        if self.rates[best] > self.rates[self.leading] * (1 + SWITCH_MARGIN):
+        best = max(self.arms, key=self.score)
+        if self.leading is None or self.score(best) > self.score(self.leading) * (1 + SWITCH_MARGIN):
             self.leading = best
         return self.leading
+
+    def score(self, arm: Arm) -> float:
+        """An arm's running rate, plain decoding's raised by `plain_preference` (PLAIN_PREFERENCE)."""
+        return self.rates[arm] * (1 + self.plain_preference if arm is Arm.PLAIN else 1)
 
     def overdue(self, leader: Arm) -> Arm | None:
         """The arm to try again after a block of `leader`: of those that waited their `EXPLORE_AFTER` blocks, the
@@ -115,7 +127,7 @@ class _Load:
         return max(due, key=lambda arm: waited[arm]) if due else None
 
     def _explore_after(self, leader: Arm, arm: Arm) -> int:
-        ahead = self.rates[leader] / self.rates[arm] if self.rates[arm] else float("inf")
+        ahead = self.score(leader) / self.score(arm) if self.rates[arm] else float("inf")
         return next(blocks for bound, blocks in EXPLORE_AFTER if ahead < bound) * (len(self.arms) - 1)
 
 
@@ -123,12 +135,13 @@ class PlanGate:
     """The arm of the next call, from the tokens and milliseconds of the calls made on each, learnt apart at
     each load: the rates of every arm grow with the batch, so only rates measured at one load compare."""
 
-    def __init__(self, min_sequences: int = 1, arms: tuple[Arm, ...] = ARMS) -> None:
+    def __init__(self, min_sequences: int = 1, arms: tuple[Arm, ...] = ARMS,
+                 plain_preference: float = PLAIN_PREFERENCE) -> None:
         """`min_sequences`: below this many running sequences every call plans, and nothing is learnt. `arms`: those
-        the gate chooses from (`arms_for`), Arm.PLAN first."""
+        the gate chooses from (`arms_for`), Arm.PLAN first. `plain_preference`: PLAIN_PREFERENCE."""
         if arms[0] is not Arm.PLAN or Arm.PLAIN not in arms:
             raise ValueError("a gate's arms start with Arm.PLAN and include Arm.PLAIN")
-        self.min_sequences, self.arms = min_sequences, arms
+        self.min_sequences, self.arms, self.plain_preference = min_sequences, arms, plain_preference
         self.loads: dict[int, _Load] = {}  # by load bucket (`bucket`)
         self.arm = Arm.PLAN
         self._bucket: int | None = None  # the load of the current block
@@ -147,7 +160,7 @@ class PlanGate:
         bucket = sequences.bit_length()
         if bucket != self._bucket:
             self._bucket, self._calls, self._tokens, self._ms = bucket, 0, 0, 0.0
-            self._switch(self.loads.setdefault(bucket, _Load(self.arms)).leader())
+            self._switch(self.loads.setdefault(bucket, _Load(self.arms, self.plain_preference if sequences > 1 else 0.0)).leader())
         return self.arm
 
     def _switch(self, arm: Arm) -> None:

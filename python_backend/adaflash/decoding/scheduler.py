@@ -162,7 +162,7 @@ class Scheduler:
         started, self._forwards_ms, self._recorded = time.perf_counter(), 0.0, graphs.recordings()
         active = [s for s in self.running.values() if not s.finished]
         admitted = self._admit()
-        arm = self._arm(active)
+        arm = self._arm(active, admitted)
         committed = 0 if arm is None else sum(len(s.output) for s in active)  # what the gate is told the call added
         runs = self._runs(active, arm) if active and not admitted else None
         if runs is not None:
@@ -188,12 +188,14 @@ class Scheduler:
         of times a replay's), so the cost model, the gate and the overhead estimates may learn from them."""
         return graphs.recordings() == self._recorded
 
-    def _arm(self, active: list[Sequence]) -> Arm | None:
+    def _arm(self, active: list[Sequence], admitted: list[Sequence]) -> Arm | None:
         """The gate's arm for the cost-aware sequences of this call; None when there is no gate or no such
-        sequence runs."""
+        sequence runs. The load is the call's sequences, those it admits included: counted without them, each
+        admission to a full batch (one sequence ended, another joins) read as a load of its own, whose arm the
+        call took and whose change of load dropped the block under way."""
         if self.gate is None or not any(_gated(get_mode(s.request.mode)) for s in active):
             return None
-        return self.gate.choose(len(active))
+        return self.gate.choose(len(active) + len(admitted))
 
     def _runs(self, active: list[Sequence], arm: Arm | None) -> list[int] | None:
         """Each sequence's plain decoding steps in this call, when every one decodes plainly (None otherwise):

@@ -76,17 +76,25 @@ def prefill_batch(target: Transformer, cache: KVCache, slots: list[int], prompts
                   wants: list[bool]) -> list[StepResult]:
     """Fill each slot with its prompt and pick the first token; features cover every prompt position of the
     sequences that `wants` them."""
-    counts = [len(p) for p in prompts]
-    ends = np.cumsum(counts)
+    ends = np.cumsum([len(p) for p in prompts])
     out = target.forward(cache, slots, prompts, logit_rows=indices(ends - 1, cache.k.device),
                          capture_layers=_layers(capture, wants))
-    results = []
+    return _first_tokens(out.logits, out.hidden, prompts, sampling, generators, wants)
+
+
+def _first_tokens(logits: torch.Tensor, hidden: torch.Tensor | None, prompts: list[list[int]],
+                  sampling: list[SamplingParams], generators: list[torch.Generator],
+                  wants: list[bool]) -> list[StepResult]:
+    """Each prompt's first token from logits [one row per prompt], and its features from hidden [the prompts'
+    rows, packed in order]."""
+    results, end = [], 0
     for i, (prompt, sp, g) in enumerate(zip(prompts, sampling, generators)):
-        logits = _processed(out.logits[i : i + 1], sp, History(prompt, len(prompt)), [])
-        logits = out.logits[i : i + 1] if logits is None else logits
-        token = int(logits[0].argmax()) if sp.greedy else sample(target_probs(on_cpu(logits), sp)[0], g)
-        feats = out.hidden[ends[i] - counts[i] : ends[i]].clone() if out.hidden is not None and wants[i] else None
-        results.append(StepResult([token], 0, 0.0, feats, _log_probs(logits, sp, [token])))
+        end += len(prompt)
+        processed = _processed(logits[i : i + 1], sp, History(prompt, len(prompt)), [])
+        row = logits[i : i + 1] if processed is None else processed
+        token = int(row[0].argmax()) if sp.greedy else sample(target_probs(on_cpu(row), sp)[0], g)
+        feats = hidden[end - len(prompt) : end].clone() if hidden is not None and wants[i] else None
+        results.append(StepResult([token], 0, 0.0, feats, _log_probs(row, sp, [token])))
     return results
 
 
@@ -99,9 +107,15 @@ def step_batch(target: Transformer, cache: KVCache, new: int, slots: list[int], 
     `histories`: per verified sequence, its committed tokens through the anchor (None: it has no logits
     processors). `runs` (no new sequences, feeds of one token): plain decoding of runs[i] steps for sequence
     i instead (`decode_run`, which `stop_early` may end sooner). Returns the results in order and the verify
-    forwards' milliseconds (what the cost model learns from; 0 without one)."""
+    forwards' milliseconds (what the cost model learns from; 0 without one), the prefill's included where one
+    forward did both (`target.batch_invariant`: the weights are read once for both, as the gate and the cost
+    model see no admitting step's time, they learn nothing from it)."""
     wants = [True] * len(slots) if wants is None else wants
     histories = [None] * len(slots) if histories is None else histories
+    if new and len(slots) > new and runs is None and target.batch_invariant(cache):
+        t0 = time.perf_counter()
+        return prefill_and_verify(target, cache, new, slots, feeds, sampling, generators, capture, wants,
+                                  histories), ms_since(t0)
     prefilled = prefill_batch(target, cache, slots[:new], feeds[:new], sampling[:new], generators[:new],
                               capture, wants[:new]) if new else []
     if len(slots) == new:
@@ -113,6 +127,25 @@ def step_batch(target: Transformer, cache: KVCache, new: int, slots: list[int], 
     verified = verify_batch(target, cache, slots[new:], feeds[new:], sampling[new:], generators[new:], capture,
                             wants[new:], histories[new:])
     return prefilled + verified, ms_since(t0)
+
+
+def prefill_and_verify(target: Transformer, cache: KVCache, new: int, slots: list[int], feeds: list[list[int]],
+                       sampling: list[SamplingParams], generators: list[torch.Generator], capture: list[int] | None,
+                       wants: list[bool], histories: list[History | None]) -> list[StepResult]:
+    """`prefill_batch` of the first `new` sequences and `verify_batch` of the others in one forward, for a target
+    whose forwards are batch-invariant (the caller checks): each sequence's results are bitwise those of the two
+    forwards. Why: where sequences end one by one, every admission shares a call with the others' verifies, and a
+    second forward reads every weight again for a verify's few rows."""
+    ends = np.cumsum([len(f) for f in feeds])
+    prompt_rows = int(ends[new - 1])
+    rows = indices(np.concatenate([ends[:new] - 1, np.arange(prompt_rows, int(ends[-1]))]), cache.k.device)
+    starts = [cache.lengths[s] for s in slots[new:]]
+    out = target.forward(cache, slots, feeds, logit_rows=rows, capture_layers=_layers(capture, wants))
+    hidden = out.hidden
+    prefilled = _first_tokens(out.logits[:new], None if hidden is None else hidden[:prompt_rows], feeds[:new],
+                              sampling[:new], generators[:new], wants[:new])
+    return prefilled + _judged(out.logits[new:], None if hidden is None else hidden[prompt_rows:], cache, slots[new:],
+                               starts, feeds[new:], sampling[new:], generators[new:], wants[new:], histories[new:])
 
 
 def decode_run(target: Transformer, cache: KVCache, slots: list[int], anchors: list[int], runs: list[int],
@@ -159,23 +192,31 @@ def verify_batch(target: Transformer, cache: KVCache, slots: list[int], feeds: l
     """feeds[b] = [anchor] + draft. Verify every draft, then roll each slot back to its accepted length."""
     starts = [cache.lengths[s] for s in slots]
     out = target.forward(cache, slots, feeds, capture_layers=_layers(capture, wants))
-    greedy_ids = out.logits.argmax(-1).tolist()
+    return _judged(out.logits, out.hidden, cache, slots, starts, feeds, sampling, generators, wants, histories)
+
+
+def _judged(logits: torch.Tensor, hidden: torch.Tensor | None, cache: KVCache, slots: list[int], starts: list[int],
+            feeds: list[list[int]], sampling: list[SamplingParams], generators: list[torch.Generator],
+            wants: list[bool], histories: list[History | None]) -> list[StepResult]:
+    """What each verified sequence commits, from the forward's logits and hidden rows of its feed (packed in
+    order); each slot rolled back from `starts` to its accepted length."""
+    greedy_ids = logits.argmax(-1).tolist()
     results, row = [], 0
     for i, (slot, start, feed, sp, g) in enumerate(zip(slots, starts, feeds, sampling, generators)):
         n = len(feed)
         expected = 0.0
-        processed = _processed(out.logits[row : row + n], sp, histories[i], feed[1:])
-        logits = out.logits[row : row + n] if processed is None else processed
+        processed = _processed(logits[row : row + n], sp, histories[i], feed[1:])
+        rows = logits[row : row + n] if processed is None else processed
         if sp.greedy:
             ids = greedy_ids[row : row + n] if processed is None else processed.argmax(-1).tolist()
             committed = verify_greedy(feed[1:], ids)
         else:
-            committed, expected = verify_sampled(feed[1:], target_probs(on_cpu(logits), sp), g)
+            committed, expected = verify_sampled(feed[1:], target_probs(on_cpu(rows), sp), g)
         accepted = len(committed) - 1
         cache.truncate(slot, start + accepted + 1)
         # A view, not a copy: the forward's features are a tensor of their own, and a copy per sequence per step
         # took ~2% of a 64-sequence step (docs/results.md, round 15).
-        feats = out.hidden[row : row + accepted + 1] if out.hidden is not None and wants[i] else None
-        results.append(StepResult(committed, accepted, expected, feats, _log_probs(logits, sp, committed)))
+        feats = hidden[row : row + accepted + 1] if hidden is not None and wants[i] else None
+        results.append(StepResult(committed, accepted, expected, feats, _log_probs(rows, sp, committed)))
         row += n
     return results

@@ -80,7 +80,7 @@ def target_config_to_hf(cfg: TargetConfig) -> dict:
     return d
 
 
-NATIVE_ATTENTION_MAX_NEW = 16  # new tokens per sequence: decode and verify steps in C, prefills in torch's kernel
+STEP_MAX_NEW = 16  # new tokens per sequence of a decode or verify step (a block) at most
 
 
 @dataclass
@@ -124,7 +124,7 @@ class ForwardBatch:
         under PyTorch's lower-right causal bias instead of a boolean mask, which lets CUDA run its fused SDPA
         kernels (default: on CUDA only; CPU keeps the mask, whose kernel measured no slower there).
         `one_short_group`: sequences with a step's few new tokens (decodes and verifies, up to
-        NATIVE_ATTENTION_MAX_NEW) attend as one group, padded to the longest, instead of a group per power of two
+        STEP_MAX_NEW) attend as one group, padded to the longest, instead of a group per power of two
         (default: on CUDA only). Why: on a GPU a small model's step is bound by the host issuing operations, and
         each group repeats a layer's attention operations, while padding a few queries costs the device next to
         nothing; on a CPU attention's arithmetic is the cost, and padding a 1-token decode to a 16-token verify's
@@ -132,14 +132,14 @@ class ForwardBatch:
         fused = device.type == "cuda" if fused_causal is None else fused_causal
         merge = device.type == "cuda" if one_short_group is None else one_short_group
         positions, pages, offsets = cache.locate(slots, starts, counts, device)
-        if native.can_attend(cache.k, counts, NATIVE_ATTENTION_MAX_NEW):
+        if native.attends_over(cache.k) and not torch.is_grad_enabled():
             return cls(positions, pages, offsets, [],  # no writes here: `native.attend` stores the new tokens
                        native=native.attention_batch([cache.tables[s] for s in slots], starts, counts))
         ragged = Ragged.build(counts, device)
         buckets: dict[int, list[int]] = {}
         for row, c in enumerate(counts):
-            short = merge and c <= NATIVE_ATTENTION_MAX_NEW
-            buckets.setdefault(NATIVE_ATTENTION_MAX_NEW if short else 1 << (c - 1).bit_length(), []).append(row)
+            short = merge and c <= STEP_MAX_NEW
+            buckets.setdefault(STEP_MAX_NEW if short else 1 << (c - 1).bit_length(), []).append(row)
         if len(buckets) == 1:  # the common case: one group, the whole batch
             return cls(positions, pages, offsets, [_group(slice(None), cache, slots, starts, ragged, fused)],
                        _run(cache, slots, starts, counts))
@@ -350,6 +350,12 @@ class Transformer(nn.Module):
         for s, st, c in zip(slots, starts, counts):
             cache.lengths[s] = st + c
         return out
+
+    def batch_invariant(self, cache: KVCache) -> bool:
+        """Whether every forward over `cache` computes each sequence's rows bitwise as it would alone (attention in
+        the native kernels, whose products and norms are batch-invariant too): then one forward may prefill some
+        sequences and verify others (`steps.step_batch`)."""
+        return native.attends_over(cache.k)
 
     def forward_batch(self, fb: ForwardBatch, ids: Tensor, cache: KVCache, logit_rows: Tensor | None = None,
                       capture_layers: list[int] | None = None) -> ForwardOutput:

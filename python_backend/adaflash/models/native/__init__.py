@@ -121,12 +121,13 @@ def attention_batch(tables: list[list[int]], starts: list[int], counts: list[int
                           torch.tensor(counts, dtype=torch.int64))
 
 
-def can_attend(store: Tensor, counts: list[int], max_new: int) -> bool:
-    """Whether `attend` takes a forward adding `counts[b]` tokens to each sequence (at most `max_new`: a decode or
-    verify step; a prefill keeps torch's blocked kernel) over caches like `store` [layers, pages, KV, page, dim]."""
+def attends_over(store: Tensor) -> bool:
+    """Whether `attend` takes the forwards over caches like `store` [layers, pages, KV, page, dim], whatever each
+    adds: decodes, verifies and prefills alike. One path for every forward keeps a token's results bitwise the
+    same whichever call computes them, so a prompt may be prefilled in the same forward as other sequences' verifies
+    (`steps.step_batch`) and still give what it gives alone."""
     return (store.dtype == torch.float32 and store.device.type == "cpu" and store.is_contiguous()
-            and store.shape[-1] % 8 == 0 and 0 < max(counts) <= max_new and not torch.is_grad_enabled()
-            and available())
+            and store.shape[-1] % 8 == 0 and available())
 
 
 def attend(q: Tensor, k: Tensor, v: Tensor, k_cache: Tensor, v_cache: Tensor, batch: AttentionBatch,

@@ -218,7 +218,9 @@ void attend(const float *q, int64_t q_stride, const float *k, int64_t k_stride, 
                 memcpy(vc + at + g * page * dim, v + t * v_stride + g * dim, dim * sizeof(float));
             }
         }
-    #pragma omp parallel for schedule(static) num_threads(threads)
+    /* Tasks are handed out one at a time: a prefill's later queries read more keys than its first ones, so equal
+       halves of the tasks are unequal halves of the work. */
+    #pragma omp parallel for schedule(dynamic, 1) num_threads(threads)
     for (int64_t task = 0; task < tasks; task++) {
         int64_t b = 0, rest = task;
         while (rest >= counts[b] * heads) rest -= counts[b++] * heads;
