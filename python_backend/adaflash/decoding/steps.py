@@ -107,9 +107,9 @@ def step_batch(target: Transformer, cache: KVCache, new: int, slots: list[int], 
     `histories`: per verified sequence, its committed tokens through the anchor (None: it has no logits
     processors). `runs` (no new sequences, feeds of one token): plain decoding of runs[i] steps for sequence
     i instead (`decode_run`, which `stop_early` may end sooner). Returns the results in order and the verify
-    forwards' milliseconds (what the cost model learns from; 0 without one), the prefill's included where one
-    forward did both (`target.batch_invariant`: the weights are read once for both, as the gate and the cost
-    model see no admitting step's time, they learn nothing from it)."""
+    forwards' milliseconds (what the cost model learns from; 0 without one). Where the target's forwards are
+    batch-invariant (`Transformer.batch_invariant`) prefills and verifies share one forward (`prefill_and_verify`),
+    whose milliseconds are returned: neither the cost model nor the gate learns from an admitting step."""
     wants = [True] * len(slots) if wants is None else wants
     histories = [None] * len(slots) if histories is None else histories
     if new and len(slots) > new and runs is None and target.batch_invariant(cache):

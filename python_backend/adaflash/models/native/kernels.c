@@ -248,11 +248,24 @@ void attend(const float *q, int64_t q_stride, const float *k, int64_t k_stride, 
         }
         const float inv = 1.0f / lanes(total);
         float *o = out + t * heads * dim + h * dim;
-        for (int64_t d = 0; d < dim; d += 8) _mm256_storeu_ps(o + d, _mm256_setzero_ps());
-        for (int64_t l = 0; l < len; l++) {
+        int64_t d0 = 0;
+        /* 64 dims at a time in registers over every key, then any rest through memory: each output's sum runs over
+           the keys in order either way. */
+        for (; d0 + 64 <= dim; d0 += 64) {
+            __m256 acc[8];
+            for (int i = 0; i < 8; i++) acc[i] = _mm256_setzero_ps();
+            for (int64_t l = 0; l < len; l++) {
+                const float *vl = vc + pages[l / page] * page_floats + head_off + (l % page) * dim + d0;
+                const __m256 w = _mm256_set1_ps(s[l]);
+                for (int i = 0; i < 8; i++) acc[i] = _mm256_fmadd_ps(w, _mm256_loadu_ps(vl + 8 * i), acc[i]);
+            }
+            for (int i = 0; i < 8; i++) _mm256_storeu_ps(o + d0 + 8 * i, acc[i]);
+        }
+        for (int64_t d = d0; d < dim; d += 8) _mm256_storeu_ps(o + d, _mm256_setzero_ps());
+        for (int64_t l = 0; l < len && d0 < dim; l++) {
             const float *vl = vc + pages[l / page] * page_floats + head_off + (l % page) * dim;
             const __m256 w = _mm256_set1_ps(s[l]);
-            for (int64_t d = 0; d < dim; d += 8)
+            for (int64_t d = d0; d < dim; d += 8)
                 _mm256_storeu_ps(o + d, _mm256_fmadd_ps(w, _mm256_loadu_ps(vl + d), _mm256_loadu_ps(o + d)));
         }
         for (int64_t d = 0; d < dim; d += 8) _mm256_storeu_ps(o + d, _mm256_mul_ps(_mm256_loadu_ps(o + d),
