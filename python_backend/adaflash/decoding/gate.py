@@ -160,7 +160,8 @@ class PlanGate:
         bucket = sequences.bit_length()
         if bucket != self._bucket:
             self._bucket, self._calls, self._tokens, self._ms = bucket, 0, 0, 0.0
-            self._switch(self.loads.setdefault(bucket, _Load(self.arms, self.plain_preference if sequences > 1 else 0.0)).leader())
+            preference = self.plain_preference if sequences > 1 else 0.0
+            self._switch(self.loads.setdefault(bucket, _Load(self.arms, preference)).leader())
         return self.arm
 
     def _switch(self, arm: Arm) -> None:
