@@ -352,9 +352,10 @@ class Transformer(nn.Module):
         return out
 
     def batch_invariant(self, cache: KVCache) -> bool:
-        """Whether every forward over `cache` computes each sequence's rows bitwise as it would alone (attention in
-        the native kernels, whose products and norms are batch-invariant too): then one forward may prefill some
-        sequences and verify others (`steps.step_batch`)."""
+        """Whether every forward over `cache` computes each sequence's rows bitwise as it would alone: attention in
+        the native kernels, whose norms and products are batch-invariant too (weights below `layers.COPY_MIN_BYTES`,
+        in test-sized models, go through torch's product, as a verify beside a decode already does). Then one
+        forward may prefill some sequences and verify others (`steps.step_batch`)."""
         return native.attends_over(cache.k)
 
     def forward_batch(self, fb: ForwardBatch, ids: Tensor, cache: KVCache, logit_rows: Tensor | None = None,
