@@ -1,6 +1,8 @@
-"""Round 26's A/B of the gate's preference for plain decoding on the CPU, in one process: `ar` and adaflash under
+"""Round 26's A/B of the gate's preference for plain decoding, in one process: `ar`, `ngram` and adaflash under
 gates whose `plain_preference` differs, alternating in rotated order, one engine whose gate object is swapped
-between runs (the same weights, cost table and caches for every variant); every output checked equal to `ar`'s.
+between runs (the same weights, cost table and caches for every variant); every output compared with `ar`'s. The
+gates' arms are the engine's (`gate.arms_for`: the copy arm too where steps are graphed). On a GPU give `--device
+cuda --warmup 1` (graphs are recorded on a shape's first use); `calls_by_arm` is cumulative over the gates' life.
 
     PYTHONPATH=python_backend:build:clients:tests .venv/bin/python docs/engine-speed/round26/preference_ab.py \\
         --json docs/engine-speed/round26/preference-ab.json
@@ -14,13 +16,14 @@ import statistics
 import time
 from pathlib import Path
 
-from adaflash.cli_args import csv_list
+from adaflash.cli_args import add_placement_args, csv_list
 from adaflash.decoding.engine import Engine
-from adaflash.decoding.gate import Arm, PlanGate
+from adaflash.decoding.gate import PlanGate, arms_for
 from adaflash.decoding.sequence import Request, context_length
 from adaflash.evaluation.prompts import encode_prompts, eval_set_prompts
 from adaflash.models.bundle import load_bundle
 from adaflash.models.drafter import block_size_of
+from adaflash.models.placement import placement
 
 LOW_LOAD_PROMPTS = 16  # as bench_gate
 
@@ -33,19 +36,26 @@ def main() -> None:
     p.add_argument("--preferences", type=csv_list(float), default=[0.0, 0.1, 0.2])
     p.add_argument("--max-tokens", type=int, default=96)
     p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--warmup", type=int, default=0, help="untimed rounds of each cell first")
+    add_placement_args(p)
     p.add_argument("--json", type=Path, required=True)
     args = p.parse_args()
-    bundle = load_bundle(Path("models/default"))
+    bundle = load_bundle(Path("models/default"), place=placement(args.device, args.dtype))
     prompts = eval_set_prompts(args.eval_data, 64, training_template=True)
     ids = encode_prompts(bundle.tokenizer, prompts, 400, None)
     max_len = context_length([len(i) for i in ids], args.max_tokens, block_size_of(bundle.drafter))
     engine = Engine(bundle.target, bundle.drafter, num_slots=max(args.concurrency), max_len=max_len)
-    gates = {f"preference {x}": PlanGate(arms=(Arm.PLAN, Arm.PLAIN), plain_preference=x) for x in args.preferences}
+    arms = arms_for(True, engine.cost is not None and engine.cost.padded)
+    gates = {f"preference {x}": PlanGate(arms=arms, plain_preference=x) for x in args.preferences}
     rows = []
     for domain in args.domains:
         cell_ids = [i for i, q in zip(ids, prompts) if q.domain == domain]
         for c in args.concurrency:
             cell = cell_ids[:LOW_LOAD_PROMPTS] if c == 1 else cell_ids
+            for variant in ["ar", "ngram", *gates] * args.warmup:
+                engine.scheduler.gate = gates.get(variant, engine.scheduler.gate)
+                mode = variant if variant in ("ar", "ngram") else "adaflash"
+                engine.generate([Request(i, args.max_tokens, mode=mode) for i in cell], concurrency=c)
             for repeat in range(args.repeats):
                 names = list(gates)
                 names = names[repeat % len(names):] + names[:repeat % len(names)]
