@@ -62,13 +62,23 @@ def test_each_load_is_learnt_apart():
     assert gate.choose(100) is Arm.PLAIN  # 64 to 127 sequences: one load
 
 
-def test_a_block_cut_by_a_change_of_load_teaches_nothing():
+def test_a_load_s_block_carries_on_across_calls_at_another_load():
+    """Sequences ending and others joining move the load across a power of two from call to call (31, 32, 31..):
+    each load's calls add to its own block, which the other load's calls between them do not cut, so both loads
+    learn both arms (when a change of load dropped the block under way, neither ever completed one)."""
     gate = PlanGate(arms=TWO)
-    arm = gate.choose(8)
+    for _ in range(4 * block_calls(32)):
+        for sequences in (31, 32):
+            gate.observe(gate.choose(sequences), 100, 1.0)
+    for load in (gate.loads[31 .bit_length()], gate.loads[32 .bit_length()]):
+        assert None not in load.rates.values()
+    half = PlanGate(arms=TWO)
     for _ in range(block_calls(8) - 1):
-        gate.observe(arm, 100, 1.0)
-    gate.choose(16)
-    assert gate.loads[8 .bit_length()].rates == {Arm.PLAN: None, Arm.PLAIN: None}
+        half.observe(half.choose(8), 100, 1.0)
+    half.observe(half.choose(16), 100, 1.0)
+    assert half.loads[8 .bit_length()].rates[Arm.PLAN] is None
+    half.observe(half.choose(8), 300, 1.0)  # the block's last call, after the other load's
+    assert half.loads[8 .bit_length()].rates[Arm.PLAN] == pytest.approx(150.0)
 
 
 def test_calls_of_the_other_arm_or_without_time_are_not_counted():
@@ -77,7 +87,7 @@ def test_calls_of_the_other_arm_or_without_time_are_not_counted():
     for _ in range(3 * block_calls(4)):
         gate.observe(Arm.PLAIN, 100, 1.0)
         gate.observe(Arm.PLAN, 100, 0.0)
-    assert gate.loads[4 .bit_length()].rates == {Arm.PLAN: None, Arm.PLAIN: None} and gate.arm is Arm.PLAN
+    assert gate.loads[4 .bit_length()].rates == {Arm.PLAN: None, Arm.PLAIN: None} and gate.choose(4) is Arm.PLAN
 
 
 def test_the_leader_keeps_its_place_within_the_margin():

@@ -27,9 +27,10 @@ from enum import Enum
 # calls though the plan arm's rate was 1.36 times plain's (docs/results.md, GPU round 24).
 BLOCK_CALLS = 4
 BLOCK_SEQUENCE_STEPS = 32
-# After a switch of arm, the first call is not measured: it carries the switch's own cost (after a plain stretch the
-# drafter first appends every position decoded meanwhile), which the arm would not pay while it led; counted, it
-# would tilt the comparison toward the arm in the lead.
+# After a load's switch of arm, its first call is not measured: it carries the switch's own cost (after a plain
+# stretch the drafter first appends every position decoded meanwhile), which the arm would not pay while it led;
+# counted, it would tilt the comparison toward the arm in the lead. (A call at another load between two of this
+# load's is not a switch: a warm-up per such call would leave loads that alternate on different arms unmeasured.)
 WARMUP_CALLS = 1
 # Of a block's rate in its arm's running rate: the mean of an arm's first blocks, then this weight per block of
 # any arm since the arm's rate was last updated (the load's regime is followed, not each text's turns; a first
@@ -88,19 +89,49 @@ class Tally:
 @dataclass
 class _Load:
     """What the gate knows at one load (running sequences within a power of two): each arm's running rate in
-    tokens per ms, its blocks, and the blocks of any arm since it last ran."""
+    tokens per ms, its blocks, the blocks of any arm since it last ran, and the block under way (its arm and what
+    its calls so far committed). A load keeps its own block: where the load moves between two powers of two
+    (sequences end and others join around 32), the calls at each add to that load's block, which another load's
+    calls between them do not cut."""
 
     arms: tuple[Arm, ...]
     plain_preference: float = PLAIN_PREFERENCE
+    block_calls: int = BLOCK_CALLS  # calls per block at this load (`block_calls`)
     rates: dict[Arm, float | None] = field(init=False)
     blocks: dict[Arm, int] = field(init=False)
     since: dict[Arm, int] = field(init=False)
     leading: Arm | None = None  # once every arm is measured
+    arm: Arm = field(init=False)  # of the block under way
+    warmup: int = 0  # its calls still to pass unmeasured after the load's change of arm
+    calls: int = 0
+    tokens: int = 0
+    ms: float = 0.0
 
     def __post_init__(self) -> None:
         self.rates = {arm: None for arm in self.arms}
         self.blocks = {arm: 0 for arm in self.arms}
         self.since = {arm: 0 for arm in self.arms}
+        self.arm = self.leader()
+
+    def add(self, tokens: int, ms: float) -> bool:
+        """A measured call of the block's arm; whether the block is complete."""
+        self.calls, self.tokens, self.ms = self.calls + 1, self.tokens + tokens, self.ms + ms
+        return self.calls >= self.block_calls
+
+    def end_block(self) -> None:
+        """Fold the block's rate into its arm's running rate, and start the next block on the leader or on an arm
+        overdue for another try."""
+        rate, old = self.tokens / self.ms, self.rates[self.arm]
+        self.blocks[self.arm] += 1
+        weight = max(1 - (1 - WEIGHT) ** (1 + self.since[self.arm]), 1 / self.blocks[self.arm])
+        self.rates[self.arm] = rate if old is None else old + weight * (rate - old)
+        for arm in self.arms:
+            self.since[arm] = 0 if arm is self.arm else self.since[arm] + 1
+        self.calls, self.tokens, self.ms = 0, 0, 0.0
+        leader = self.leader()
+        arm = self.overdue(leader) or leader
+        if arm is not self.arm:
+            self.arm, self.warmup = arm, WARMUP_CALLS
 
     def leader(self) -> Arm:
         """An arm not yet measured, else the leading one: at first the best by its score (`score`), then the one
@@ -143,53 +174,31 @@ class PlanGate:
             raise ValueError("a gate's arms start with Arm.PLAN and include Arm.PLAIN")
         self.min_sequences, self.arms, self.plain_preference = min_sequences, arms, plain_preference
         self.loads: dict[int, _Load] = {}  # by load bucket (`bucket`)
-        self.arm = Arm.PLAN
-        self._bucket: int | None = None  # the load of the current block
-        self._calls = 0
-        self._tokens = 0
-        self._ms = 0.0
-        self._warmup = 0  # calls of the current arm still to pass unmeasured
+        self._load: _Load | None = None  # of the last call (None: below min_sequences)
         self.tally = {arm: Tally() for arm in arms}
 
     def choose(self, sequences: int) -> Arm:
-        """The arm of a call carrying `sequences` running sequences: the current block's, or on a change of
-        load the new load's leader (the block so far is dropped)."""
+        """The arm of a call carrying `sequences` running sequences: that load's block's."""
         if sequences < self.min_sequences:
-            self._bucket = None  # (what these calls do is not observed)
+            self._load = None  # (what these calls do is not observed)
             return Arm.PLAN
         bucket = sequences.bit_length()
-        if bucket != self._bucket:
-            self._bucket, self._calls, self._tokens, self._ms = bucket, 0, 0, 0.0
-            preference = self.plain_preference if sequences > 1 else 0.0
-            self._switch(self.loads.setdefault(bucket, _Load(self.arms, preference)).leader())
-        return self.arm
-
-    def _switch(self, arm: Arm) -> None:
-        if arm is not self.arm:
-            self.arm, self._warmup = arm, WARMUP_CALLS
+        if bucket not in self.loads:
+            self.loads[bucket] = _Load(self.arms, self.plain_preference if sequences > 1 else 0.0,
+                                       block_calls(1 << (bucket - 1)))
+        self._load = self.loads[bucket]
+        return self._load.arm
 
     def observe(self, arm: Arm, tokens: int, ms: float) -> None:
         """A call made on `arm` (as `choose` said) committed `tokens` in `ms` (the whole step: planning, drafts,
         forwards, commits, and what its caller did since the previous step). Calls that also prefilled are not
         observed: their time is the new sequences'."""
-        if arm is not self.arm or self._bucket is None or ms <= 0:
+        load = self._load
+        if load is None or arm is not load.arm or ms <= 0:
             return
         tally = self.tally[arm]
         tally.calls, tally.tokens, tally.ms = tally.calls + 1, tally.tokens + tokens, tally.ms + ms
-        if self._warmup:
-            self._warmup -= 1
-            return
-        self._calls, self._tokens, self._ms = self._calls + 1, self._tokens + tokens, self._ms + ms
-        if self._calls >= block_calls(1 << (self._bucket - 1)):
-            self._end_block(self.loads[self._bucket])
-
-    def _end_block(self, load: _Load) -> None:
-        rate, old = self._tokens / self._ms, load.rates[self.arm]
-        load.blocks[self.arm] += 1
-        weight = max(1 - (1 - WEIGHT) ** (1 + load.since[self.arm]), 1 / load.blocks[self.arm])
-        load.rates[self.arm] = rate if old is None else old + weight * (rate - old)
-        for arm in load.arms:
-            load.since[arm] = 0 if arm is self.arm else load.since[arm] + 1
-        self._calls, self._tokens, self._ms = 0, 0, 0.0
-        leader = load.leader()
-        self._switch(load.overdue(leader) or leader)
+        if load.warmup:
+            load.warmup -= 1
+        elif load.add(tokens, ms):
+            load.end_block()
