@@ -78,12 +78,15 @@ def block_calls(sequences: int) -> int:
 
 @dataclass
 class Tally:
-    """The calls observed on one arm over the gate's life, warm-ups included: what a benchmark reads of where a
-    run's time went."""
+    """Calls, the tokens they committed and their milliseconds: a block under way, or the calls observed on one arm
+    over the gate's life, warm-ups included (what a benchmark reads of where a run's time went)."""
 
     calls: int = 0
     tokens: int = 0
     ms: float = 0.0
+
+    def add(self, tokens: int, ms: float) -> None:
+        self.calls, self.tokens, self.ms = self.calls + 1, self.tokens + tokens, self.ms + ms
 
 
 @dataclass
@@ -103,9 +106,7 @@ class _Load:
     leading: Arm | None = None  # once every arm is measured
     arm: Arm = field(init=False)  # of the block under way
     warmup: int = 0  # its calls still to pass unmeasured after the load's change of arm
-    calls: int = 0
-    tokens: int = 0
-    ms: float = 0.0
+    block: Tally = field(default_factory=Tally)  # what the block's measured calls committed so far
 
     def __post_init__(self) -> None:
         self.rates = {arm: None for arm in self.arms}
@@ -115,19 +116,19 @@ class _Load:
 
     def add(self, tokens: int, ms: float) -> bool:
         """A measured call of the block's arm; whether the block is complete."""
-        self.calls, self.tokens, self.ms = self.calls + 1, self.tokens + tokens, self.ms + ms
-        return self.calls >= self.block_calls
+        self.block.add(tokens, ms)
+        return self.block.calls >= self.block_calls
 
     def end_block(self) -> None:
         """Fold the block's rate into its arm's running rate, and start the next block on the leader or on an arm
         overdue for another try."""
-        rate, old = self.tokens / self.ms, self.rates[self.arm]
+        rate, old = self.block.tokens / self.block.ms, self.rates[self.arm]
         self.blocks[self.arm] += 1
         weight = max(1 - (1 - WEIGHT) ** (1 + self.since[self.arm]), 1 / self.blocks[self.arm])
         self.rates[self.arm] = rate if old is None else old + weight * (rate - old)
         for arm in self.arms:
             self.since[arm] = 0 if arm is self.arm else self.since[arm] + 1
-        self.calls, self.tokens, self.ms = 0, 0, 0.0
+        self.block = Tally()
         leader = self.leader()
         arm = self.overdue(leader) or leader
         if arm is not self.arm:
@@ -196,8 +197,7 @@ class PlanGate:
         load = self._load
         if load is None or arm is not load.arm or ms <= 0:
             return
-        tally = self.tally[arm]
-        tally.calls, tally.tokens, tally.ms = tally.calls + 1, tally.tokens + tokens, tally.ms + ms
+        self.tally[arm].add(tokens, ms)
         if load.warmup:
             load.warmup -= 1
         elif load.add(tokens, ms):
