@@ -18,6 +18,7 @@ running sequences, below which served planning every step was measured faster (d
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from enum import Enum
 
@@ -47,10 +48,16 @@ SWITCH_MARGIN = 0.05  # another arm leads once its rate is this much above the l
 # took 0.87-0.90 of plain's throughput (docs/results.md, round 26). One sequence alone has no one to be out of step
 # with: there the rates compare as they are.
 PLAIN_PREFERENCE = 0.10
-# Blocks between two blocks of an arm that does not lead, by how far the leader is ahead (its rate / the arm's), for
-# each arm behind: with two behind each is tried half as often, so that trying them costs the share of calls that
-# one arm behind cost.
-EXPLORE_AFTER = ((1.1, 2), (1.3, 6), (float("inf"), 16))
+# An arm that does not lead is tried again once the leader's blocks since its last try are enough that the try costs
+# at most EXPLORE_REGRET of the leader's rate: one block at 1/ahead of the leader's score in every n + 1, where the
+# leader's score is `ahead` times the arm's, costs (1 - 1/ahead) / (n + 1); so n is at most 1 / EXPLORE_REGRET - 1
+# (an arm that commits nothing) and at least EXPLORE_AFTER_FEWEST (close arms stay compared). With two arms behind,
+# each is allowed half the regret (it waits twice as many blocks), so that trying both costs what trying one would.
+# Why: the fixed steps before (2 blocks within 10%, 6 within 30%, else 16) cost up to 2.5-4% of the leader's rate
+# wherever one arm is best, the size of what the 0.97 bar leaves the gate (docs/results.md, round 27); the price is
+# a slower look at an arm far behind (at 8 sequences on the CPU a block is about 20 ms, so 99 of them take 2 s).
+EXPLORE_REGRET = 0.01
+EXPLORE_AFTER_FEWEST = 2
 SERVED_MIN_SEQUENCES = 8  # the orchestrator's `PlanGate(min_sequences)`
 
 
@@ -150,7 +157,7 @@ class _Load:
         return self.rates[arm] * (1 + self.plain_preference if arm is Arm.PLAIN else 1)
 
     def overdue(self, leader: Arm) -> Arm | None:
-        """The arm to try again after a block of `leader`: of those that waited their `EXPLORE_AFTER` blocks, the
+        """The arm to try again after a block of `leader`: of those that waited their blocks (EXPLORE_REGRET), the
         one furthest past it (none while `leader` is an arm not yet measured)."""
         if self.rates[leader] is None:
             return None
@@ -159,8 +166,9 @@ class _Load:
         return max(due, key=lambda arm: waited[arm]) if due else None
 
     def _explore_after(self, leader: Arm, arm: Arm) -> int:
-        ahead = self.score(leader) / self.score(arm) if self.rates[arm] else float("inf")
-        return next(blocks for bound, blocks in EXPLORE_AFTER if ahead < bound) * (len(self.arms) - 1)
+        behind = 1 - self.score(arm) / self.score(leader) if self.rates[arm] else 1.0  # of the leader's score
+        others = len(self.arms) - 1  # arms behind, each allowed its share of the regret
+        return max(EXPLORE_AFTER_FEWEST * others, math.ceil(others * behind / EXPLORE_REGRET - 1e-9) - 1)
 
 
 class PlanGate:
