@@ -1,7 +1,8 @@
 """Round 27's A/B of the gate's exploration, in one process: round 26's fixed steps (the arm behind tried after 2
 blocks within 10%, 6 within 30%, else 16) against the regret budget (`gate.EXPLORE_REGRET`), beside `ar` and
 `ngram`; one engine whose gate object is swapped between runs, the two gates in rotated order, every output compared
-with `ar`'s. Each gate keeps what it learnt from cell to cell, as a server's would.
+with `ar`'s. Each gate keeps what it learnt from cell to cell, as a server's would. On a GPU give `--device cuda
+--warmup 1` (graphs are recorded on a shape's first use).
 
     PYTHONPATH=python_backend:build:clients:tests .venv/bin/python docs/engine-speed/round27/explore_regret_ab.py \\
         --json docs/engine-speed/round27/explore-regret-ab.json
@@ -44,6 +45,7 @@ def main() -> None:
                    default=["code:1", "code:8", "math:8", "math:32", "code:32", "prose:32", "multilingual:8"])
     p.add_argument("--max-tokens", type=int, default=96)
     p.add_argument("--repeats", type=int, default=4)
+    p.add_argument("--warmup", type=int, default=0, help="untimed rounds of each cell first (GPUs: graphs)")
     add_placement_args(p)
     p.add_argument("--json", type=Path, required=True)
     args = p.parse_args()
@@ -60,6 +62,12 @@ def main() -> None:
         domain, c = cell_name.split(":")[0], int(cell_name.split(":")[1])
         cell = [i for i, q in zip(ids, prompts) if q.domain == domain]
         cell = cell[:LOW_LOAD_PROMPTS] if c == 1 else cell
+        for variant in ["ar", "ngram", *gates] * args.warmup:
+            if variant in gates:
+                engine.scheduler.gate, G._Load = gates[variant], loads[variant]
+            mode = variant if variant in ("ar", "ngram") else "adaflash"
+            engine.generate([Request(i, args.max_tokens, mode=mode) for i in cell], concurrency=c)
+            G._Load = loads["regret"]
         for repeat in range(args.repeats):
             names = list(gates) if repeat % 2 == 0 else list(gates)[::-1]
             tps, calls, reference, equal = {}, {}, None, True
