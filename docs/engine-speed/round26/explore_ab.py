@@ -1,5 +1,7 @@
 """Round 26: exploration of the arm behind every 2 blocks (within 10%) against every 4, gated adaflash over `ar`,
-four rounds in one process, median (output in explore-ab.txt). Not adopted: within the rounds' spread.
+four rounds in one process, median (output in explore-ab.txt). Not adopted: within the rounds' spread. It ran on
+round 26's gate; from round 27 the gate no longer reads `EXPLORE_AFTER` (its waits follow `EXPLORE_REGRET`), so on
+later code both variants run the same gate.
 
     PYTHONPATH=python_backend:build:clients:tests .venv/bin/python docs/engine-speed/round26/explore_ab.py
 """
