@@ -168,7 +168,7 @@ class _Load:
     def _explore_after(self, leader: Arm, arm: Arm) -> int:
         behind = 1 - self.score(arm) / self.score(leader) if self.rates[arm] else 1.0  # of the leader's score
         others = len(self.arms) - 1  # arms behind, each allowed its share of the regret
-        return max(EXPLORE_AFTER_FEWEST * others, math.ceil(others * behind / EXPLORE_REGRET - 1e-9) - 1)
+        return max(EXPLORE_AFTER_FEWEST * others, math.ceil(others * behind / EXPLORE_REGRET) - 1)
 
 
 class PlanGate:
