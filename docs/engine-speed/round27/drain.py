@@ -13,24 +13,16 @@ from __future__ import annotations
 
 import sys
 import time
-from pathlib import Path
 
-from adaflash.decoding.engine import Engine
 from adaflash.decoding.gate import Arm
-from adaflash.decoding.sequence import Request, context_length
-from adaflash.evaluation.prompts import encode_prompts, eval_set_prompts
-from adaflash.models.bundle import load_bundle
-from adaflash.models.drafter import block_size_of
+from adaflash.decoding.sequence import Request
+from cell import MAX_TOKENS, load_cell
 
 
 def main() -> None:
     domain, c, rounds = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-    per_domain = int(sys.argv[4]) if len(sys.argv) > 4 else 64
-    bundle = load_bundle(Path("models/default"))
-    prompts = [p for p in eval_set_prompts(Path("../shared/data"), per_domain, training_template=True) if p.domain == domain]
-    ids = encode_prompts(bundle.tokenizer, prompts, 400, None)
-    max_len = context_length([len(i) for i in ids], 96, block_size_of(bundle.drafter))
-    engine = Engine(bundle.target, bundle.drafter, num_slots=64, max_len=max_len)
+    cell = load_cell(domain, int(sys.argv[4]) if len(sys.argv) > 4 else 64)
+    engine = cell.engine()
     scheduler = engine.scheduler
     choose, step = scheduler.gate.choose, scheduler.step
     steps: list[tuple[bool, float]] = []  # (in the drain, seconds) per step
@@ -49,7 +41,7 @@ def main() -> None:
             scheduler.gate.choose = choose if arm is None else (lambda n, arm=arm: arm)
             steps.clear()
             t0 = time.perf_counter()
-            seqs = engine.generate([Request(i, 96, mode=mode) for i in ids], concurrency=c)
+            seqs = engine.generate([Request(i, MAX_TOKENS, mode=mode) for i in cell.ids], concurrency=c)
             wall = time.perf_counter() - t0
             drain = [s for d, s in steps if d]
             print(f"{variant:14s} {sum(len(s.output) for s in seqs) / wall:6.0f} tok/s, wall {wall * 1000:5.0f} ms: "

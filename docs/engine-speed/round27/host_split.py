@@ -6,20 +6,16 @@ wrapper around each (two runs; output in host-split.txt).
 """
 import sys
 import time
-from pathlib import Path
-from adaflash.decoding.engine import Engine
+
 from adaflash.decoding.gate import Arm
-from adaflash.decoding.sequence import Request, context_length
-from adaflash.evaluation.prompts import encode_prompts, eval_set_prompts
-from adaflash.models.bundle import load_bundle
-from adaflash.models.drafter import block_size_of
+from adaflash.decoding.sequence import Request
+from cell import MAX_TOKENS, load_cell
+
 domain, c, held = sys.argv[1], int(sys.argv[2]), sys.argv[3]
-bundle = load_bundle(Path("models/default"))
-prompts = [p for p in eval_set_prompts(Path("../shared/data"), 64, training_template=True) if p.domain == domain]
-ids = encode_prompts(bundle.tokenizer, prompts, 400, None)
-if c == 1: ids = ids[:16]
-max_len = context_length([len(i) for i in ids], 96, block_size_of(bundle.drafter))
-engine = Engine(bundle.target, bundle.drafter, num_slots=64, max_len=max_len)
+cell = load_cell(domain)
+if c == 1:
+    cell.ids = cell.ids[:16]
+engine = cell.engine()
 sch = engine.scheduler
 if held != "gated":
     sch.gate.choose = lambda n, a=Arm(held): a
@@ -46,7 +42,7 @@ atimed(sch, "step", "step")
 for r in range(2):
     acc.clear()
     t = time.perf_counter()
-    s = engine.generate([Request(i, 96, mode="adaflash") for i in ids], concurrency=c)
+    s = engine.generate([Request(i, MAX_TOKENS, mode="adaflash") for i in cell.ids], concurrency=c)
     wall = time.perf_counter() - t
     print(f"wall {wall*1000:.0f} ms", {k: round(v * 1000) for k, v in acc.items()},
           "forward-post", round((acc["_forward"] - acc["backend.forward"]) * 1000))
