@@ -167,6 +167,53 @@ def test_native_attention_equals_torch(target, paging, monkeypatch):
     assert torch.allclose(logits[True], logits[False], atol=1e-4, rtol=1e-4)
 
 
+def _attention_case(heads: int, kv_heads: int, dim: int, starts: list[int], counts: list[int], page: int):
+    """Random caches ([pages, kv_heads, page, dim], each sequence's pages shuffled) and new tokens' q, k, v."""
+    g = torch.Generator().manual_seed(heads * 1000 + dim)
+    per_seq = -(-(max(starts) + max(counts)) // page)
+    order = torch.randperm(len(starts) * per_seq, generator=g).tolist()
+    tables = [order[b * per_seq:(b + 1) * per_seq] for b in range(len(starts))]
+    caches = [torch.randn(len(order), kv_heads, page, dim, generator=g) for _ in range(2)]
+    tokens = sum(counts)
+    q, k, v = (torch.randn(tokens, n, dim, generator=g) for n in (heads, kv_heads, kv_heads))
+    return tables, caches, q, k, v
+
+
+def _attention_in_torch(tables, caches, q, k, v, starts, counts, page):
+    """Each new token's causal attention over its sequence's cached positions and the new ones up to it."""
+    out, row = [], 0
+    for table, start, count in zip(tables, starts, counts):
+        keys, values = (c[table].transpose(0, 1).reshape(c.shape[1], -1, c.shape[3])[:, :start] for c in caches)
+        keys = torch.cat([keys, k[row:row + count].transpose(0, 1)], dim=1)
+        values = torch.cat([values, v[row:row + count].transpose(0, 1)], dim=1)
+        group = q.shape[1] // keys.shape[0]
+        keys, values = keys.repeat_interleave(group, 0), values.repeat_interleave(group, 0)
+        mask = torch.ones(count, start + count, dtype=torch.bool).tril(start)
+        out.append(F.scaled_dot_product_attention(q[row:row + count].transpose(0, 1), keys, values, attn_mask=mask,
+                                                  scale=q.shape[2] ** -0.5).transpose(0, 1))
+        row += count
+    return torch.cat(out)
+
+
+@needs_native
+@pytest.mark.parametrize(("heads", "kv_heads", "dim"), [(6, 2, 64), (4, 4, 24), (8, 2, 128), (5, 1, 40)])
+def test_native_attention_is_torchs_and_the_same_at_either_width(heads, kv_heads, dim, monkeypatch):
+    """`native.attend` on decodes, verifies and a prefill longer than a task's tokens, paged: torch's attention, and
+    bit for bit the same with AVX-512's blocks of queries as without (query heads per kv head from 1 to 5, so that
+    blocks span tokens; head sizes with and without a rest under 16 and under 64)."""
+    starts, counts, page = [300, 17, 0, 90], [1, 5, 40, 16], 16
+    tables, caches, q, k, v = _attention_case(heads, kv_heads, dim, starts, counts, page)
+    batch = native.attention_batch(tables, starts, counts)
+    expected = _attention_in_torch(tables, caches, q, k, v, starts, counts, page)
+    results = []
+    for wide in sorted({False, native.WIDE}):
+        monkeypatch.setattr(native, "WIDE", wide)
+        k_cache, v_cache = (c.clone() for c in caches)
+        results.append(native.attend(q, k, v, k_cache, v_cache, batch, dim**-0.5))
+    assert torch.allclose(results[0], expected, atol=1e-5, rtol=1e-4)
+    assert all(torch.equal(r, results[0]) for r in results)
+
+
 @needs_native
 def test_a_prompt_is_prefilled_alike_alone_or_beside_verifies(target):
     """Bitwise, in the native kernels: a prompt's logits, features and cache entries whether it is prefilled alone

@@ -139,7 +139,8 @@ def attend(q: Tensor, k: Tensor, v: Tensor, k_cache: Tensor, v_cache: Tensor, ba
     _library().attend(q.data_ptr(), q.stride(0), k.data_ptr(), k.stride(0), v.data_ptr(), v.stride(0),
                       k_cache.data_ptr(), v_cache.data_ptr(), batch.table.data_ptr(), batch.table.shape[1],
                       batch.first.data_ptr(), batch.starts.data_ptr(), batch.counts.data_ptr(), batch.counts.shape[0],
-                      heads, k_cache.shape[1], k_cache.shape[2], dim, scale, out.data_ptr(), torch.get_num_threads())
+                      heads, k_cache.shape[1], k_cache.shape[2], dim, scale, out.data_ptr(), torch.get_num_threads(),
+                      WIDE)
     return out
 
 
@@ -216,7 +217,7 @@ def _library():
     library.rmsnorm.argtypes = [p, i64, p, i64, p, i64, i64, i64, ctypes.c_float, ctypes.c_int]
     library.norm_rope.argtypes = [p, i64, p, p, p, p, i64, i64, i64, ctypes.c_float, ctypes.c_int]
     library.attend.argtypes = [p, i64, p, i64, p, i64, p, p, p, i64, p, p, p, i64, i64, i64, i64, i64, ctypes.c_float,
-                               p, ctypes.c_int]
+                               p, ctypes.c_int, ctypes.c_int]
     library.decode_layers.argtypes = ([p, i64, i64, i64, i64, i64, i64, ctypes.c_float, i64] + [p] * 6
                                       + [i64, p, i64, p, p, p, i64, i64, ctypes.c_float] + [p] * 6 + [ctypes.c_int] * 2)
     for fn in (library.product, library.rmsnorm, library.norm_rope, library.attend, library.decode_layers):

@@ -195,19 +195,177 @@ static inline __m256 exp_nonpositive(__m256 x) {
     return _mm256_andnot_ps(zero_mask, _mm256_mul_ps(p, _mm256_castsi256_ps(e)));
 }
 
+/* Attention's queries go through `attend` in blocks of up to BLOCK_QUERIES (a kv head's query heads, token after
+   token, of one sequence): each key and value row is read once for the whole block, and with AVX-512 the block's
+   value sums stay in registers (4 queries x 64 dims). */
+#define BLOCK_QUERIES 4
+/* New tokens of one sequence a task of `attend` takes at most: its kv head's keys and values, read from memory once
+   by the task's first block, stay in the core's cache for the other blocks of the task. */
+#define TASK_TOKENS 16
+
+/* One block's cached keys and values: `pages` of `page` positions, the kv head's rows at `head_off` within a page of
+   `page_floats` floats, rows of `dim`. */
+typedef struct {
+    const float *kc, *vc;
+    const int64_t *pages;
+    int64_t page, page_floats, head_off, dim;
+} Keys;
+
+/* s[q][l] = dot(query q, key l) * scale for l < lens[q] (rows of s `stride` floats apart), key after key, so that a
+   key is read once for the block. */
+static void scores(const Keys *kv, const float *const *qs, const int64_t *lens, int nq, float scale, float *s,
+                   int64_t stride) {
+    const int64_t len = lens[nq - 1];
+    for (int64_t l0 = 0, pi = 0; l0 < len; l0 += kv->page, pi++) {
+        const float *kp = kv->kc + kv->pages[pi] * kv->page_floats + kv->head_off;
+        const int64_t n = len - l0 < kv->page ? len - l0 : kv->page;
+        for (int64_t i = 0; i < n; i++)
+            for (int q = 0; q < nq; q++)
+                if (l0 + i < lens[q]) s[q * stride + l0 + i] = dot(qs[q], kp + i * kv->dim, kv->dim) * scale;
+    }
+}
+
+/* `scores` with AVX-512, for dim a multiple of 16: 16 lanes hold `dot`'s two accumulators side by side (lanes 0-7
+   its even 8-float chunks, 8-15 its odd ones), each summed in the same order, so every score is `dot`'s bit for
+   bit. */
+__attribute__((target("avx512f"))) static void scores512(const Keys *kv, const float *const *qs, const int64_t *lens,
+                                                         int nq, float scale, float *s, int64_t stride) {
+    const int64_t len = lens[nq - 1], dim = kv->dim;
+    for (int64_t l0 = 0, pi = 0; l0 < len; l0 += kv->page, pi++) {
+        const float *kp = kv->kc + kv->pages[pi] * kv->page_floats + kv->head_off;
+        const int64_t n = len - l0 < kv->page ? len - l0 : kv->page;
+        for (int64_t i = 0; i < n; i++) {
+            const float *kl = kp + i * dim;
+            for (int q = 0; q < nq; q++) {
+                if (l0 + i >= lens[q]) continue;
+                __m512 acc = _mm512_setzero_ps();
+                for (int64_t c = 0; c < dim; c += 16)
+                    acc = _mm512_fmadd_ps(_mm512_loadu_ps(qs[q] + c), _mm512_loadu_ps(kl + c), acc);
+                __m256 odd = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc), 1));
+                s[q * stride + l0 + i] = lanes(_mm256_add_ps(_mm512_castps512_ps256(acc), odd)) * scale;
+            }
+        }
+    }
+}
+
+/* A query's scores s[0, len) turned into softmax weights without their normalisation, s[len, padded) set to 0
+   (padded: a multiple of 8 from len's); returns 1 / their sum. */
+static float softmax_row(float *s, int64_t len, int64_t padded) {
+    const int64_t whole = (len + 7) & ~(int64_t)7;
+    for (int64_t l = len; l < whole; l++) s[l] = -INFINITY;
+    __m256 mx = _mm256_set1_ps(-INFINITY);
+    for (int64_t l = 0; l < len; l += 8) mx = _mm256_max_ps(mx, _mm256_loadu_ps(s + l));
+    __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(mx), _mm256_extractf128_ps(mx, 1));
+    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+    m4 = _mm_max_ss(m4, _mm_shuffle_ps(m4, m4, 1));
+    const __m256 m = _mm256_set1_ps(_mm_cvtss_f32(m4));
+    __m256 total = _mm256_setzero_ps();
+    for (int64_t l = 0; l < len; l += 8) {
+        __m256 e = exp_nonpositive(_mm256_sub_ps(_mm256_loadu_ps(s + l), m));
+        _mm256_storeu_ps(s + l, e);
+        total = _mm256_add_ps(total, e);
+    }
+    for (int64_t l = whole; l < padded; l++) s[l] = 0.0f;
+    return 1.0f / lanes(total);
+}
+
+/* o = sum over keys l < len, in order, of w[l] * value l, from dims d0 on (the value sums of one query). */
+static void values(const Keys *kv, const float *w, int64_t len, int64_t d0, float *o) {
+    const int64_t dim = kv->dim;
+    /* 64 dims at a time in registers over every key, then any rest through memory: each output's sum runs over
+       the keys in order either way. */
+    for (; d0 + 64 <= dim; d0 += 64) {
+        __m256 acc[8];
+        for (int r = 0; r < 8; r++) acc[r] = _mm256_setzero_ps();
+        for (int64_t l0 = 0, pi = 0; l0 < len; l0 += kv->page, pi++) {
+            const float *vp = kv->vc + kv->pages[pi] * kv->page_floats + kv->head_off + d0;
+            const int64_t n = len - l0 < kv->page ? len - l0 : kv->page;
+            for (int64_t i = 0; i < n; i++) {
+                const __m256 x = _mm256_set1_ps(w[l0 + i]);
+                for (int r = 0; r < 8; r++) acc[r] = _mm256_fmadd_ps(x, _mm256_loadu_ps(vp + i * dim + 8 * r), acc[r]);
+            }
+        }
+        for (int r = 0; r < 8; r++) _mm256_storeu_ps(o + d0 + 8 * r, acc[r]);
+    }
+    for (int64_t d = d0; d < dim; d += 8) _mm256_storeu_ps(o + d, _mm256_setzero_ps());
+    for (int64_t l0 = 0, pi = 0; l0 < len && d0 < dim; l0 += kv->page, pi++) {
+        const float *vp = kv->vc + kv->pages[pi] * kv->page_floats + kv->head_off;
+        const int64_t n = len - l0 < kv->page ? len - l0 : kv->page;
+        for (int64_t i = 0; i < n; i++) {
+            const __m256 x = _mm256_set1_ps(w[l0 + i]);
+            for (int64_t d = d0; d < dim; d += 8)
+                _mm256_storeu_ps(o + d, _mm256_fmadd_ps(x, _mm256_loadu_ps(vp + i * dim + d), _mm256_loadu_ps(o + d)));
+        }
+    }
+}
+
+/* `values` of NQ queries at once with AVX-512, 64 dims at a time, over the block's `len` keys (a query's weights past
+   its own keys are 0, which leave its sums as they are): each value row is read once for the block. Each output's
+   sum runs over the keys in order, as in `values`. Returns the first dim not done (a rest under 64). */
+#define VALUES512(NQ)                                                                                              \
+    __attribute__((target("avx512f"))) static int64_t values512_##NQ(const Keys *kv, const float *w, int64_t stride, \
+                                                                      int64_t len, float *const *os) {           \
+        const int64_t dim = kv->dim;                                                                              \
+        int64_t d0 = 0;                                                                                           \
+        for (; d0 + 64 <= dim; d0 += 64) {                                                                        \
+            __m512 acc[NQ][4];                                                                                    \
+            for (int q = 0; q < NQ; q++)                                                                          \
+                for (int r = 0; r < 4; r++) acc[q][r] = _mm512_setzero_ps();                                      \
+            for (int64_t l0 = 0, pi = 0; l0 < len; l0 += kv->page, pi++) {                                       \
+                const float *vp = kv->vc + kv->pages[pi] * kv->page_floats + kv->head_off + d0;                   \
+                const int64_t n = len - l0 < kv->page ? len - l0 : kv->page;                                      \
+                for (int64_t i = 0; i < n; i++) {                                                                 \
+                    __m512 v[4];                                                                                  \
+                    for (int r = 0; r < 4; r++) v[r] = _mm512_loadu_ps(vp + i * dim + 16 * r);                    \
+                    for (int q = 0; q < NQ; q++) {                                                                \
+                        const __m512 x = _mm512_set1_ps(w[q * stride + l0 + i]);                                  \
+                        for (int r = 0; r < 4; r++) acc[q][r] = _mm512_fmadd_ps(x, v[r], acc[q][r]);              \
+                    }                                                                                             \
+                }                                                                                                 \
+            }                                                                                                     \
+            for (int q = 0; q < NQ; q++)                                                                          \
+                for (int r = 0; r < 4; r++) _mm512_storeu_ps(os[q] + d0 + 16 * r, acc[q][r]);                    \
+        }                                                                                                         \
+        return d0;                                                                                                \
+    }
+VALUES512(1) VALUES512(2) VALUES512(3) VALUES512(4)
+
+typedef int64_t (*values512_fn)(const Keys *, const float *, int64_t, int64_t, float *const *);
+
+/* One block of nq queries (lens nondecreasing, the last the block's): their outputs os[q] [dim]. s: scratch of
+   nq rows `stride` floats apart, stride at least the last len rounded up to 8. */
+static void attend_block(const Keys *kv, const float *const *qs, const int64_t *lens, int nq, float scale, float *s,
+                         int64_t stride, float *const *os, int wide) {
+    static const values512_fn by_count[BLOCK_QUERIES + 1] = {0, values512_1, values512_2, values512_3, values512_4};
+    const int64_t len = lens[nq - 1], dim = kv->dim, padded = (len + 7) & ~(int64_t)7;
+    if (wide && dim % 16 == 0) scores512(kv, qs, lens, nq, scale, s, stride);
+    else scores(kv, qs, lens, nq, scale, s, stride);
+    float inv[BLOCK_QUERIES];
+    for (int q = 0; q < nq; q++) inv[q] = softmax_row(s + q * stride, lens[q], padded);
+    const int64_t d0 = wide ? by_count[nq](kv, s, stride, len, os) : 0;
+    for (int q = 0; q < nq; q++) {
+        if (d0 < dim) values(kv, s + q * stride, lens[q], d0, os[q]);
+        for (int64_t d = 0; d < dim; d += 8)
+            _mm256_storeu_ps(os[q] + d, _mm256_mul_ps(_mm256_loadu_ps(os[q] + d), _mm256_set1_ps(inv[q])));
+    }
+}
+
 /* Attention of the new tokens of `seqs` sequences over their cached keys and values, after writing the new tokens'
    keys k and values v [T, kv_heads, dim] (rows `k_stride` and `v_stride` floats apart) into the caches.
    Sequence b's `counts[b]` tokens lie from row `first[b]` of q [T, heads, dim] (rows `q_stride` floats apart, the
    heads side by side) at positions starts[b].., and its cache pages are table[b * width ..]; the caches are
    [pages, kv_heads, page, dim]. Query j of sequence b sees positions 0..starts[b] + j (causal); query head h reads
    kv head h / (heads / kv_heads). out: [T, heads, dim]. A (token, head) is computed the same whatever else is in
-   the batch. dim is a multiple of 8. */
+   the batch, and with AVX-512 (`wide`) or without. dim is a multiple of 8.
+   A task is one kv head of one sequence over up to TASK_TOKENS of its tokens, every query head that reads it, in
+   blocks: a task per query read the same keys and values once per query head and token, and at a step's few
+   queries over long contexts that reading was most of the attention's time (docs/results.md, round 28). */
 void attend(const float *q, int64_t q_stride, const float *k, int64_t k_stride, const float *v, int64_t v_stride,
             float *kc, float *vc, const int64_t *table, int64_t width, const int64_t *first, const int64_t *starts,
             const int64_t *counts, int64_t seqs, int64_t heads, int64_t kv_heads, int64_t page, int64_t dim,
-            float scale, float *out, int threads) {
+            float scale, float *out, int threads, int wide) {
     int64_t tasks = 0;
-    for (int64_t b = 0; b < seqs; b++) tasks += counts[b] * heads;
+    for (int64_t b = 0; b < seqs; b++) tasks += (counts[b] + TASK_TOKENS - 1) / TASK_TOKENS * kv_heads;
     const int64_t group = heads / kv_heads, page_floats = kv_heads * page * dim;
     for (int64_t b = 0; b < seqs; b++)
         for (int64_t j = 0; j < counts[b]; j++) {
@@ -218,58 +376,31 @@ void attend(const float *q, int64_t q_stride, const float *k, int64_t k_stride, 
                 memcpy(vc + at + g * page * dim, v + t * v_stride + g * dim, dim * sizeof(float));
             }
         }
-    /* Tasks are handed out one at a time: a prefill's later queries read more keys than its first ones, so equal
+    /* Tasks are handed out one at a time: a prefill's later tokens read more keys than its first ones, so equal
        halves of the tasks are unequal halves of the work. */
     #pragma omp parallel for schedule(dynamic, 1) num_threads(threads)
     for (int64_t task = 0; task < tasks; task++) {
         int64_t b = 0, rest = task;
-        while (rest >= counts[b] * heads) rest -= counts[b++] * heads;
-        const int64_t j = rest / heads, h = rest % heads, t = first[b] + j, len = starts[b] + j + 1;
-        const int64_t head_off = (h / group) * page * dim;
-        const int64_t *pages = table + b * width;
-        const float *qv = q + t * q_stride + h * dim;
-        float *s = malloc((size_t)((len + 7) & ~(int64_t)7) * sizeof(float));
-        __m256 mx = _mm256_set1_ps(-INFINITY);
-        for (int64_t l = 0; l < len; l++) {
-            const float *kl = kc + pages[l / page] * page_floats + head_off + (l % page) * dim;
-            s[l] = dot(qv, kl, dim) * scale;
-        }
-        for (int64_t l = len; l < ((len + 7) & ~(int64_t)7); l++) s[l] = -INFINITY;
-        for (int64_t l = 0; l < len; l += 8) mx = _mm256_max_ps(mx, _mm256_loadu_ps(s + l));
-        __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(mx), _mm256_extractf128_ps(mx, 1));
-        m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
-        m4 = _mm_max_ss(m4, _mm_shuffle_ps(m4, m4, 1));
-        const __m256 m = _mm256_set1_ps(_mm_cvtss_f32(m4));
-        __m256 total = _mm256_setzero_ps();
-        for (int64_t l = 0; l < len; l += 8) {
-            __m256 e = exp_nonpositive(_mm256_sub_ps(_mm256_loadu_ps(s + l), m));
-            _mm256_storeu_ps(s + l, e);
-            total = _mm256_add_ps(total, e);
-        }
-        const float inv = 1.0f / lanes(total);
-        float *o = out + t * heads * dim + h * dim;
-        int64_t d0 = 0;
-        /* 64 dims at a time in registers over every key, then any rest through memory: each output's sum runs over
-           the keys in order either way. */
-        for (; d0 + 64 <= dim; d0 += 64) {
-            __m256 acc[8];
-            for (int i = 0; i < 8; i++) acc[i] = _mm256_setzero_ps();
-            for (int64_t l = 0; l < len; l++) {
-                const float *vl = vc + pages[l / page] * page_floats + head_off + (l % page) * dim + d0;
-                const __m256 w = _mm256_set1_ps(s[l]);
-                for (int i = 0; i < 8; i++) acc[i] = _mm256_fmadd_ps(w, _mm256_loadu_ps(vl + 8 * i), acc[i]);
+        while (rest >= (counts[b] + TASK_TOKENS - 1) / TASK_TOKENS * kv_heads)
+            rest -= (counts[b] + TASK_TOKENS - 1) / TASK_TOKENS * kv_heads, b++;
+        const int64_t g = rest % kv_heads, j0 = rest / kv_heads * TASK_TOKENS;
+        const int64_t j1 = j0 + TASK_TOKENS < counts[b] ? j0 + TASK_TOKENS : counts[b];
+        const Keys kv = {kc, vc, table + b * width, page, page_floats, g * page * dim, dim};
+        const int64_t stride = (starts[b] + j1 + 7) & ~(int64_t)7, queries = (j1 - j0) * group;
+        float *s = malloc((size_t)(BLOCK_QUERIES * stride) * sizeof(float));
+        for (int64_t x0 = 0; x0 < queries; x0 += BLOCK_QUERIES) {
+            const int nq = queries - x0 < BLOCK_QUERIES ? (int)(queries - x0) : BLOCK_QUERIES;
+            const float *qs[BLOCK_QUERIES];
+            float *os[BLOCK_QUERIES];
+            int64_t lens[BLOCK_QUERIES];
+            for (int i = 0; i < nq; i++) {
+                const int64_t j = j0 + (x0 + i) / group, h = g * group + (x0 + i) % group, t = first[b] + j;
+                qs[i] = q + t * q_stride + h * dim;
+                os[i] = out + t * heads * dim + h * dim;
+                lens[i] = starts[b] + j + 1;
             }
-            for (int i = 0; i < 8; i++) _mm256_storeu_ps(o + d0 + 8 * i, acc[i]);
+            attend_block(&kv, qs, lens, nq, scale, s, stride, os, wide);
         }
-        for (int64_t d = d0; d < dim; d += 8) _mm256_storeu_ps(o + d, _mm256_setzero_ps());
-        for (int64_t l = 0; l < len && d0 < dim; l++) {
-            const float *vl = vc + pages[l / page] * page_floats + head_off + (l % page) * dim;
-            const __m256 w = _mm256_set1_ps(s[l]);
-            for (int64_t d = d0; d < dim; d += 8)
-                _mm256_storeu_ps(o + d, _mm256_fmadd_ps(w, _mm256_loadu_ps(vl + d), _mm256_loadu_ps(o + d)));
-        }
-        for (int64_t d = 0; d < dim; d += 8) _mm256_storeu_ps(o + d, _mm256_mul_ps(_mm256_loadu_ps(o + d),
-                                                                                 _mm256_set1_ps(inv)));
         free(s);
     }
 }
@@ -318,7 +449,7 @@ static void decode_layer(float *x, int64_t tokens, int64_t hidden, int64_t inter
     product(h, qkv_w, qkv, tokens, width_qkv, hidden, threads, wide);
     norm_rope(qkv, width_qkv, qk_norm, cos, sin, qk, tokens, heads + kv_heads, dim, eps, threads);
     attend(qk, qk_width, qk + q_width, qk_width, qkv + qk_width, width_qkv, kc, vc, table, width, first, starts,
-           counts, seqs, heads, kv_heads, page, dim, scale, att, threads);
+           counts, seqs, heads, kv_heads, page, dim, scale, att, threads, wide);
     product(att, o_w, h, tokens, hidden, q_width, threads, wide);
     add_into(x, h, tokens * hidden);
     rmsnorm(x, hidden, post_norm, 0, h, tokens, 1, hidden, eps, threads);
