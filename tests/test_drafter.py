@@ -10,7 +10,9 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+from adaflash.models import native
 from adaflash.models.bundle import tiny_random_bundle
+from adaflash.models.cache import Paging
 from adaflash.models.checkpoint import EXTENSION
 from adaflash.models.drafter import DFlashDrafter, DrafterConfig, default_target_layer_ids
 from adaflash.models.layers import RopeConfig
@@ -276,6 +278,55 @@ def test_cached_draft_equals_recomputation_with_length_head():
         r = cached.accept_ratio[i].item()
         assert abs(r - ref.accept_ratio[0].item()) <= TOL
         assert 0.0 < r < 1.0
+
+
+def _contexts_in(cache, target, drafter, lengths: list[int]):
+    """Random sequences of `lengths` + 1 tokens, all but their anchors appended to `cache`; their features and
+    anchors."""
+    g = torch.Generator().manual_seed(sum(lengths))
+    seqs = [torch.randint(0, 256, (n + 1,), generator=g).tolist() for n in lengths]
+    feats = [target_features(target, toks, drafter.config.target_layer_ids) for toks in seqs]
+    for slot, (f, n) in enumerate(zip(feats, lengths)):
+        drafter.append_context(cache, [slot], f[:n], [n])
+    return feats, [toks[-1] for toks in seqs]
+
+
+@pytest.mark.skipif(not native.available(), reason="no AVX2/FMA x86-64 CPU or no C compiler here")
+def test_a_draft_in_a_paged_cache_gives_back_the_pages_its_block_took():
+    """On the native kernels a draft writes its blocks past the contexts in the drafter's own cache: the pages that
+    took go back after, the contexts stay as they were (a second draft, and recomputation, agree)."""
+    bundle = tiny_random_bundle(seed=5)
+    target, drafter = bundle.target, bundle.drafter
+    cache = drafter.new_cache(num_slots=2, max_len=64, paging=Paging(page=4, pages=40))
+    feats, anchors = _contexts_in(cache, target, drafter, [13, 30])
+    free, tables = len(cache.free), [list(t) for t in cache.tables]
+    assert drafter._drafts_in_cache(cache, [0, 1], drafter.config.block_size)
+    first = drafter.draft(target, cache, [0, 1], anchors)
+    assert len(cache.free) == free and cache.tables == tables and cache.lengths[:2] == [13, 30]
+    again = drafter.draft(target, cache, [0, 1], anchors)
+    assert torch.equal(first.tokens, again.tokens) and torch.equal(first.hidden, again.hidden)
+    for i, (f, n) in enumerate(zip(feats, [13, 30])):
+        ref = drafter.draft_uncached(target, f[:n], anchors[i])
+        assert (first.hidden[i] - ref.hidden[0]).abs().max().item() <= TOL
+        assert torch.equal(first.tokens[i], ref.tokens[0])
+
+
+@pytest.mark.parametrize("room", ["cache length", "pages"])
+def test_a_block_without_room_in_the_cache_drafts_from_the_gathered_context(room):
+    """Where a block would pass the cache's length or need pages none has free, the draft reads the gathered
+    context instead, and is still the draft recomputation gives."""
+    bundle = tiny_random_bundle(seed=5)
+    target, drafter = bundle.target, bundle.drafter
+    if room == "cache length":  # 24 positions and a block of 16 in 32
+        cache, length = drafter.new_cache(num_slots=1, max_len=32), 24
+    else:  # 30 positions fill the 8 pages of 4
+        cache, length = drafter.new_cache(num_slots=1, max_len=64, paging=Paging(page=4, pages=8)), 30
+    feats, anchors = _contexts_in(cache, target, drafter, [length])
+    assert not drafter._drafts_in_cache(cache, [0], drafter.config.block_size)
+    drafted = drafter.draft(target, cache, [0], anchors)
+    ref = drafter.draft_uncached(target, feats[0][: cache.lengths[0]], anchors[0])
+    assert (drafted.hidden[0] - ref.hidden[0]).abs().max().item() <= TOL
+    assert torch.equal(drafted.tokens[0], ref.tokens[0])
 
 
 def test_check_target_rejects_other_hidden_size():

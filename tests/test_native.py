@@ -179,8 +179,9 @@ def _attention_case(heads: int, kv_heads: int, dim: int, starts: list[int], coun
     return tables, caches, q, k, v
 
 
-def _attention_in_torch(tables, caches, q, k, v, starts, counts, page):
-    """Each new token's causal attention over its sequence's cached positions and the new ones up to it."""
+def _attention_in_torch(tables, caches, q, k, v, starts, counts, causal):
+    """Each new token's attention over its sequence's cached positions and the new ones up to it (`causal`), or all
+    of them."""
     out, row = [], 0
     for table, start, count in zip(tables, starts, counts):
         keys, values = (c[table].transpose(0, 1).reshape(c.shape[1], -1, c.shape[3])[:, :start] for c in caches)
@@ -188,7 +189,8 @@ def _attention_in_torch(tables, caches, q, k, v, starts, counts, page):
         values = torch.cat([values, v[row:row + count].transpose(0, 1)], dim=1)
         group = q.shape[1] // keys.shape[0]
         keys, values = keys.repeat_interleave(group, 0), values.repeat_interleave(group, 0)
-        mask = torch.ones(count, start + count, dtype=torch.bool).tril(start)
+        mask = torch.ones(count, start + count, dtype=torch.bool)
+        mask = mask.tril(start) if causal else mask
         out.append(F.scaled_dot_product_attention(q[row:row + count].transpose(0, 1), keys, values, attn_mask=mask,
                                                   scale=q.shape[2] ** -0.5).transpose(0, 1))
         row += count
@@ -197,19 +199,21 @@ def _attention_in_torch(tables, caches, q, k, v, starts, counts, page):
 
 @needs_native
 @pytest.mark.parametrize(("heads", "kv_heads", "dim"), [(6, 2, 64), (4, 4, 24), (8, 2, 128), (5, 1, 40)])
-def test_native_attention_is_torchs_and_the_same_at_either_width(heads, kv_heads, dim, monkeypatch):
+@pytest.mark.parametrize(("page", "causal"), [(16, True), (12, True), (12, False)])
+def test_native_attention_is_torchs_and_the_same_at_either_width(heads, kv_heads, dim, page, causal, monkeypatch):
     """`native.attend` on decodes, verifies and a prefill longer than a task's tokens, paged: torch's attention, and
-    bit for bit the same with AVX-512's blocks of queries as without (query heads per kv head from 1 to 5, so that
-    blocks span tokens; head sizes with and without a rest under 16 and under 64)."""
-    starts, counts, page = [300, 17, 0, 90], [1, 5, 40, 16], 16
+    bit for bit the same with AVX-512's blocks of queries and eight keys at a time as without (query heads per kv
+    head from 1 to 5, so that blocks span tokens; head sizes with and without a rest under 16 and under 64; pages
+    that eight keys do and do not cross); causal, and over every new position (a drafter's block)."""
+    starts, counts = [300, 17, 0, 90], [1, 5, 40, 16]
     tables, caches, q, k, v = _attention_case(heads, kv_heads, dim, starts, counts, page)
     batch = native.attention_batch(tables, starts, counts)
-    expected = _attention_in_torch(tables, caches, q, k, v, starts, counts, page)
+    expected = _attention_in_torch(tables, caches, q, k, v, starts, counts, causal)
     results = []
     for wide in sorted({False, native.WIDE}):
         monkeypatch.setattr(native, "WIDE", wide)
         k_cache, v_cache = (c.clone() for c in caches)
-        results.append(native.attend(q, k, v, k_cache, v_cache, batch, dim**-0.5))
+        results.append(native.attend(q, k, v, k_cache, v_cache, batch, dim**-0.5, causal))
     assert torch.allclose(results[0], expected, atol=1e-5, rtol=1e-4)
     assert all(torch.equal(r, results[0]) for r in results)
 

@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from adaflash.models import graphs
+from adaflash.models import graphs, native
 from adaflash.models.cache import Gather, KVCache, Paging
 from adaflash.models.checkpoint import load_weights, read_config, save_checkpoint
 from adaflash.models.layers import MLP, Joined, RMSNorm, RopeConfig, apply_rope, attend, rope_cos_sin
@@ -194,6 +194,17 @@ class DraftAttention(nn.Module):
         out = attend(q.view(n, b, self.n_heads, -1).transpose(1, 2), keys, values, mask, self.head_dim**-0.5)
         return self.o_weight.linear(self, out.transpose(1, 2).reshape(n, b, -1))
 
+    def forward_cached(self, x: Tensor, cos: Tensor, sin: Tensor, k_cache: Tensor, v_cache: Tensor,
+                       batch: native.AttentionBatch) -> Tensor:
+        """x: [T, D], the blocks packed; their keys and values go into the caches at the block's positions (past the
+        context, which later appends overwrite), and each block position attends over its context and whole block
+        there (`native.attend`, not causal): `forward` without gathering the context or building a mask."""
+        t = x.shape[0]
+        q = apply_rope(self.q_norm(self.q_weight.linear(self, x).view(t, self.n_heads, self.head_dim)), cos, sin)
+        k, v = self.project_kv(x, cos, sin)
+        out = native.attend(q, k, v, k_cache, v_cache, batch, self.head_dim**-0.5, causal=False)
+        return self.o_weight.linear(self, out.reshape(t, -1))
+
 
 class DraftLayer(nn.Module):
     def __init__(self, cfg: DrafterConfig) -> None:
@@ -205,6 +216,11 @@ class DraftLayer(nn.Module):
 
     def forward(self, x: Tensor, cos: Tensor, sin: Tensor, ctx_k: Tensor, ctx_v: Tensor, mask: Tensor) -> Tensor:
         x = x + self.self_attn(self.input_layernorm(x), cos, sin, ctx_k, ctx_v, mask)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+    def forward_cached(self, x: Tensor, cos: Tensor, sin: Tensor, k_cache: Tensor, v_cache: Tensor,
+                       batch: native.AttentionBatch) -> Tensor:
+        x = x + self.self_attn.forward_cached(self.input_layernorm(x), cos, sin, k_cache, v_cache, batch)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -384,6 +400,8 @@ class DFlashDrafter(nn.Module):
         recorder = self.recorders.of(self, cache)
         if recorder is not None:
             return Draft(*recorder.run(cache, target, slots, anchors, self.block_length(block_length)))
+        if self._drafts_in_cache(cache, slots, self.block_length(block_length)):
+            return self._draft_in_cache(target, cache, slots, anchors, self.block_length(block_length))
         lengths = [cache.lengths[s] for s in slots]
         device = cache.k.device
         return self.draft_gathered(target, cache, indices(anchors, device), indices(lengths, device),
@@ -395,6 +413,36 @@ class DFlashDrafter(nn.Module):
         cache (what `graphs.DraftGraphs` records)."""
         ctx_kv = [(context(cache.k[i]), context(cache.v[i])) for i in range(len(self.layers))]
         return self.draft_block(target, self.block_ids(anchors, block_length), ctx_lens, ctx_kv)
+
+    def _drafts_in_cache(self, cache: KVCache, slots: list[int], length: int) -> bool:
+        """Whether this draft runs in `cache` (`_draft_in_cache`): the native kernels attend over it, every layer
+        attends fully (no window), the block forward is this class's (another backend's takes `draft_block`), and
+        each block fits in its slot, pages included (past the pages its context holds)."""
+        if (not native.attends_over(cache.k) or type(self).draft_block is not DFlashDrafter.draft_block
+                or any(self.config.window(i) is not None for i in range(len(self.layers)))):
+            return False
+        ends = [cache.lengths[s] + length for s in slots]
+        if max(ends) > cache.max_len:
+            return False
+        return sum(max(-(-end // cache.page) - len(cache.tables[s]), 0) for s, end in zip(slots, ends)) <= len(cache.free)
+
+    def _draft_in_cache(self, target: Transformer, cache: KVCache, slots: list[int], anchors: list[int],
+                        length: int) -> Draft:
+        """`draft` on the CPU's native kernels: each block's keys and values are written past its context in the
+        cache, where its queries read them with the context's, in place, instead of gathering every context for the
+        batch and joining the block to it (docs/results.md, round 28). The pages a block took beyond its context's
+        go back after."""
+        starts = [cache.lengths[s] for s in slots]
+        for s, start in zip(slots, starts):
+            cache.reserve(s, start + length)
+        batch = native.attention_batch([cache.tables[s] for s in slots], starts, [length] * len(slots))
+        x = target.model.embed_tokens(self.block_ids(anchors, length).reshape(-1)).to(self.fc.weight.dtype)
+        cos, sin = self._rope(indices([start + j for start in starts for j in range(length)], x.device))
+        for i, layer in enumerate(self.layers):
+            x = layer.forward_cached(x, cos, sin, cache.k[i], cache.v[i], batch)
+        for s, start in zip(slots, starts):
+            cache.truncate(s, start)
+        return self._finish(target, self.norm(x).view(len(slots), length, -1))
 
     @torch.inference_mode()
     def draft_uncached(self, target: Transformer, features: Tensor, anchor: int) -> Draft:

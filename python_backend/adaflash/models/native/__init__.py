@@ -131,16 +131,17 @@ def attends_over(store: Tensor) -> bool:
 
 
 def attend(q: Tensor, k: Tensor, v: Tensor, k_cache: Tensor, v_cache: Tensor, batch: AttentionBatch,
-           scale: float) -> Tensor:
+           scale: float, causal: bool = True) -> Tensor:
     """Store the new tokens' keys k and values v [T, KV, dim] in the caches [pages, KV, page, dim], then attend
-    causally with their queries q [T, H, dim] -> [T, H, dim]. q, k and v: heads side by side, rows any stride."""
+    with their queries q [T, H, dim] -> [T, H, dim]: causally, or each new token over all of its sequence's (a
+    drafter's block). q, k and v: heads side by side, rows any stride."""
     tokens, heads, dim = q.shape
     out = torch.empty((tokens, heads, dim), dtype=torch.float32)
     _library().attend(q.data_ptr(), q.stride(0), k.data_ptr(), k.stride(0), v.data_ptr(), v.stride(0),
                       k_cache.data_ptr(), v_cache.data_ptr(), batch.table.data_ptr(), batch.table.shape[1],
                       batch.first.data_ptr(), batch.starts.data_ptr(), batch.counts.data_ptr(), batch.counts.shape[0],
                       heads, k_cache.shape[1], k_cache.shape[2], dim, scale, out.data_ptr(), torch.get_num_threads(),
-                      WIDE)
+                      WIDE, causal)
     return out
 
 
@@ -217,7 +218,7 @@ def _library():
     library.rmsnorm.argtypes = [p, i64, p, i64, p, i64, i64, i64, ctypes.c_float, ctypes.c_int]
     library.norm_rope.argtypes = [p, i64, p, p, p, p, i64, i64, i64, ctypes.c_float, ctypes.c_int]
     library.attend.argtypes = [p, i64, p, i64, p, i64, p, p, p, i64, p, p, p, i64, i64, i64, i64, i64, ctypes.c_float,
-                               p, ctypes.c_int, ctypes.c_int]
+                               p, ctypes.c_int, ctypes.c_int, ctypes.c_int]
     library.decode_layers.argtypes = ([p, i64, i64, i64, i64, i64, i64, ctypes.c_float, i64] + [p] * 6
                                       + [i64, p, i64, p, p, p, i64, i64, ctypes.c_float] + [p] * 6 + [ctypes.c_int] * 2)
     for fn in (library.product, library.rmsnorm, library.norm_rope, library.attend, library.decode_layers):

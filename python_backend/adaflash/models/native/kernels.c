@@ -225,24 +225,59 @@ static void scores(const Keys *kv, const float *const *qs, const int64_t *lens, 
     }
 }
 
-/* `scores` with AVX-512, for dim a multiple of 16: 16 lanes hold `dot`'s two accumulators side by side (lanes 0-7
-   its even 8-float chunks, 8-15 its odd ones), each summed in the same order, so every score is `dot`'s bit for
-   bit. */
+/* The dot of a query with a key whose products lie in acc, 16 lanes holding `dot`'s two accumulators side by side
+   (lanes 0-7 its even 8-float chunks, 8-15 its odd ones): their sum, as `dot` adds them. */
+__attribute__((target("avx512f"))) static inline __m256 halves(__m512 acc) {
+    return _mm256_add_ps(_mm512_castps512_ps256(acc), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc), 1)));
+}
+
+/* `lanes` of eight vectors at once, each summed in `lanes`'s order (lane i + lane i + 4, then those two pairs' sums
+   0 + 2 and 1 + 3, then those two), so each of the eight is `lanes`'s bit for bit. */
+static inline __m256 lanes8(const __m256 *v) {
+    __m256 pairs[4], twos[2];
+    for (int i = 0; i < 4; i++)  /* [v(2i) lo + hi, v(2i+1) lo + hi] */
+        pairs[i] = _mm256_add_ps(_mm256_permute2f128_ps(v[2 * i], v[2 * i + 1], 0x20),
+                                 _mm256_permute2f128_ps(v[2 * i], v[2 * i + 1], 0x31));
+    for (int i = 0; i < 2; i++)  /* [v(4i) 0+2, 1+3, v(4i+2) 0+2, 1+3 | v(4i+1) .., v(4i+3) ..] */
+        twos[i] = _mm256_add_ps(_mm256_shuffle_ps(pairs[2 * i], pairs[2 * i + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                                _mm256_shuffle_ps(pairs[2 * i], pairs[2 * i + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+    const __m256 sums = _mm256_hadd_ps(twos[0], twos[1]);  /* v0, v2, v4, v6 | v1, v3, v5, v7 */
+    return _mm256_permutevar8x32_ps(sums, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+}
+
+/* `scores` with AVX-512, for dim a multiple of 16, eight keys at a time: each key's products in 16 lanes
+   (`halves`), eight keys' sums at once (`lanes8`); a query's last keys short of eight one at a time. Every score
+   is `dot`'s bit for bit. */
 __attribute__((target("avx512f"))) static void scores512(const Keys *kv, const float *const *qs, const int64_t *lens,
                                                          int nq, float scale, float *s, int64_t stride) {
     const int64_t len = lens[nq - 1], dim = kv->dim;
-    for (int64_t l0 = 0, pi = 0; l0 < len; l0 += kv->page, pi++) {
-        const float *kp = kv->kc + kv->pages[pi] * kv->page_floats + kv->head_off;
-        const int64_t n = len - l0 < kv->page ? len - l0 : kv->page;
-        for (int64_t i = 0; i < n; i++) {
-            const float *kl = kp + i * dim;
-            for (int q = 0; q < nq; q++) {
-                if (l0 + i >= lens[q]) continue;
+    const __m256 scaled = _mm256_set1_ps(scale);
+    const float *keys[8];
+    int64_t pi = 0, at = 0;  /* the next key's page, and its row in the page */
+    for (int64_t l0 = 0; l0 < len; l0 += 8) {
+        const int64_t n = len - l0 < 8 ? len - l0 : 8;
+        for (int64_t i = 0; i < n; i++, at++) {
+            if (at == kv->page) pi++, at = 0;
+            keys[i] = kv->kc + kv->pages[pi] * kv->page_floats + kv->head_off + at * dim;
+        }
+        for (int q = 0; q < nq; q++) {
+            float *out = s + q * stride + l0;
+            if (lens[q] >= l0 + 8) {
+                __m256 sums[8];
+                for (int i = 0; i < 8; i++) {
+                    __m512 acc = _mm512_setzero_ps();
+                    for (int64_t c = 0; c < dim; c += 16)
+                        acc = _mm512_fmadd_ps(_mm512_loadu_ps(qs[q] + c), _mm512_loadu_ps(keys[i] + c), acc);
+                    sums[i] = halves(acc);
+                }
+                _mm256_storeu_ps(out, _mm256_mul_ps(lanes8(sums), scaled));
+                continue;
+            }
+            for (int64_t i = 0; i < lens[q] - l0; i++) {
                 __m512 acc = _mm512_setzero_ps();
                 for (int64_t c = 0; c < dim; c += 16)
-                    acc = _mm512_fmadd_ps(_mm512_loadu_ps(qs[q] + c), _mm512_loadu_ps(kl + c), acc);
-                __m256 odd = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc), 1));
-                s[q * stride + l0 + i] = lanes(_mm256_add_ps(_mm512_castps512_ps256(acc), odd)) * scale;
+                    acc = _mm512_fmadd_ps(_mm512_loadu_ps(qs[q] + c), _mm512_loadu_ps(keys[i] + c), acc);
+                out[i] = lanes(halves(acc)) * scale;
             }
         }
     }
@@ -354,16 +389,17 @@ static void attend_block(const Keys *kv, const float *const *qs, const int64_t *
    keys k and values v [T, kv_heads, dim] (rows `k_stride` and `v_stride` floats apart) into the caches.
    Sequence b's `counts[b]` tokens lie from row `first[b]` of q [T, heads, dim] (rows `q_stride` floats apart, the
    heads side by side) at positions starts[b].., and its cache pages are table[b * width ..]; the caches are
-   [pages, kv_heads, page, dim]. Query j of sequence b sees positions 0..starts[b] + j (causal); query head h reads
-   kv head h / (heads / kv_heads). out: [T, heads, dim]. A (token, head) is computed the same whatever else is in
-   the batch, and with AVX-512 (`wide`) or without. dim is a multiple of 8.
+   [pages, kv_heads, page, dim]. Query j of sequence b sees positions 0..starts[b] + j (`causal`), else every new
+   position too, 0..starts[b] + counts[b] - 1 (a drafter's block); query head h reads kv head h / (heads /
+   kv_heads). out: [T, heads, dim]. A (token, head) is computed the same whatever else is in the batch, and with
+   AVX-512 (`wide`) or without. dim is a multiple of 8.
    A task is one kv head of one sequence over up to TASK_TOKENS of its tokens, every query head that reads it, in
    blocks: a task per query read the same keys and values once per query head and token, and at a step's few
    queries over long contexts that reading was most of the attention's time (docs/results.md, round 28). */
 void attend(const float *q, int64_t q_stride, const float *k, int64_t k_stride, const float *v, int64_t v_stride,
             float *kc, float *vc, const int64_t *table, int64_t width, const int64_t *first, const int64_t *starts,
             const int64_t *counts, int64_t seqs, int64_t heads, int64_t kv_heads, int64_t page, int64_t dim,
-            float scale, float *out, int threads, int wide) {
+            float scale, float *out, int threads, int wide, int causal) {
     int64_t tasks = 0;
     for (int64_t b = 0; b < seqs; b++) tasks += (counts[b] + TASK_TOKENS - 1) / TASK_TOKENS * kv_heads;
     const int64_t group = heads / kv_heads, page_floats = kv_heads * page * dim;
@@ -386,7 +422,8 @@ void attend(const float *q, int64_t q_stride, const float *k, int64_t k_stride, 
         const int64_t g = rest % kv_heads, j0 = rest / kv_heads * TASK_TOKENS;
         const int64_t j1 = j0 + TASK_TOKENS < counts[b] ? j0 + TASK_TOKENS : counts[b];
         const Keys kv = {kc, vc, table + b * width, page, page_floats, g * page * dim, dim};
-        const int64_t stride = (starts[b] + j1 + 7) & ~(int64_t)7, queries = (j1 - j0) * group;
+        const int64_t last = starts[b] + (causal ? j1 : counts[b]);
+        const int64_t stride = (last + 7) & ~(int64_t)7, queries = (j1 - j0) * group;
         float *s = malloc((size_t)(BLOCK_QUERIES * stride) * sizeof(float));
         for (int64_t x0 = 0; x0 < queries; x0 += BLOCK_QUERIES) {
             const int nq = queries - x0 < BLOCK_QUERIES ? (int)(queries - x0) : BLOCK_QUERIES;
@@ -397,7 +434,7 @@ void attend(const float *q, int64_t q_stride, const float *k, int64_t k_stride, 
                 const int64_t j = j0 + (x0 + i) / group, h = g * group + (x0 + i) % group, t = first[b] + j;
                 qs[i] = q + t * q_stride + h * dim;
                 os[i] = out + t * heads * dim + h * dim;
-                lens[i] = starts[b] + j + 1;
+                lens[i] = causal ? starts[b] + j + 1 : last;
             }
             attend_block(&kv, qs, lens, nq, scale, s, stride, os, wide);
         }
@@ -449,7 +486,7 @@ static void decode_layer(float *x, int64_t tokens, int64_t hidden, int64_t inter
     product(h, qkv_w, qkv, tokens, width_qkv, hidden, threads, wide);
     norm_rope(qkv, width_qkv, qk_norm, cos, sin, qk, tokens, heads + kv_heads, dim, eps, threads);
     attend(qk, qk_width, qk + q_width, qk_width, qkv + qk_width, width_qkv, kc, vc, table, width, first, starts,
-           counts, seqs, heads, kv_heads, page, dim, scale, att, threads, wide);
+           counts, seqs, heads, kv_heads, page, dim, scale, att, threads, wide, 1);
     product(att, o_w, h, tokens, hidden, q_width, threads, wide);
     add_into(x, h, tokens * hidden);
     rmsnorm(x, hidden, post_norm, 0, h, tokens, 1, hidden, eps, threads);
