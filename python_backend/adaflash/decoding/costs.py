@@ -86,6 +86,13 @@ class CostModel:
             return self._whole_totals(batch, int(total_tokens.max(initial=0)))[total_tokens] * self.verify_scale
         return self._table_verify_ms(batch, total_tokens) * self.verify_scale
 
+    def verify_ms_run(self, batch: int, first: int, count: int) -> list[float]:
+        """`verify_ms` of `batch` sequences at `first` tokens in all and at each of the `count` totals after, in Python
+        floats: the figures `_whole_totals` keeps, sliced once. A plan at one sequence reads such a run at every step,
+        and interpolating each total took a fifth of its time (docs/results.md, round 28)."""
+        curve = self._whole_totals(batch, first + count)
+        return [t * self.verify_scale for t in curve[first : first + count + 1].tolist()]
+
     def padded_verify_ms(self, batch: int, width: int) -> float:
         """A padded verify of `batch` sequences whose longest feed is `width` tokens: what every feed of it costs."""
         return self._table_padded_ms(batch, width) * self.verify_scale

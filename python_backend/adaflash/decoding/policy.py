@@ -276,9 +276,9 @@ def _choose_one(rates: list[float], cap: int, cost: CostModel, batch: int, other
                 sunk_ms: float, other_expected: float | None) -> tuple[list[int], float]:
     """`_choose_many` for one sequence in Python floats, the same sums in the same order (so the same choice): a
     sequence's gains never rise along its block, so its S largest are its first S. At concurrency 1 every step
-    plans so; its verify times are read one by one, without numpy."""
+    plans so; its verify times are read as one run of Python floats (`CostModel.verify_ms_run`)."""
     gains = _products(rates[:cap])
-    times = [cost.verify_ms(batch, other_tokens + 1 + s) for s in range(len(gains) + 1)]
+    times = cost.verify_ms_run(batch, other_tokens + 1, len(gains))
     best, best_rate = _best_count(gains, times, (batch - 1 if other_expected is None else other_expected) + 1,
                                   cost.step_ms, sunk_ms, draft_ms)
     return [best], best_rate
