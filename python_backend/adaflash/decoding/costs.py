@@ -89,7 +89,7 @@ class CostModel:
     def verify_ms_run(self, batch: int, first: int, count: int) -> list[float]:
         """`verify_ms` of `batch` sequences at `first` tokens in all and at each of the `count` totals after, in Python
         floats: the figures `_whole_totals` keeps, sliced once. A plan at one sequence reads such a run at every step,
-        and interpolating each total took a fifth of its time (docs/results.md, round 28)."""
+        and interpolating each total took about a fifth of its time under a profiler (docs/results.md, round 28)."""
         curve = self._whole_totals(batch, first + count)
         return [t * self.verify_scale for t in curve[first : first + count + 1].tolist()]
 
