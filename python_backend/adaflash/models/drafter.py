@@ -397,15 +397,15 @@ class DFlashDrafter(nn.Module):
               block_length: int | None = None) -> Draft:
         """Draft block_length - 1 tokens (default block_size - 1) after each anchor; the anchor sits right after
         the context cached in `cache`. A shorter block than trained costs less and drafts its first positions alike."""
-        recorder = self.recorders.of(self, cache)
+        recorder, length = self.recorders.of(self, cache), self.block_length(block_length)
         if recorder is not None:
-            return Draft(*recorder.run(cache, target, slots, anchors, self.block_length(block_length)))
-        if self._drafts_in_cache(cache, slots, self.block_length(block_length)):
-            return self._draft_in_cache(target, cache, slots, anchors, self.block_length(block_length))
+            return Draft(*recorder.run(cache, target, slots, anchors, length))
+        if self._drafts_in_cache(cache, slots, length):
+            return self._draft_in_cache(target, cache, slots, anchors, length)
         lengths = [cache.lengths[s] for s in slots]
         device = cache.k.device
         return self.draft_gathered(target, cache, indices(anchors, device), indices(lengths, device),
-                                   cache.gather(slots, max(lengths)), block_length)
+                                   cache.gather(slots, max(lengths)), length)
 
     def draft_gathered(self, target: Transformer, cache: KVCache, anchors: Tensor, ctx_lens: Tensor, context: Gather,
                        block_length: int | None = None) -> Draft:

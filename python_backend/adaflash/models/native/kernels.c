@@ -231,6 +231,13 @@ __attribute__((target("avx512f"))) static inline __m256 halves(__m512 acc) {
     return _mm256_add_ps(_mm512_castps512_ps256(acc), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc), 1)));
 }
 
+/* A query's dot with a key, `dot`'s two accumulators summed (`halves`) but not their lanes; dim a multiple of 16. */
+__attribute__((target("avx512f"))) static inline __m256 key_sums(const float *q, const float *key, int64_t dim) {
+    __m512 acc = _mm512_setzero_ps();
+    for (int64_t c = 0; c < dim; c += 16) acc = _mm512_fmadd_ps(_mm512_loadu_ps(q + c), _mm512_loadu_ps(key + c), acc);
+    return halves(acc);
+}
+
 /* `lanes` of eight vectors at once, each summed in `lanes`'s order (lane i + lane i + 4, then those two pairs' sums
    0 + 2 and 1 + 3, then those two), so each of the eight is `lanes`'s bit for bit. */
 static inline __m256 lanes8(const __m256 *v) {
@@ -246,7 +253,7 @@ static inline __m256 lanes8(const __m256 *v) {
 }
 
 /* `scores` with AVX-512, for dim a multiple of 16, eight keys at a time: each key's products in 16 lanes
-   (`halves`), eight keys' sums at once (`lanes8`); a query's last keys short of eight one at a time. Every score
+   (`key_sums`), eight keys' sums at once (`lanes8`); a query's last keys short of eight one at a time. Every score
    is `dot`'s bit for bit. */
 __attribute__((target("avx512f"))) static void scores512(const Keys *kv, const float *const *qs, const int64_t *lens,
                                                          int nq, float scale, float *s, int64_t stride) {
@@ -264,21 +271,11 @@ __attribute__((target("avx512f"))) static void scores512(const Keys *kv, const f
             float *out = s + q * stride + l0;
             if (lens[q] >= l0 + 8) {
                 __m256 sums[8];
-                for (int i = 0; i < 8; i++) {
-                    __m512 acc = _mm512_setzero_ps();
-                    for (int64_t c = 0; c < dim; c += 16)
-                        acc = _mm512_fmadd_ps(_mm512_loadu_ps(qs[q] + c), _mm512_loadu_ps(keys[i] + c), acc);
-                    sums[i] = halves(acc);
-                }
+                for (int i = 0; i < 8; i++) sums[i] = key_sums(qs[q], keys[i], dim);
                 _mm256_storeu_ps(out, _mm256_mul_ps(lanes8(sums), scaled));
                 continue;
             }
-            for (int64_t i = 0; i < lens[q] - l0; i++) {
-                __m512 acc = _mm512_setzero_ps();
-                for (int64_t c = 0; c < dim; c += 16)
-                    acc = _mm512_fmadd_ps(_mm512_loadu_ps(qs[q] + c), _mm512_loadu_ps(keys[i] + c), acc);
-                out[i] = lanes(halves(acc)) * scale;
-            }
+            for (int64_t i = 0; i < lens[q] - l0; i++) out[i] = lanes(key_sums(qs[q], keys[i], dim)) * scale;
         }
     }
 }
@@ -396,12 +393,17 @@ static void attend_block(const Keys *kv, const float *const *qs, const int64_t *
    A task is one kv head of one sequence over up to TASK_TOKENS of its tokens, every query head that reads it, in
    blocks: a task per query read the same keys and values once per query head and token, and at a step's few
    queries over long contexts that reading was most of the attention's time (docs/results.md, round 28). */
+/* The tasks of `attend` for a sequence of `count` new tokens. */
+static inline int64_t tasks_of(int64_t count, int64_t kv_heads) {
+    return (count + TASK_TOKENS - 1) / TASK_TOKENS * kv_heads;
+}
+
 void attend(const float *q, int64_t q_stride, const float *k, int64_t k_stride, const float *v, int64_t v_stride,
             float *kc, float *vc, const int64_t *table, int64_t width, const int64_t *first, const int64_t *starts,
             const int64_t *counts, int64_t seqs, int64_t heads, int64_t kv_heads, int64_t page, int64_t dim,
             float scale, float *out, int threads, int wide, int causal) {
     int64_t tasks = 0;
-    for (int64_t b = 0; b < seqs; b++) tasks += (counts[b] + TASK_TOKENS - 1) / TASK_TOKENS * kv_heads;
+    for (int64_t b = 0; b < seqs; b++) tasks += tasks_of(counts[b], kv_heads);
     const int64_t group = heads / kv_heads, page_floats = kv_heads * page * dim;
     for (int64_t b = 0; b < seqs; b++)
         for (int64_t j = 0; j < counts[b]; j++) {
@@ -417,8 +419,7 @@ void attend(const float *q, int64_t q_stride, const float *k, int64_t k_stride, 
     #pragma omp parallel for schedule(dynamic, 1) num_threads(threads)
     for (int64_t task = 0; task < tasks; task++) {
         int64_t b = 0, rest = task;
-        while (rest >= (counts[b] + TASK_TOKENS - 1) / TASK_TOKENS * kv_heads)
-            rest -= (counts[b] + TASK_TOKENS - 1) / TASK_TOKENS * kv_heads, b++;
+        while (rest >= tasks_of(counts[b], kv_heads)) rest -= tasks_of(counts[b++], kv_heads);
         const int64_t g = rest % kv_heads, j0 = rest / kv_heads * TASK_TOKENS;
         const int64_t j1 = j0 + TASK_TOKENS < counts[b] ? j0 + TASK_TOKENS : counts[b];
         const Keys kv = {kc, vc, table + b * width, page, page_floats, g * page * dim, dim};
