@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from adaflash.decoding.gate import (ARMS, BLOCK_CALLS, BLOCK_SEQUENCE_STEPS, EXPLORE_AFTER_FEWEST, EXPLORE_REGRET,
-                                   PLAIN_PREFERENCE, SWITCH_MARGIN, WARMUP_CALLS, WEIGHT, Arm, PlanGate, arms_for,
-                                   block_calls)
+                                   PLAIN_BLOCK_SEQUENCE_STEPS, PLAIN_PREFERENCE, SWITCH_MARGIN, WARMUP_CALLS, WEIGHT, Arm,
+                                   PlanGate, arms_for, block_calls)
 
 TWO = (Arm.PLAN, Arm.PLAIN)  # a gate without the copy arm: what the rules do between two arms
 
@@ -204,6 +204,34 @@ def test_a_block_carries_as_many_sequence_steps_at_every_load():
     assert gate.loads[1].rates[Arm.PLAN] is None
     gate.observe(arm, 1, 1.0)
     assert gate.loads[1].rates[Arm.PLAN] == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize("plain_ahead", [False, True])
+def test_at_one_sequence_trying_the_arm_behind_costs_at_most_the_regret_in_calls(plain_ahead):
+    """One sequence's plain blocks are a quarter of the plan arm's in calls: whichever leads, the calls spent on the arm
+    behind, times how far behind it is, stay within the regret; the wait between tries is counted in calls."""
+    rates = {Arm.PLAN: 1.0, Arm.PLAIN: 1.3} if plain_ahead else {Arm.PLAN: 1.3, Arm.PLAIN: 1.0}
+    behind = min(rates, key=rates.get)
+    arms = run_blocks(PlanGate(arms=TWO), 1, rates, 2 + int(8 / EXPLORE_REGRET))[2:]
+    calls = {arm: arms.count(arm) * block_calls(1, arm) for arm in TWO}
+    assert arms.count(behind) >= 3
+    assert calls[behind] * (1 - rates[behind] / max(rates.values())) / sum(calls.values()) <= EXPLORE_REGRET
+
+
+def test_a_plain_block_is_shorter():
+    """Plain decoding commits a token a sequence every call, so its block needs fewer calls than a speculating arm's
+    to measure it: where it is far behind, each of its blocks is what exploring it costs."""
+    assert block_calls(1, Arm.PLAIN) == PLAIN_BLOCK_SEQUENCE_STEPS < BLOCK_SEQUENCE_STEPS
+    assert block_calls(64, Arm.PLAIN) == BLOCK_CALLS
+    gate = PlanGate(arms=TWO)
+    for _ in range(BLOCK_SEQUENCE_STEPS):
+        gate.observe(gate.choose(1), 3, 1.0)
+    assert gate.choose(1) is Arm.PLAIN
+    for _ in range(WARMUP_CALLS + PLAIN_BLOCK_SEQUENCE_STEPS - 1):
+        gate.observe(Arm.PLAIN, 1, 1.0)
+    assert gate.loads[1].rates[Arm.PLAIN] is None
+    gate.observe(Arm.PLAIN, 1, 1.0)
+    assert gate.loads[1].rates[Arm.PLAIN] == pytest.approx(1.0) and gate.choose(1) is Arm.PLAN
 
 
 @pytest.mark.parametrize("arms", [(Arm.PLAIN, Arm.PLAN), (Arm.PLAN, Arm.COPY)])

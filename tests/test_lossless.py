@@ -520,6 +520,7 @@ def test_the_plan_gate_s_arms_keep_the_drafter_context_and_the_output(trained_ti
     run's steps and of the copy arm's reach it as those of planned steps do."""
     monkeypatch.setattr(gate, "BLOCK_CALLS", 1)
     monkeypatch.setattr(gate, "BLOCK_SEQUENCE_STEPS", 1)
+    monkeypatch.setattr(gate, "PLAIN_BLOCK_SEQUENCE_STEPS", 1)
     bundle = trained_tiny
     twin = clone_target(bundle.target)
     drafter = bundle.drafter

@@ -12,6 +12,8 @@ from helpers import fixed_costs
 
 from adaflash.decoding.costs import CostModel, _typical_ms, block_lengths
 from adaflash.decoding.engine import Engine
+from adaflash.decoding.modes import get_mode
+from adaflash.decoding.planner import Candidate, Load, Planner
 from adaflash.decoding.sequence import Request
 from adaflash.models.placement import CPU
 from adaflash.decoding import policy
@@ -647,3 +649,37 @@ def test_drafter_probes_that_do_not_make_drafting_pay_come_ever_more_rarely_unti
     assert drafts(hopeless, t + 0.001)
     assert not drafts(hopeless, t + 0.001 + 0.99 * probe_s / 0.1)
     assert drafts(hopeless, t + 0.001 + probe_s / 0.1)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_one_sequence_is_planned_as_the_general_path_plans_it_beside_a_plain_one(seed):
+    """A lone cost-aware sequence takes a shorter path through `Planner.plan` (`_plan_one`); beside a plain
+    decoding sequence it takes the general one. With that sequence counted as the lone one's outside load, both must
+    make the same plan, and leave the same counters, step after step, on counts, caps, copies and probes that vary."""
+    rng = np.random.default_rng(seed)
+    clock = [0.0]
+    cost = CostModel(verify={b: [(b * k, 2.0 + 0.2 * b * k) for k in (1, 2, 4, 8, 16)] for b in (1, 2)},
+                     draft={b: [(n, 0.2 + 0.05 * b * n) for n in (2, 4, 8, 16)] for b in (1, 2)})  # cuts pay, drafts may
+    planners = [Planner(LengthController(cost, block_size=16, clock=lambda: clock[0])) for _ in range(2)]
+    states = [p.controller.new_sequence() for p in planners]
+    text = rng.integers(0, 6, size=40).tolist()  # a few token kinds: lookups match at 1 to 3 tokens, or not
+    plans = []
+    for step in range(60):
+        draft_len, matched = int(rng.integers(1, 16)), int(rng.integers(0, 4))
+        accepted = int(rng.integers(0, draft_len + 1))
+        for p, s in zip(planners, states):
+            p.controller.observe(s, draft_len, accepted, matched)
+        tokens, cap, can_draft = text[: int(rng.integers(2, 41))], int(rng.integers(1, 16)), bool(rng.random() < 0.8)
+        lone = Candidate("s", get_mode("adaflash"), tokens, cap, states[0], can_draft)
+        besides = [Candidate("s", get_mode("adaflash"), tokens, cap, states[1], can_draft),
+                   Candidate("plain", get_mode("ar"), tokens, 0, planners[1].controller.new_sequence())]
+        one, general = planners[0].plan([lone], Load(1, 1, 1.0, 0)), planners[1].plan(besides)
+        assert (one.proposals["s"], one.copied, one.expected, one.block_length) == \
+            (general.proposals["s"], general.copied, general.expected, general.block_length)
+        assert [(d.key, d.cap, d.block_length, d.rates.tolist()) for d in one.drafts] == \
+            [(d.key, d.cap, d.block_length, d.rates.tolist()) for d in general.drafts]
+        assert (states[0].skipped, states[0].copy_skipped, states[0].probe_interval) == \
+            (states[1].skipped, states[1].copy_skipped, states[1].probe_interval)
+        plans.append("draft" if one.drafts else "copy" if one.copied else "none")
+        clock[0] += float(rng.uniform(0, 0.05))
+    assert len(set(plans)) > 1  # the steps did not all plan alike

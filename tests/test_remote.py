@@ -133,6 +133,7 @@ def test_the_plan_gate_s_plain_arm_runs_several_steps_per_call_and_sends_their_f
     decoding's."""
     monkeypatch.setattr(gate_rules, "BLOCK_CALLS", 1)
     monkeypatch.setattr(gate_rules, "BLOCK_SEQUENCE_STEPS", 1)
+    monkeypatch.setattr(gate_rules, "PLAIN_BLOCK_SEQUENCE_STEPS", 1)
     prompts = random_prompts(6, seed=13)
     models = Models(trained_tiny, 6)
     gate = PlanGate()

@@ -28,6 +28,11 @@ from enum import Enum
 # calls though the plan arm's rate was 1.36 times plain's (docs/results.md, GPU round 24).
 BLOCK_CALLS = 4
 BLOCK_SEQUENCE_STEPS = 32
+# A plain decoding block carries fewer: each of its calls commits one token a sequence, so its rate does not swing with
+# the text, and where plain decoding is far behind (one sequence on text that copies well) its blocks are the gate's
+# exploring cost. At one sequence on the CPU a plain block of 32 calls among the plan arm's cost about 20 steps of the
+# ~600 a run takes (docs/results.md, round 29).
+PLAIN_BLOCK_SEQUENCE_STEPS = 8
 # After a load's switch of arm, its first call is not measured: it carries the switch's own cost (after a plain
 # stretch the drafter first appends every position decoded meanwhile), which the arm would not pay while it led;
 # counted, it would tilt the comparison toward the arm in the lead. (A call at another load between two of this
@@ -78,9 +83,10 @@ def arms_for(copies: bool, padded: bool) -> tuple[Arm, ...]:
     return ARMS if copies and padded else (Arm.PLAN, Arm.PLAIN)
 
 
-def block_calls(sequences: int) -> int:
-    """Calls in one block of an arm at a load of `sequences`."""
-    return max(BLOCK_CALLS, -(-BLOCK_SEQUENCE_STEPS // max(sequences, 1)))
+def block_calls(sequences: int, arm: Arm = Arm.PLAN) -> int:
+    """Calls in one block of `arm` at a load of `sequences`."""
+    steps = PLAIN_BLOCK_SEQUENCE_STEPS if arm is Arm.PLAIN else BLOCK_SEQUENCE_STEPS
+    return max(BLOCK_CALLS, -(-steps // max(sequences, 1)))
 
 
 @dataclass
@@ -106,7 +112,7 @@ class _Load:
 
     arms: tuple[Arm, ...]
     plain_preference: float = PLAIN_PREFERENCE
-    block_calls: int = BLOCK_CALLS  # calls per block at this load (`block_calls`)
+    sequences: int = 1  # the fewest running sequences of this load: what its blocks' calls carry (`block_calls`)
     rates: dict[Arm, float | None] = field(init=False)
     blocks: dict[Arm, int] = field(init=False)
     since: dict[Arm, int] = field(init=False)
@@ -124,7 +130,7 @@ class _Load:
     def add(self, tokens: int, ms: float) -> bool:
         """A measured call of the block's arm; whether the block is complete."""
         self.block.add(tokens, ms)
-        return self.block.calls >= self.block_calls
+        return self.block.calls >= block_calls(self.sequences, self.arm)
 
     def end_block(self) -> None:
         """Fold the block's rate into its arm's running rate, and start the next block on the leader or on an arm
@@ -166,9 +172,12 @@ class _Load:
         return max(due, key=lambda arm: waited[arm]) if due else None
 
     def _explore_after(self, leader: Arm, arm: Arm) -> int:
+        """The leader's blocks before `arm` is tried again. Where the arms' blocks differ in calls (a plain block is
+        shorter, `block_calls`), the wait is in the leader's calls: a long block tried after short ones costs more."""
         behind = 1 - self.score(arm) / self.score(leader) if self.rates[arm] else 1.0  # of the leader's score
         others = len(self.arms) - 1  # arms behind, each allowed its share of the regret
-        return max(EXPLORE_AFTER_FEWEST * others, math.ceil(others * behind / EXPLORE_REGRET) - 1)
+        calls = block_calls(self.sequences, arm) / block_calls(self.sequences, leader)
+        return max(EXPLORE_AFTER_FEWEST * others, math.ceil(calls * (others * behind / EXPLORE_REGRET - 1)))
 
 
 class PlanGate:
@@ -193,8 +202,7 @@ class PlanGate:
             return Arm.PLAN
         bucket = sequences.bit_length()
         if bucket not in self.loads:
-            self.loads[bucket] = _Load(self.arms, self.plain_preference if sequences > 1 else 0.0,
-                                       block_calls(1 << (bucket - 1)))
+            self.loads[bucket] = _Load(self.arms, self.plain_preference if sequences > 1 else 0.0, 1 << (bucket - 1))
         self._load = self.loads[bucket]
         return self._load.arm
 

@@ -102,6 +102,8 @@ class Planner:
         return self.controller.block_size
 
     def plan(self, seqs: list[Candidate], outside: Load = Load()) -> Plan:
+        if len(seqs) == 1 and seqs[0].mode.drafter and seqs[0].mode.length is Length.COST_AWARE and seqs[0].cap > 0:
+            return self._plan_one(seqs[0], outside)
         plan = Plan(block_length=self.block_size)
         for s in seqs:
             if not s.mode.drafter:
@@ -120,6 +122,39 @@ class Planner:
         plan.drafts = [DraftRequest(s.key, s.mode.name, caps[s.key], plan.block_length, r)
                        for s, r in zip(drafting, rates)]
         return plan
+
+    def _plan_one(self, s: Candidate, outside: Load) -> Plan:
+        """`plan` of one cost-aware sequence, the same decisions in fewer steps: at concurrency 1 every step plans so,
+        right after its forward, when each of the general path's lists and sets costs more than it does warm
+        (docs/results.md, engine speed round 29)."""
+        c, key = self.controller, s.key
+        plan = Plan(block_length=self.block_size)
+        proposal, matched = ngram.lookup(s.tokens, s.cap) if self.copies and s.mode.copies else ([], 0)
+        if proposal and c.prefers_copy([s.policy], [matched], [len(proposal)], [s.cap])[0] or not s.can_draft:
+            self._copy_one(plan, s, proposal, matched, outside)
+            return plan
+        chosen, length = c.choose_drafters([s.policy], [s.cap], 1 + outside.sequences, outside.tokens,
+                                           1 + outside.drafting, outside.expected, outside.widest)
+        plan.block_length = length
+        if chosen[0]:
+            plan.proposals[key] = []
+            rates = c.estimated_rates([s.policy])
+            plan.drafts = [DraftRequest(key, s.mode.name, min(s.cap, length - 1), length, rates[0])]
+        else:
+            self._copy_one(plan, s, proposal, matched, outside)
+        return plan
+
+    def _copy_one(self, plan: Plan, s: Candidate, proposal: list[int], matched: int, outside: Load) -> None:
+        """`_copy` of one sequence planned alone (`_plan_one`)."""
+        if not proposal:
+            plan.proposals[s.key] = []
+            return
+        ks, expected = self.controller.copy_lengths([s.policy], [matched], [len(proposal)], 1 + outside.sequences,
+                                                    outside.tokens, outside.expected, outside.widest)
+        plan.proposals[s.key] = proposal[: ks[0]]
+        plan.expected[s.key] = expected[0]
+        if ks[0]:
+            plan.copied[s.key] = matched
 
     @staticmethod
     def _propose_copy(plan: Plan, s: Candidate) -> None:

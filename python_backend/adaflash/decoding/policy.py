@@ -36,6 +36,8 @@ class AcceptanceStats:
         self.tries = [0.0] * size
         self.hits = [0.0] * size
         self.version = 0  # bumped by every update: decisions computed from unchanged counts can be reused
+        self._rates: tuple[int, list[float], float, list[float]] | None = None  # (version, prior, weight, rates)
+        self._chained: tuple[int, float, float, list[float]] | None = None  # (version, first, weight, rates)
 
     def update(self, draft_len: int, accepted: int) -> None:
         for j in range(min(accepted + 1, draft_len)):
@@ -45,40 +47,43 @@ class AcceptanceStats:
         self.version += 1
 
     def rates(self, prior: list[float], weight: float) -> list[float]:
-        """Conditional acceptance per position, shrunk toward `prior` with `weight` pseudo-tries."""
-        return [(h + weight * p) / (t + weight) for h, t, p in zip(self.hits, self.tries, prior)]
+        """Conditional acceptance per position, shrunk toward `prior` with `weight` pseudo-tries. The last answer is
+        kept while the counts and the prior (the same list: priors are themselves kept answers) stay: a plan reads a
+        sequence's rates more than once, and the engine-wide ones at every sequence. Callers do not change it."""
+        kept = self._rates
+        if kept is not None and kept[0] == self.version and kept[1] is prior and kept[2] == weight:
+            return kept[3]
+        out = [(h + weight * p) / (t + weight) for h, t, p in zip(self.hits, self.tries, prior)]
+        self._rates = (self.version, prior, weight, out)
+        return out
 
     def chained_rates(self, first: float, weight: float) -> list[float]:
         """Like `rates`, each position shrunk toward the estimate of the one before it (the first toward
         `first`). A position never tried then inherits its predecessor's rate: acceptance does not fall
         along a block (a draft that got this far is on track), and a fixed prior such as 0.5 would
-        make the policy never verify past the positions it has already seen, so never learn them."""
+        make the policy never verify past the positions it has already seen, so never learn them. Kept like
+        `rates`'s."""
+        kept = self._chained
+        if kept is not None and kept[0] == self.version and kept[1] == first and kept[2] == weight:
+            return kept[3]
         out, prior = [], first
         for hits, tries in zip(self.hits, self.tries):
             prior = (hits + weight * prior) / (tries + weight)
             out.append(prior)
+        self._chained = (self.version, first, weight, out)
         return out
-
-
-def _pooled(stats: list[AcceptanceStats]) -> AcceptanceStats:
-    """One set of counts summing several."""
-    out = AcceptanceStats(len(stats[0].tries))
-    out.tries = [sum(col) for col in zip(*(s.tries for s in stats))]
-    out.hits = [sum(col) for col in zip(*(s.hits for s in stats))]
-    return out
 
 
 VECTOR_ROWS = 16  # from this many sequences a plan's sums run in numpy, below in Python floats (`_choose_many`)
 
 
-def _rate_rows(stats: list[AcceptanceStats], priors: list[list[float]], which: list[int],
-               weight: float) -> list[list[float]] | np.ndarray:
-    """`AcceptanceStats.rates` of each sequence toward its prior row (`priors[which[i]]`), the same figures in lists
-    or, from VECTOR_ROWS sequences, in one array."""
+def _rate_rows(stats: list[AcceptanceStats], priors: list[list[float]], weight: float) -> list[list[float]] | np.ndarray:
+    """`AcceptanceStats.rates` of each sequence toward its prior row (`priors[i]`), the same figures in lists or, from
+    VECTOR_ROWS sequences, in one array."""
     if len(stats) < VECTOR_ROWS:
-        return [s.rates(priors[w], weight) for s, w in zip(stats, which)]
+        return [s.rates(p, weight) for s, p in zip(stats, priors)]
     hits, tries = np.array([s.hits for s in stats]), np.array([s.tries for s in stats])
-    return (hits + weight * np.array(priors)[which]) / (tries + weight)
+    return (hits + weight * np.array(priors)) / (tries + weight)
 
 
 def _prefix_sums(rows: list[list[float]] | np.ndarray, lengths: list[int]) -> list[float]:
@@ -370,8 +375,8 @@ class LengthController:
         self._copy_probes = ProbeBudget(probe_share, clock)
         self.global_stats = AcceptanceStats(block_size - 1)
         self.global_copy = [AcceptanceStats(block_size - 1) for _ in range(ngram.MAX_N + 1)]
+        self._pooled_copy = AcceptanceStats(block_size - 1)  # global_copy's counts summed, kept with them
         self._decision: tuple[tuple, bool] | None = None  # (inputs, whether drafting pays) of the last choice
-        self._prior_cache: tuple[tuple, np.ndarray, list[np.ndarray]] | None = None  # (counts' versions, priors)
 
     def new_sequence(self) -> PolicyState:
         return PolicyState(AcceptanceStats(self.block_size - 1),
@@ -381,17 +386,8 @@ class LengthController:
         return np.asarray(self._draft_rows(seqs))
 
     def _draft_rows(self, seqs: list[PolicyState]) -> list[list[float]] | np.ndarray:
-        return _rate_rows([s.stats for s in seqs], [self._priors()[0]], [0] * len(seqs), self.prior_weight)
-
-    def _priors(self) -> tuple[list[float], list[list[float]]]:
-        """The engine-wide estimates the sequences' are shrunk toward: drafts', and copies' per match length (see
-        `copy_rates`). Every adaflash sequence reads them every step, and they change only with the counts."""
-        key = (self.global_stats.version, *(s.version for s in self.global_copy))
-        if self._prior_cache is None or self._prior_cache[0] != key:
-            pooled = _pooled(self.global_copy).chained_rates(0.5, 1.0)
-            self._prior_cache = (key, self.global_stats.chained_rates(0.5, 1.0),
-                                 [s.rates(pooled, 1.0) for s in self.global_copy])
-        return self._prior_cache[1], self._prior_cache[2]
+        prior = self.global_stats.chained_rates(0.5, 1.0)  # the engine-wide estimates the sequences' are shrunk toward
+        return _rate_rows([s.stats for s in seqs], [prior] * len(seqs), self.prior_weight)
 
     def copy_rates(self, seqs: list[PolicyState], matched: list[int]) -> np.ndarray:
         """Acceptance estimates of copies whose lookup matched `matched[i]` tokens (see `ngram.lookup`).
@@ -404,7 +400,9 @@ class LengthController:
         return np.asarray(self._copy_rows(seqs, matched))
 
     def _copy_rows(self, seqs: list[PolicyState], matched: list[int]) -> list[list[float]] | np.ndarray:
-        return _rate_rows([s.copy[n] for s, n in zip(seqs, matched)], self._priors()[1], matched, self.prior_weight)
+        pooled = self._pooled_copy.chained_rates(0.5, 1.0)
+        return _rate_rows([s.copy[n] for s, n in zip(seqs, matched)],
+                          [self.global_copy[n].rates(pooled, 1.0) for n in matched], self.prior_weight)
 
     def prefers_copy(self, seqs: list[PolicyState], matched: list[int], proposal_lens: list[int],
                      caps: list[int]) -> list[bool]:
@@ -487,10 +485,12 @@ class LengthController:
         have to wait probe together later, in one forward, at most PROBE_SEQUENCES of them. Each probe runs while
         drafting does not pay, so it halves the share left to the next ones; the whole share returns once drafting
         pays."""
-        due = sorted((i for i, s in enumerate(seqs) if s.skipped >= s.probe_interval), key=lambda i: -seqs[i].skipped)
-        due = set(due[:PROBE_SEQUENCES])
+        due = [i for i, s in enumerate(seqs) if s.skipped >= s.probe_interval]
+        if not due:
+            return [False] * len(seqs)
+        due = set(sorted(due, key=lambda i: -seqs[i].skipped)[:PROBE_SEQUENCES])
         n = len(due)
-        if not n or not self._may_probe(self._drafter_probes, batch, tokens, n, self.cost.draft_ms(n, block_length)):
+        if not self._may_probe(self._drafter_probes, batch, tokens, n, self.cost.draft_ms(n, block_length)):
             return [False] * len(seqs)
         self._drafter_probes.shrink()
         return [i in due for i in range(len(seqs))]
@@ -561,6 +561,7 @@ class LengthController:
         if matched:
             seq.copy[matched].update(draft_len, accepted)
             self.global_copy[matched].update(draft_len, accepted)
+            self._pooled_copy.update(draft_len, accepted)
             return
         seq.stats.update(draft_len, accepted)
         self.global_stats.update(draft_len, accepted)
