@@ -258,7 +258,7 @@ def test_the_block_search_chooses_as_choose_lengths_does_for_each_block_length()
     controller = LengthController(cost, block_size=16)
     outcomes = set()
     for i in range(600):
-        n = int(rng.integers(2, 20))
+        n = 1 if i % 5 == 0 else int(rng.integers(2, 20))
         rates = rng.uniform(0.0, 1.0, size=(n, 15)) ** float(rng.uniform(0.05, 2))
         if i % 3 == 0:
             rates = np.round(rates, 1)  # ties
@@ -273,8 +273,9 @@ def test_the_block_search_chooses_as_choose_lengths_does_for_each_block_length()
             if any(ks) and rate > best_rate:
                 best_rate, best = rate, length
         assert controller._plan(rates, caps, batch, others, drafting, expected) == (best is not None, best or 2)
-        outcomes.add(best)
-    assert outcomes == {None, 2, 4, 8, 16}  # every answer was met
+        assert controller._plan(rates.tolist(), caps, batch, others, drafting, expected) == (best is not None, best or 2)
+        outcomes.add((best, n == 1))
+    assert outcomes == {(b, alone) for b in (None, 2, 4, 8, 16) for alone in (False, True)}  # every answer was met
 
 
 def test_the_cost_table_is_timed_in_rounds_over_all_its_points():
@@ -407,6 +408,17 @@ def test_live_timings_rescale_the_cost_table():
     for _ in range(500):
         cost.observe_verify(4, 4, 10_000.0)
     assert cost.verify_ms(4, 4) == pytest.approx(40.0)  # bounded at 4x the table
+
+
+def test_a_scale_hovering_about_a_step_s_edge_keeps_its_rounded_figure():
+    """Decisions are reused while the rounded scales stay (`CostModel.scales`): a live scale wandering about the edge
+    between two 5% steps keeps its figure, and one that moves past the hold takes a new one."""
+    cost = CostModel(verify={1: [(1, 1.0), (16, 2.0)]}, draft={1: [(2, 1.0), (16, 2.0)]})
+    figures = []
+    for steps in (2.4, 2.6, 2.4, 2.8, 2.4, 2.3, 2.2, 2.7):
+        cost.verify_scale = 1.05**steps
+        figures.append(cost.scales[0])
+    assert figures == [2, 2, 2, 3, 3, 3, 2, 2]
 
 
 def test_the_steps_time_outside_its_forwards_makes_long_verifies_relatively_cheaper():

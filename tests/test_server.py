@@ -7,6 +7,7 @@ import json
 import queue
 import re
 import shutil
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -138,18 +139,22 @@ def _cancelled(server, mode: str) -> float:
 
 
 def test_cancelled_streams_free_their_sequences(served, prompts):
-    """50 streams of 500 tokens, half `ar` and half `adaflash`, each closed after its first response (which is
-    never held back): the server ends them as cancelled, not finished (an `ar` sequence needs 500 steps, far
-    longer than the loop takes to notice), every slot comes back, and the server still serves."""
+    """50 streams of 500 tokens, half `ar` and half `adaflash`, each closed once all have had their first response
+    (which is never held back): the server ends them as cancelled, not finished (an `ar` sequence needs 500 steps of
+    the 50 sequences' batch, far longer than the loop takes to notice), every slot comes back, and the server still
+    serves. (Closed each on its own first response, a stream whose client thread started late ran alone at the end,
+    at tiny-model speed, and could finish its 500 tokens before the loop's next question to Triton.)"""
     server = served[0]
     modes = ["ar", "adaflash"]
     before = {m: _cancelled(server, m) for m in modes}
+    all_started = threading.Barrier(50, timeout=60)
 
     def start_and_cancel(i: int) -> int:
         params = GenerationParams(max_tokens=500, spec_mode=modes[i % 2])
         with _client(served) as client:
             stream = client.stream(prompts[i % len(prompts)], params)
             seen = next(iter(stream)).num_output_tokens
+            all_started.wait()
             stream.close()
             return seen
 

@@ -51,6 +51,8 @@ class CostModel:
     _drafts: dict[tuple[int, int | None], float] = field(default_factory=dict, init=False, repr=False, compare=False)
     _by_total: dict[int, np.ndarray] = field(default_factory=dict, init=False, repr=False, compare=False)
     _shapes: dict[tuple[int, int], float] = field(default_factory=dict, init=False, repr=False, compare=False)
+    _held: tuple[tuple[int, int, int], tuple[float, ...]] | None = field(  # `scales`, and the figures they hold for
+        default=None, init=False, repr=False, compare=False)
 
     def observe_step(self, ms: float) -> None:
         """Fold a step's time outside its forwards into `step_ms`. Every option of a step pays it alike, so it
@@ -75,11 +77,22 @@ class CostModel:
             self.draft_scale = _follow(self.draft_scale, ms / table)
 
     @property
-    def scales(self) -> tuple[float, float, float]:
-        """The scales rounded to 5% and the step time to 1 ms: decisions taken under the same rounded figures
-        can be reused."""
-        return (round(math.log(self.verify_scale) / _LOG_5_PERCENT),
-                round(math.log(self.draft_scale) / _LOG_5_PERCENT), round(self.step_ms))
+    def scales(self) -> tuple[int, int, int]:
+        """The scales in steps of 5% and the step time in ms, rounded, and held until one of them moves more than
+        _SCALE_HOLD of a step from its held value: decisions taken under the same figures can be reused. Rounded
+        afresh at every call, a scale that hovered about a step's edge retook the decision at a third of the steps
+        of one sequence (docs/results.md, engine speed round 29)."""
+        held = self._held
+        if held is not None:
+            v_lo, v_hi, d_lo, d_hi, s_lo, s_hi = held[1]
+            if v_lo <= self.verify_scale <= v_hi and d_lo <= self.draft_scale <= d_hi and s_lo <= self.step_ms <= s_hi:
+                return held[0]
+        v, d = (round(math.log(x) / _LOG_5_PERCENT) for x in (self.verify_scale, self.draft_scale))
+        s = round(self.step_ms)
+        bounds = (*(1.05 ** (n + sign * _SCALE_HOLD) for n in (v, d) for sign in (-1, 1)), s - _SCALE_HOLD,
+                  s + _SCALE_HOLD)
+        self._held = ((v, d, s), bounds)
+        return v, d, s
 
     def verify_ms(self, batch: int, total_tokens: float | np.ndarray) -> float | np.ndarray:
         if isinstance(total_tokens, np.ndarray) and total_tokens.dtype.kind in "iu":
@@ -213,6 +226,7 @@ class CostModel:
 
 _FOLLOW_WEIGHT = 0.05  # of each new observation in the live figures
 _LOG_5_PERCENT = math.log(1.05)
+_SCALE_HOLD = 0.75  # of a step of `CostModel.scales`: how far a figure may move before it is rounded afresh
 
 
 def _follow(scale: float, ratio: float, weight: float = _FOLLOW_WEIGHT) -> float:

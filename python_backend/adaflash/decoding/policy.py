@@ -228,18 +228,25 @@ def _best_prefix(gains: np.ndarray, times: np.ndarray, base: float, step_ms: flo
     return (s + 1, float(rates[s])) if rates[s] > none else (0, float(none))
 
 
-def _sorted_gains(rates: np.ndarray, caps: list[int]) -> tuple[list[float], list[int], list[int]] | tuple[np.ndarray, ...]:
+def _sorted_gains(rates: np.ndarray | list[list[float]],
+                  caps: list[int]) -> tuple[list[float], list[int], list[int]] | tuple[np.ndarray, ...]:
     """Every draftable position's gain (the product of the rates up to it) within the caps, largest first, ties in
     row-major order, with the row and the position each came from: lists below VECTOR_ROWS sequences, arrays from
-    there. Gains never rise along a row, so the S largest are the best S positions to verify."""
+    there. Gains never rise along a row, so the S largest are the best S positions to verify, and one row's are in
+    order already."""
+    if len(caps) == 1:
+        row = rates[0].tolist() if isinstance(rates, np.ndarray) else rates[0]
+        gains = _products(row[: caps[0]])
+        return gains, [0] * len(gains), list(range(len(gains)))
     if len(caps) >= VECTOR_ROWS:
+        rates = np.asarray(rates, dtype=float)
         keep = np.arange(rates.shape[1]) < np.asarray(caps)[:, None]
         rows, positions = np.nonzero(keep)
         gains = np.cumprod(rates, axis=1)[keep]
         order = np.argsort(-gains, kind="stable")
         return gains[order], rows[order], positions[order]
     gains, rows, positions = [], [], []
-    for i, (row, cap) in enumerate(zip(rates.tolist(), caps)):
+    for i, (row, cap) in enumerate(zip(rates.tolist() if isinstance(rates, np.ndarray) else rates, caps)):
         row_gains = _products(row[:cap])
         gains += row_gains
         rows += [i] * len(row_gains)
@@ -253,18 +260,18 @@ def _verify_times(cost: CostModel, batch: int, first: int, count: int) -> np.nda
     return cost.verify_ms(batch, np.arange(first, first + count + 1))
 
 
-def _best_block(rates: np.ndarray, caps: list[int], cost: CostModel, batch: int, other_tokens: int,
+def _best_block(rates: np.ndarray | list[list[float]], caps: list[int], cost: CostModel, batch: int, other_tokens: int,
                 lengths: list[int], drafts: list[float], other_expected: float | None) -> int | None:
-    """The block length, of `lengths` (drafter forwards costing `drafts`), whose best choice (`_choose_many`, with
+    """The block length, of `lengths` (drafter forwards costing `drafts`), whose best choice (`choose_lengths`, with
     each cap lowered to the block) promises the highest rate with something drafted; None when none drafts. One
     sort serves every length: a shorter block's gains are the longer one's with later positions left out, in the
-    same order, so each length's sums, and choice, are `_choose_many`'s."""
+    same order, so each length's sums, and choice, are `choose_lengths`'s."""
     n = len(caps)
     value, _, position = _sorted_gains(rates, caps)
     others = batch - n if other_expected is None else other_expected
-    times = _verify_times(cost, batch, other_tokens + n, len(value))
     vector = isinstance(value, np.ndarray)
-    times = times if vector else times.tolist()
+    times = _verify_times(cost, batch, other_tokens + n, len(value)) if vector else cost.verify_ms_run(
+        batch, other_tokens + n, len(value))
     best, best_rate = None, 0.0
     for length, draft_ms in zip(lengths, drafts):
         if vector:
@@ -464,7 +471,7 @@ class LengthController:
                other_width if self.cost.padded else 1, tuple(caps), self.cost.scales, self.global_stats.version,
                tuple(s.stats.version for s in seqs))
         if self._decision is None or self._decision[0] != key:
-            self._decision = (key, *self._plan(self.estimated_rates(seqs), caps, batch, other_tokens, n_drafting,
+            self._decision = (key, *self._plan(self._draft_rows(seqs), caps, batch, other_tokens, n_drafting,
                                                other_expected, other_width))
         _, pays, block_length = self._decision
         if pays:
@@ -506,17 +513,16 @@ class LengthController:
                                        - self.cost.verify_ms(batch, tokens)))
         return True
 
-    def _plan(self, rates: np.ndarray, caps: list[int], batch: int, other_tokens: int,
+    def _plan(self, rates: np.ndarray | list[list[float]], caps: list[int], batch: int, other_tokens: int,
               n_drafting: int, other_expected: float | None, other_width: int = 1) -> tuple[bool, int]:
         """Whether drafting beats plain decoding, and the block_length that does best: the drafter's
         cost grows with the block, so under load a short block can pay where a full one cannot.
         When nothing pays, probes draft the shortest block."""
         lengths = block_lengths(self.block_size)
         drafts = [self.cost.draft_ms(n_drafting, length) for length in lengths]
-        if len(caps) > 1 and not self.cost.padded:
-            best = _best_block(np.asarray(rates, dtype=float), caps, self.cost, batch, other_tokens, lengths, drafts,
-                               other_expected)
-        else:  # one sequence, or padded verifies (a few widths a length): each length's own choice
+        if not self.cost.padded:
+            best = _best_block(rates, caps, self.cost, batch, other_tokens, lengths, drafts, other_expected)
+        else:  # padded verifies (a few widths a length): each length's own choice
             best = None
             best_rate = 0.0
             for block_length, draft_ms in zip(lengths, drafts):
