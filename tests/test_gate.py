@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from adaflash.decoding.gate import (ARMS, BLOCK_CALLS, BLOCK_SEQUENCE_STEPS, EXPLORE_AFTER_FEWEST, EXPLORE_REGRET,
-                                   PLAIN_BLOCK_SEQUENCE_STEPS, PLAIN_PREFERENCE, SWITCH_MARGIN, WARMUP_CALLS, WEIGHT, Arm,
-                                   PlanGate, arms_for, block_calls)
+                                   PLAIN_BLOCK_SEQUENCE_STEPS, PLAIN_PREFERENCE, SWITCH_MARGIN, WARMUP_CALLS, WEIGHT,
+                                   Arm, PlanGate, arms_for, block_calls)
 
 TWO = (Arm.PLAN, Arm.PLAIN)  # a gate without the copy arm: what the rules do between two arms
 

@@ -272,8 +272,8 @@ def test_the_block_search_chooses_as_choose_lengths_does_for_each_block_length()
                                       draft_ms=cost.draft_ms(drafting, length), other_expected=expected)
             if any(ks) and rate > best_rate:
                 best_rate, best = rate, length
-        assert controller._plan(rates, caps, batch, others, drafting, expected) == (best is not None, best or 2)
-        assert controller._plan(rates.tolist(), caps, batch, others, drafting, expected) == (best is not None, best or 2)
+        for rows in (rates, rates.tolist()):
+            assert controller._plan(rows, caps, batch, others, drafting, expected) == (best is not None, best or 2)
         outcomes.add((best, n == 1))
     assert outcomes == {(b, alone) for b in (None, 2, 4, 8, 16) for alone in (False, True)}  # every answer was met
 
@@ -671,7 +671,7 @@ def test_one_sequence_is_planned_as_the_general_path_plans_it_beside_a_plain_one
     rng = np.random.default_rng(seed)
     clock = [0.0]
     cost = CostModel(verify={b: [(b * k, 2.0 + 0.2 * b * k) for k in (1, 2, 4, 8, 16)] for b in (1, 2)},
-                     draft={b: [(n, 0.2 + 0.05 * b * n) for n in (2, 4, 8, 16)] for b in (1, 2)})  # cuts pay, drafts may
+                     draft={b: [(n, 0.2 + 0.05 * b * n) for n in (2, 4, 8, 16)] for b in (1, 2)})  # cuts, drafts may pay
     planners = [Planner(LengthController(cost, block_size=16, clock=lambda: clock[0])) for _ in range(2)]
     states = [p.controller.new_sequence() for p in planners]
     text = rng.integers(0, 6, size=40).tolist()  # a few token kinds: lookups match at 1 to 3 tokens, or not

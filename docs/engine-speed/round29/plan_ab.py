@@ -86,7 +86,8 @@ def main() -> None:
             med = {k: statistics.median(v) for k, v in rates.items()}
             over = {k: [round(a / n, 3) for a, n in zip(rates[k], rates["ngram"])] for k in ("before", "after")}
             ab = [round(a / b, 3) for a, b in zip(rates["after"], rates["before"])]
-            print(f"{domain} c={c}: ngram {med['ngram']:.0f}, before {med['before']:.0f}, after {med['after']:.0f} tok/s; "
+            print(f"{domain} c={c}: ngram {med['ngram']:.0f}, before {med['before']:.0f}, "
+                  f"after {med['after']:.0f} tok/s; "
                   f"over ngram by round before {over['before']} after {over['after']} (medians "
                   f"{statistics.median(over['before']):.3f} / {statistics.median(over['after']):.3f}); after / before "
                   f"{ab}, median {statistics.median(ab):.3f}; plan us/call before "

@@ -50,6 +50,7 @@ class CostModel:
     _bounds: dict[int, tuple[int, int]] = field(default_factory=dict, init=False, repr=False, compare=False)
     _drafts: dict[tuple[int, int | None], float] = field(default_factory=dict, init=False, repr=False, compare=False)
     _by_total: dict[int, np.ndarray] = field(default_factory=dict, init=False, repr=False, compare=False)
+    _listed: dict[int, list[float]] = field(default_factory=dict, init=False, repr=False, compare=False)  # as lists
     _shapes: dict[tuple[int, int], float] = field(default_factory=dict, init=False, repr=False, compare=False)
     _held: tuple[tuple[int, int, int], tuple[float, ...]] | None = field(  # `scales`, and the figures they hold for
         default=None, init=False, repr=False, compare=False)
@@ -101,10 +102,14 @@ class CostModel:
 
     def verify_ms_run(self, batch: int, first: int, count: int) -> list[float]:
         """`verify_ms` of `batch` sequences at `first` tokens in all and at each of the `count` totals after, in Python
-        floats: the figures `_whole_totals` keeps, sliced once. A plan at one sequence reads such a run at every step,
-        and interpolating each total took about a fifth of its time under a profiler (docs/results.md, round 28)."""
-        curve = self._whole_totals(batch, first + count)
-        return [t * self.verify_scale for t in curve[first : first + count + 1].tolist()]
+        floats: the figures `_whole_totals` keeps, kept as a list too. A plan at one sequence reads such a run at every
+        step, and interpolating each total took about a fifth of its time under a profiler (docs/results.md, round
+        28)."""
+        curve = self._listed.get(batch)
+        if curve is None or len(curve) <= first + count:
+            curve = self._listed[batch] = self._whole_totals(batch, first + count).tolist()
+        scale = self.verify_scale
+        return [t * scale for t in curve[first : first + count + 1]]
 
     def padded_verify_ms(self, batch: int, width: int) -> float:
         """A padded verify of `batch` sequences whose longest feed is `width` tokens: what every feed of it costs."""

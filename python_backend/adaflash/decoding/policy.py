@@ -77,7 +77,8 @@ class AcceptanceStats:
 VECTOR_ROWS = 16  # from this many sequences a plan's sums run in numpy, below in Python floats (`_choose_many`)
 
 
-def _rate_rows(stats: list[AcceptanceStats], priors: list[list[float]], weight: float) -> list[list[float]] | np.ndarray:
+def _rate_rows(stats: list[AcceptanceStats], priors: list[list[float]],
+               weight: float) -> list[list[float]] | np.ndarray:
     """`AcceptanceStats.rates` of each sequence toward its prior row (`priors[i]`), the same figures in lists or, from
     VECTOR_ROWS sequences, in one array."""
     if len(stats) < VECTOR_ROWS:
