@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from adaflash.decoding.gate import (ARMS, BLOCK_CALLS, BLOCK_SEQUENCE_STEPS, EXPLORE_AFTER_FEWEST, EXPLORE_REGRET,
-                                   PLAIN_BLOCK_SEQUENCE_STEPS, PLAIN_PREFERENCE, SWITCH_MARGIN, WARMUP_CALLS, WEIGHT,
-                                   Arm, PlanGate, arms_for, block_calls)
+from adaflash.decoding.gate import (ARMS, BLOCK_CALLS, BLOCK_SEQUENCE_STEPS, CONFIRM_BLOCKS, EXPLORE_AFTER_FEWEST,
+                                   EXPLORE_REGRET, PLAIN_BLOCK_SEQUENCE_STEPS, PLAIN_PREFERENCE, SWITCH_MARGIN,
+                                   WARMUP_CALLS, WEIGHT, Arm, PlanGate, arms_for, block_calls)
 
 TWO = (Arm.PLAN, Arm.PLAIN)  # a gate without the copy arm: what the rules do between two arms
 
@@ -77,8 +77,8 @@ def test_each_load_is_learnt_apart():
     """Rates at one sequence do not decide for 64: both arms are measured there anew, and the first load's
     choice is still known when it comes back."""
     gate = PlanGate(arms=TWO)
-    run_blocks(gate, 1, {Arm.PLAN: 2.0, Arm.PLAIN: 1.0}, 4)
-    assert run_blocks(gate, 64, {Arm.PLAN: 10.0, Arm.PLAIN: 30.0}, 3) == [Arm.PLAN, Arm.PLAIN, Arm.PLAIN]
+    run_blocks(gate, 1, {Arm.PLAN: 2.0, Arm.PLAIN: 1.0}, 5)  # each arm measured twice (CONFIRM_BLOCKS)
+    assert run_blocks(gate, 64, {Arm.PLAN: 10.0, Arm.PLAIN: 30.0}, 4) == [Arm.PLAN, Arm.PLAIN, Arm.PLAIN, Arm.PLAN]
     assert gate.choose(1) is Arm.PLAN
     assert gate.choose(100) is Arm.PLAIN  # 64 to 127 sequences: one load
 
@@ -149,10 +149,10 @@ def test_below_its_minimum_load_every_call_plans_and_nothing_is_learnt():
         assert gate.choose(7) is Arm.PLAN
         gate.observe(Arm.PLAN, 1, 100.0)
     assert gate.loads == {}
-    assert run_blocks(gate, 8, {Arm.PLAN: 1.0, Arm.PLAIN: 3.0}, 3) == [Arm.PLAN, Arm.PLAIN, Arm.PLAIN]
+    assert run_blocks(gate, 8, {Arm.PLAN: 1.0, Arm.PLAIN: 3.0}, 4) == [Arm.PLAN, Arm.PLAIN, Arm.PLAIN, Arm.PLAN]
     assert gate.choose(2) is Arm.PLAN
     gate.observe(Arm.PLAN, 1, 100.0)
-    assert gate.loads[8 .bit_length()].blocks == {Arm.PLAN: 1, Arm.PLAIN: 2}
+    assert gate.loads[8 .bit_length()].blocks == {Arm.PLAN: 2, Arm.PLAIN: 2}
     assert gate.choose(8) is Arm.PLAIN
 
 
@@ -212,10 +212,24 @@ def test_at_one_sequence_trying_the_arm_behind_costs_at_most_the_regret_in_calls
     behind, times how far behind it is, stay within the regret; the wait between tries is counted in calls."""
     rates = {Arm.PLAN: 1.0, Arm.PLAIN: 1.3} if plain_ahead else {Arm.PLAN: 1.3, Arm.PLAIN: 1.0}
     behind = min(rates, key=rates.get)
-    arms = run_blocks(PlanGate(arms=TWO), 1, rates, 2 + int(8 / EXPLORE_REGRET))[2:]
+    arms = run_blocks(PlanGate(arms=TWO), 1, rates, 5 + int(8 / EXPLORE_REGRET))[5:]  # past each arm's first two
     calls = {arm: arms.count(arm) * block_calls(1, arm) for arm in TWO}
     assert arms.count(behind) >= 3
     assert calls[behind] * (1 - rates[behind] / max(rates.values())) / sum(calls.values()) <= EXPLORE_REGRET
+
+
+def test_an_arm_that_looked_far_behind_in_its_first_block_is_tried_again_soon():
+    """One block is not a verdict: a plan arm whose first block measured far behind plain decoding (a stretch of text
+    with nothing to copy) is measured again after EXPLORE_AFTER_FEWEST blocks, and leads once it is; measured twice,
+    an arm far behind waits its regret's blocks."""
+    gate = PlanGate(arms=TWO)
+    first = {Arm.PLAN: 0.5, Arm.PLAIN: 1.0}
+    arms = run_blocks(gate, 1, first, 2) + run_blocks(gate, 1, {Arm.PLAN: 2.0, Arm.PLAIN: 1.0}, 4)
+    assert arms == [Arm.PLAN, Arm.PLAIN, Arm.PLAIN, Arm.PLAN, Arm.PLAN, Arm.PLAN]  # PLAN's second try, after two
+    assert EXPLORE_AFTER_FEWEST == CONFIRM_BLOCKS == 2
+    gate = PlanGate(arms=TWO)
+    arms = run_blocks(gate, 1, first, 4 + 30)
+    assert arms[:4] == [Arm.PLAN, Arm.PLAIN, Arm.PLAIN, Arm.PLAN] and Arm.PLAN not in arms[4:]
 
 
 def test_a_plain_block_is_shorter():

@@ -63,6 +63,10 @@ PLAIN_PREFERENCE = 0.10
 # a slower look at an arm far behind (at 8 sequences on the CPU a block is about 20 ms, so 99 of them take 2 s).
 EXPLORE_REGRET = 0.01
 EXPLORE_AFTER_FEWEST = 2
+# An arm measured in fewer blocks than this is tried again after EXPLORE_AFTER_FEWEST blocks, however far behind it
+# looked: one block is not a verdict. At one sequence a first plan block of text that did not copy put the plan arm 30%
+# behind plain decoding, and the load then decoded plainly for 666 of its first 980 calls (docs/results.md, round 29).
+CONFIRM_BLOCKS = 2
 SERVED_MIN_SEQUENCES = 8  # the orchestrator's `PlanGate(min_sequences)`
 
 
@@ -174,8 +178,10 @@ class _Load:
     def _explore_after(self, leader: Arm, arm: Arm) -> int:
         """The leader's blocks before `arm` is tried again. Where the arms' blocks differ in calls (a plain block is
         shorter, `block_calls`), the wait is in the leader's calls: a long block tried after short ones costs more."""
-        behind = 1 - self.score(arm) / self.score(leader) if self.rates[arm] else 1.0  # of the leader's score
         others = len(self.arms) - 1  # arms behind, each allowed its share of the regret
+        if self.blocks[arm] < CONFIRM_BLOCKS:
+            return EXPLORE_AFTER_FEWEST * others
+        behind = 1 - self.score(arm) / self.score(leader) if self.rates[arm] else 1.0  # of the leader's score
         calls = block_calls(self.sequences, arm) / block_calls(self.sequences, leader)
         return max(EXPLORE_AFTER_FEWEST * others, math.ceil(calls * (others * behind / EXPLORE_REGRET - 1)))
 
