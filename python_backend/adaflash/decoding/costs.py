@@ -105,10 +105,8 @@ class CostModel:
         floats: the figures `_whole_totals` keeps, kept as a list too. A plan at one sequence reads such a run at every
         step, and interpolating each total took about a fifth of its time under a profiler (docs/results.md, round
         28)."""
-        curve = self._listed.get(batch)
-        if curve is None or len(curve) <= first + count:
-            curve = self._listed[batch] = self._whole_totals(batch, first + count).tolist()
-        scale = self.verify_scale
+        self._whole_totals(batch, first + count)
+        curve, scale = self._listed[batch], self.verify_scale
         return [t * scale for t in curve[first : first + count + 1]]
 
     def padded_verify_ms(self, batch: int, width: int) -> float:
@@ -131,7 +129,7 @@ class CostModel:
         curve = self._by_total.get(batch)
         if curve is None or len(curve) <= most:
             curve = self._table_verify_ms(batch, np.arange(max(2 * most, 64) + 1))
-            self._by_total[batch] = curve
+            self._by_total[batch], self._listed[batch] = curve, curve.tolist()
         return curve
 
     def draft_ms(self, n: int, length: int | None = None) -> float:

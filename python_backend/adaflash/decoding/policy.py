@@ -77,14 +77,14 @@ class AcceptanceStats:
 VECTOR_ROWS = 16  # from this many sequences a plan's sums run in numpy, below in Python floats (`_choose_many`)
 
 
-def _rate_rows(stats: list[AcceptanceStats], priors: list[list[float]],
+def _rate_rows(stats: list[AcceptanceStats], priors: list[list[float]], which: list[int],
                weight: float) -> list[list[float]] | np.ndarray:
-    """`AcceptanceStats.rates` of each sequence toward its prior row (`priors[i]`), the same figures in lists or, from
-    VECTOR_ROWS sequences, in one array."""
+    """`AcceptanceStats.rates` of each sequence toward its prior row (`priors[which[i]]`), the same figures in lists
+    or, from VECTOR_ROWS sequences, in one array."""
     if len(stats) < VECTOR_ROWS:
-        return [s.rates(p, weight) for s, p in zip(stats, priors)]
+        return [s.rates(priors[w], weight) for s, w in zip(stats, which)]
     hits, tries = np.array([s.hits for s in stats]), np.array([s.tries for s in stats])
-    return (hits + weight * np.array(priors)) / (tries + weight)
+    return (hits + weight * np.array(priors)[which]) / (tries + weight)
 
 
 def _prefix_sums(rows: list[list[float]] | np.ndarray, lengths: list[int]) -> list[float]:
@@ -395,7 +395,7 @@ class LengthController:
 
     def _draft_rows(self, seqs: list[PolicyState]) -> list[list[float]] | np.ndarray:
         prior = self.global_stats.chained_rates(0.5, 1.0)  # the engine-wide estimates the sequences' are shrunk toward
-        return _rate_rows([s.stats for s in seqs], [prior] * len(seqs), self.prior_weight)
+        return _rate_rows([s.stats for s in seqs], [prior], [0] * len(seqs), self.prior_weight)
 
     def copy_rates(self, seqs: list[PolicyState], matched: list[int]) -> np.ndarray:
         """Acceptance estimates of copies whose lookup matched `matched[i]` tokens (see `ngram.lookup`).
@@ -408,9 +408,9 @@ class LengthController:
         return np.asarray(self._copy_rows(seqs, matched))
 
     def _copy_rows(self, seqs: list[PolicyState], matched: list[int]) -> list[list[float]] | np.ndarray:
-        pooled = self._pooled_copy.chained_rates(0.5, 1.0)
-        return _rate_rows([s.copy[n] for s, n in zip(seqs, matched)],
-                          [self.global_copy[n].rates(pooled, 1.0) for n in matched], self.prior_weight)
+        pooled = self._pooled_copy.chained_rates(0.5, 1.0)  # each match length's priors: kept while their counts stand
+        return _rate_rows([s.copy[n] for s, n in zip(seqs, matched)], [s.rates(pooled, 1.0) for s in self.global_copy],
+                          matched, self.prior_weight)
 
     def prefers_copy(self, seqs: list[PolicyState], matched: list[int], proposal_lens: list[int],
                      caps: list[int]) -> list[bool]:
