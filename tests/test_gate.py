@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from adaflash.decoding.gate import (ARMS, BLOCK_CALLS, BLOCK_SEQUENCE_STEPS, CONFIRM_BLOCKS, EXPLORE_AFTER_FEWEST,
+from adaflash.decoding import gate as gate_module
+from adaflash.decoding.gate import (ARMS, CLEARLY_BEHIND, EXPLORE_BACKOFF, BLOCK_CALLS, BLOCK_SEQUENCE_STEPS, CONFIRM_BLOCKS, EXPLORE_AFTER_FEWEST,
                                    EXPLORE_REGRET, PLAIN_BLOCK_SEQUENCE_STEPS, PLAIN_PREFERENCE, SWITCH_MARGIN,
                                    WARMUP_CALLS, WEIGHT, Arm, PlanGate, arms_for, block_calls)
 
@@ -44,10 +45,11 @@ def tries(arms: list[Arm], arm: Arm) -> list[int]:
 
 def explored(ahead: float) -> tuple[int, float]:
     """Two arms, plain decoding `ahead` times the plan arm's rate at 8 sequences (its score PLAIN_PREFERENCE above
-    that): the blocks from one try of the plan arm to the next, and the share of the leader's score trying it costs."""
+    that): the blocks from one try of the plan arm to the next once they are steady (every halving of the regret
+    taken), and the share of the leader's score trying it costs."""
     gate = PlanGate(arms=TWO)
-    arms = run_blocks(gate, 8, {Arm.PLAN: 1.0, Arm.PLAIN: ahead}, 2 + int(4 / EXPLORE_REGRET))[2:]
-    gaps = tries(arms, Arm.PLAN)
+    arms = run_blocks(gate, 8, {Arm.PLAN: 1.0, Arm.PLAIN: ahead}, 2 + int(6 * 2**EXPLORE_BACKOFF / EXPLORE_REGRET))[2:]
+    gaps = tries(arms, Arm.PLAN)[EXPLORE_BACKOFF:]
     assert len(gaps) >= 3 and len(set(gaps)) == 1  # a steady interval
     return gaps[0], (1 - 1 / (ahead * (1 + PLAIN_PREFERENCE))) / gaps[0]
 
@@ -60,10 +62,43 @@ def test_trying_the_arm_behind_costs_at_most_the_regret_however_far_behind_it_is
 
 def test_the_arm_behind_is_tried_less_often_the_further_the_leader_is_ahead_but_still_tried():
     """An arm within a few percent is compared every few blocks; one that commits next to nothing still once in
-    1 / EXPLORE_REGRET blocks (the text or the load may change)."""
+    2**EXPLORE_BACKOFF / EXPLORE_REGRET blocks (the text or the load may change)."""
     gaps = [explored(ahead)[0] for ahead in (0.92, 1.08, 1.2, 3.0, 100.0)]
     assert gaps == sorted(gaps) and gaps[0] == EXPLORE_AFTER_FEWEST + 1 and gaps[1] < gaps[2] < gaps[3]
-    assert gaps[-1] == round(1 / EXPLORE_REGRET)
+    assert round(2**EXPLORE_BACKOFF / EXPLORE_REGRET) - 2**EXPLORE_BACKOFF <= gaps[-1] <= round(
+        2**EXPLORE_BACKOFF / EXPLORE_REGRET)  # (it commits a hundredth of the leader's tokens: within a block a halving)
+
+
+def test_an_arm_found_clearly_behind_try_after_try_is_allowed_less_regret_until_it_comes_within_reach(monkeypatch):
+    """Each try past its first CONFIRM_BLOCKS that finds the arm behind still more than CLEARLY_BEHIND halves its regret, so its
+    waits double, up to EXPLORE_BACKOFF halvings; a try that finds it within reach gives it the whole regret again, as
+    does a change of leader. An arm close behind keeps its whole regret."""
+    far = {Arm.PLAN: 2.0, Arm.PLAIN: 1.0}
+    blocks = 4 + int(3 * 2**EXPLORE_BACKOFF / EXPLORE_REGRET)
+    with monkeypatch.context() as m:
+        m.setattr(gate_module, "EXPLORE_BACKOFF", 0)
+        whole = tries(run_blocks(PlanGate(arms=TWO), 8, far, blocks), Arm.PLAIN)[1:]
+    assert len(set(whole)) == 1
+    gate = PlanGate(arms=TWO)
+    gaps = tries(run_blocks(gate, 8, far, blocks), Arm.PLAIN)[1:]
+    assert gaps[:4] == [whole[0], 2 * whole[0], 4 * whole[0], 4 * whole[0]] and EXPLORE_BACKOFF == 2
+    load = gate.loads[8 .bit_length()]
+    assert load.halvings[Arm.PLAIN] == EXPLORE_BACKOFF
+    near = {Arm.PLAN: 2.0, Arm.PLAIN: 2.0 * (1 - CLEARLY_BEHIND / 2) / (1 + PLAIN_PREFERENCE)}
+    for _ in range(blocks):
+        if run_blocks(gate, 8, near, 1) == [Arm.PLAIN]:
+            break
+    assert load.halvings[Arm.PLAIN] == 0 and load.leader() is Arm.PLAN
+    close = PlanGate(arms=TWO)
+    assert len(set(tries(run_blocks(close, 8, near, 4 + 60)[4:], Arm.PLAIN))) == 1
+    switched = PlanGate()  # both arms behind the copy arm clearly, then the plan arm ahead of it
+    run_blocks(switched, 8, {Arm.PLAN: 1.0, Arm.COPY: 3.0, Arm.PLAIN: 1.0}, 2 * blocks)
+    load = switched.loads[8 .bit_length()]
+    assert load.halvings == {Arm.PLAN: EXPLORE_BACKOFF, Arm.COPY: 0, Arm.PLAIN: EXPLORE_BACKOFF}
+    for _ in range(2 * blocks):
+        if run_blocks(switched, 8, {Arm.PLAN: 6.0, Arm.COPY: 3.0, Arm.PLAIN: 1.0}, 1) == [Arm.PLAN]:
+            break
+    assert load.leader() is Arm.PLAN and load.halvings[Arm.PLAIN] == 0  # its verdict was against another leader
 
 
 def test_a_change_of_leader_is_followed():
@@ -182,11 +217,11 @@ def test_each_arm_behind_is_tried_again_as_often_as_its_own_distance_says():
     gate = PlanGate()
     rates = {Arm.PLAN: 1.0, Arm.COPY: 3.0, Arm.PLAIN: 2.6}
     scores = {**rates, Arm.PLAIN: rates[Arm.PLAIN] * (1 + PLAIN_PREFERENCE)}
-    arms = run_blocks(gate, 8, rates, 3 + int(6 / EXPLORE_REGRET))[3:]
+    arms = run_blocks(gate, 8, rates, 3 + int(6 * 2**EXPLORE_BACKOFF / EXPLORE_REGRET))[3:]
     assert arms.count(Arm.COPY) > arms.count(Arm.PLAIN) > arms.count(Arm.PLAN) > 0
     cost = 0.0
     for arm in (Arm.PLAN, Arm.PLAIN):
-        gaps = tries(arms, arm)
+        gaps = tries(arms, arm)[EXPLORE_BACKOFF:]  # the plan arm's once its regret's halvings are all taken
         assert len(gaps) >= 2 and max(gaps) - min(gaps) <= 1  # delayed at most by the other's turn
         cost += (1 - scores[arm] / scores[Arm.COPY]) / min(gaps)
     assert cost <= EXPLORE_REGRET  # both arms behind together
@@ -212,7 +247,8 @@ def test_at_one_sequence_trying_the_arm_behind_costs_at_most_the_regret_in_calls
     behind, times how far behind it is, stay within the regret; the wait between tries is counted in calls."""
     rates = {Arm.PLAN: 1.0, Arm.PLAIN: 1.3} if plain_ahead else {Arm.PLAN: 1.3, Arm.PLAIN: 1.0}
     behind = min(rates, key=rates.get)
-    arms = run_blocks(PlanGate(arms=TWO), 1, rates, 5 + int(8 / EXPLORE_REGRET))[5:]  # past each arm's first two
+    arms = run_blocks(PlanGate(arms=TWO), 1, rates, 5 + int(8 * 2**EXPLORE_BACKOFF / EXPLORE_REGRET))[5:]  # past
+    # each arm's first two
     calls = {arm: arms.count(arm) * block_calls(1, arm) for arm in TWO}
     assert arms.count(behind) >= 3
     assert calls[behind] * (1 - rates[behind] / max(rates.values())) / sum(calls.values()) <= EXPLORE_REGRET

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import time
 from collections.abc import Callable
 
 import numpy as np
@@ -10,7 +11,7 @@ import pytest
 import torch
 from helpers import fixed_costs
 
-from adaflash.decoding.costs import CostModel, _typical_ms, block_lengths
+from adaflash.decoding.costs import ROUND_LEAD_IN, CostModel, _typical_ms, block_lengths
 from adaflash.decoding.engine import Engine
 from adaflash.decoding.modes import get_mode
 from adaflash.decoding.planner import Candidate, Load, Planner
@@ -278,13 +279,24 @@ def test_the_block_search_chooses_as_choose_lengths_does_for_each_block_length()
     assert outcomes == {(b, alone) for b in (None, 2, 4, 8, 16) for alone in (False, True)}  # every answer was met
 
 
-def test_the_cost_table_is_timed_in_rounds_over_all_its_points():
+def test_the_cost_table_is_timed_in_rounds_over_all_its_points_quickest_first(monkeypatch):
     """A slow spell of the machine must land on every point alike, not bend the table's shape: after one warm-up
-    pass, each round runs every point once."""
-    calls: list[int] = []
-    fns = [lambda i=i: calls.append(i) for i in range(3)]
-    assert len(_typical_ms(fns, 4, CPU)) == 3
-    assert calls == [0, 1, 2] * 5
+    pass, each round runs every point once. A run right after a slow one runs slow (after a forward of 64 sequences,
+    one sequence's next few took up to twice their time), so each round runs from the quickest point to the slowest,
+    after ROUND_LEAD_IN untimed runs of the quickest, and every point is timed at its own cost."""
+    own = {"big": 10.0, "small": 1.0, "mid": 6.0}
+    now, calls = [0.0], []
+
+    def point(name: str) -> Callable[[], None]:
+        def run() -> None:
+            after_big = bool(calls) and calls[-1] == "big" and name != "big"
+            now[0] += (own[name] + 3.0 * after_big) / 1000
+            calls.append(name)
+        return run
+
+    monkeypatch.setattr(time, "perf_counter", lambda: now[0])
+    assert _typical_ms([point(n) for n in own], 4, CPU) == pytest.approx(list(own.values()))
+    assert calls[len(own):] == (["small"] * ROUND_LEAD_IN + ["small", "mid", "big"]) * 4
 
 
 def test_the_table_read_for_one_total_equals_the_read_for_many():

@@ -332,15 +332,27 @@ def _typical_ms(fns: list[Callable[[], None]], reps: int, place: Placement) -> l
     against expected time, and the machine's slow spells are part of it: a fastest run flatters short forwards
     most (long verifies then look dearer than they are), and the live scale corrects the table's level, not its
     shape (docs/results.md, round 6). The runs go in rounds over all the functions, so a slow spell lands on every point of the table
-    alike rather than on the few measured during it. Each run is timed to the end of its device work."""
-    for fn in fns:
-        fn()
+    alike rather than on the few measured during it. Each round runs them from the quickest to the slowest (as timed
+    in the warm-up), after ROUND_LEAD_IN runs of the quickest: right after a forward of 64 sequences, the next few
+    forwards of one sequence took up to twice their own time, and a table measured in the order of its batch sizes read
+    at one sequence as if verifying sixteen tokens cost what one does (round 30). Each run is timed to the end of its
+    device work."""
+    order = sorted(range(len(fns)), key=[_run_ms(fn, place) for fn in fns].__getitem__)
     runs: list[list[float]] = [[] for _ in fns]
     for _ in range(reps):
-        for i, fn in enumerate(fns):
-            place.synchronize()
-            t0 = time.perf_counter()
-            fn()
-            place.synchronize()
-            runs[i].append((time.perf_counter() - t0) * 1000)
+        for _ in range(ROUND_LEAD_IN):
+            fns[order[0]]()
+        for i in order:
+            runs[i].append(_run_ms(fns[i], place))
     return [statistics.median(r) for r in runs]
+
+
+ROUND_LEAD_IN = 4  # untimed runs of the quickest function before each round of `_typical_ms`
+
+
+def _run_ms(fn: Callable[[], None], place: Placement) -> float:
+    place.synchronize()
+    t0 = time.perf_counter()
+    fn()
+    place.synchronize()
+    return (time.perf_counter() - t0) * 1000

@@ -63,6 +63,13 @@ PLAIN_PREFERENCE = 0.10
 # a slower look at an arm far behind (at 8 sequences on the CPU a block is about 20 ms, so 99 of them take 2 s).
 EXPLORE_REGRET = 0.01
 EXPLORE_AFTER_FEWEST = 2
+# An arm tried again and still found clearly behind (its score more than CLEARLY_BEHIND below the leader's) is allowed
+# half its regret for its next try, down to a 2**EXPLORE_BACKOFF-th; found within reach, or once another arm leads, the
+# whole regret again. Why: at a steady load the same verdict, found try after try, cost the whole regret for good; at
+# one sequence on the CPU the plain arm's blocks kept a load ~1% behind the plan arm's own rate (docs/results.md,
+# round 30). Arms within reach of each other stay compared as often as before, and one far behind is still tried.
+EXPLORE_BACKOFF = 2
+CLEARLY_BEHIND = 2 * SWITCH_MARGIN
 # An arm measured in fewer blocks than this is tried again after EXPLORE_AFTER_FEWEST blocks, however far behind it
 # looked: one block is not a verdict. At one sequence a first plan block of text that did not copy put the plan arm 30%
 # behind plain decoding, and the load then decoded plainly for 666 of its first 980 calls (docs/results.md, round 29).
@@ -120,6 +127,7 @@ class _Load:
     rates: dict[Arm, float | None] = field(init=False)
     blocks: dict[Arm, int] = field(init=False)
     since: dict[Arm, int] = field(init=False)
+    halvings: dict[Arm, int] = field(init=False)  # of an arm's regret, one per try that found it clearly behind
     leading: Arm | None = None  # once every arm is measured
     arm: Arm = field(init=False)  # of the block under way
     warmup: int = 0  # its calls still to pass unmeasured after the load's change of arm
@@ -129,6 +137,7 @@ class _Load:
         self.rates = {arm: None for arm in self.arms}
         self.blocks = {arm: 0 for arm in self.arms}
         self.since = {arm: 0 for arm in self.arms}
+        self.halvings = {arm: 0 for arm in self.arms}
         self.arm = self.leader()
 
     def add(self, tokens: int, ms: float) -> bool:
@@ -146,10 +155,23 @@ class _Load:
         for arm in self.arms:
             self.since[arm] = 0 if arm is self.arm else self.since[arm] + 1
         self.block = Tally()
+        before = self.leading
         leader = self.leader()
+        self._follow_verdict(before, leader)
         arm = self.overdue(leader) or leader
         if arm is not self.arm:
             self.arm, self.warmup = arm, WARMUP_CALLS
+
+    def _follow_verdict(self, before: Arm | None, leader: Arm) -> None:
+        """The regret halvings after a block: all back to none where the lead changed hands; else the block's arm, if
+        it does not lead, one more where it is clearly behind (EXPLORE_BACKOFF) and none where it is within reach. An
+        arm's first CONFIRM_BLOCKS blocks are no verdict: at one sequence a block's rate swings with the text."""
+        if before is not leader:
+            self.halvings = dict.fromkeys(self.arms, 0)
+        elif self.arm is not leader:
+            clearly = (self.blocks[self.arm] > CONFIRM_BLOCKS
+                       and self.score(self.arm) < self.score(leader) * (1 - CLEARLY_BEHIND))
+            self.halvings[self.arm] = min(self.halvings[self.arm] + 1, EXPLORE_BACKOFF) if clearly else 0
 
     def leader(self) -> Arm:
         """An arm not yet measured, else the leading one: at first the best by its score (`score`), then the one
@@ -183,7 +205,8 @@ class _Load:
             return EXPLORE_AFTER_FEWEST * others
         behind = 1 - self.score(arm) / self.score(leader) if self.rates[arm] else 1.0  # of the leader's score
         calls = block_calls(self.sequences, arm) / block_calls(self.sequences, leader)
-        return max(EXPLORE_AFTER_FEWEST * others, math.ceil(calls * (others * behind / EXPLORE_REGRET - 1)))
+        regret = EXPLORE_REGRET / 2 ** self.halvings[arm]
+        return max(EXPLORE_AFTER_FEWEST * others, math.ceil(calls * (others * behind / regret - 1)))
 
 
 class PlanGate:
