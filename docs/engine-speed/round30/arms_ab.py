@@ -10,27 +10,20 @@ only, which at one sequence is the same gate.
         base,backoff,copyarm
     (a domain of the shared sets, or broad:<domain> of the broad mix's held-out prompts)
 """
-import statistics, sys, time
+import statistics
+import sys
+import time
 from pathlib import Path
-sys.path.insert(0, "docs/engine-speed/round27")
-from cell import MAX_TOKENS, load_cell
-from adaflash.decoding import gate
-from adaflash.decoding.sequence import Request
+
+sys.path.insert(0, str(Path(__file__).parent))
+from cells import MAX_TOKENS, load  # noqa: E402
+
+from adaflash.decoding import gate  # noqa: E402
+from adaflash.decoding.sequence import Request  # noqa: E402
 
 domain, rounds = sys.argv[1], int(sys.argv[2])
 variants = sys.argv[3].split(",") if len(sys.argv) > 3 else ["adaflash", "copyonly", "nogate"]
-if domain.startswith("broad:"):
-    from cell import Cell
-    from adaflash.evaluation.prompts import encode_prompts, load_prompts
-    from adaflash.models.bundle import load_bundle
-    from adaflash.decoding.sequence import context_length
-    from adaflash.models.drafter import block_size_of
-    bundle = load_bundle(Path("models/default"))
-    ps = [p for p in load_prompts(Path("python_backend/adaflash/data/broad_mix.jsonl"), None, "holdout") if p.domain == domain[6:]]
-    bids = encode_prompts(bundle.tokenizer, ps, 400, None)
-    cell = Cell(bundle, bids, context_length([len(i) for i in bids], MAX_TOKENS, block_size_of(bundle.drafter)))
-else:
-    cell = load_cell(domain)
+cell = load(domain)
 engine = cell.engine()
 sch = engine.scheduler
 ids = cell.ids[:16]

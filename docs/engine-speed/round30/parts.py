@@ -10,7 +10,6 @@ sys.path.insert(0, "docs/engine-speed/round27")
 from cell import MAX_TOKENS, load_cell
 from adaflash.decoding import gate
 from adaflash.decoding.sequence import Request
-from adaflash.decoding import scheduler as S
 domain = sys.argv[1]
 cell = load_cell(domain); engine = cell.engine(); sch = engine.scheduler; ids = cell.ids[:16]
 acc = {}
