@@ -327,6 +327,9 @@ def block_lengths(block_size: int) -> list[int]:
     return sorted({2**i for i in range(1, 8) if 2**i < block_size} | {block_size})
 
 
+ROUND_LEAD_IN = 4  # untimed runs of the quickest function before each round of `_typical_ms`
+
+
 def _typical_ms(fns: list[Callable[[], None]], reps: int, place: Placement) -> list[float]:
     """The median of `reps` timed runs of each function after a warm-up. The policy weighs expected tokens
     against expected time, and the machine's slow spells are part of it: a fastest run flatters short forwards
@@ -347,10 +350,8 @@ def _typical_ms(fns: list[Callable[[], None]], reps: int, place: Placement) -> l
     return [statistics.median(r) for r in runs]
 
 
-ROUND_LEAD_IN = 4  # untimed runs of the quickest function before each round of `_typical_ms`
-
-
 def _run_ms(fn: Callable[[], None], place: Placement) -> float:
+    """One run's milliseconds, from the device's previous work done to its own."""
     place.synchronize()
     t0 = time.perf_counter()
     fn()
