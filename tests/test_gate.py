@@ -54,7 +54,7 @@ def explored(ahead: float) -> tuple[int, float]:
     return gaps[0], (1 - 1 / (ahead * (1 + PLAIN_PREFERENCE))) / gaps[0]
 
 
-@pytest.mark.parametrize("ahead", [0.99, 1.08, 1.2, 3.0, 100.0])
+@pytest.mark.parametrize("ahead", [0.92, 1.08, 1.2, 3.0, 100.0])
 def test_trying_the_arm_behind_costs_at_most_the_regret_however_far_behind_it_is(ahead):
     every, cost = explored(ahead)
     assert cost <= EXPLORE_REGRET and every >= EXPLORE_AFTER_FEWEST + 1
@@ -63,7 +63,7 @@ def test_trying_the_arm_behind_costs_at_most_the_regret_however_far_behind_it_is
 def test_the_arm_behind_is_tried_less_often_the_further_the_leader_is_ahead_but_still_tried():
     """An arm within a few percent is compared every few blocks; one that commits next to nothing still once in
     2**EXPLORE_BACKOFF / EXPLORE_REGRET blocks (the text or the load may change)."""
-    gaps = [explored(ahead)[0] for ahead in (0.99, 1.08, 1.2, 3.0, 100.0)]
+    gaps = [explored(ahead)[0] for ahead in (0.92, 1.08, 1.2, 3.0, 100.0)]
     assert gaps == sorted(gaps) and gaps[0] == EXPLORE_AFTER_FEWEST + 1 and gaps[1] < gaps[2] < gaps[3]
     assert round(2**EXPLORE_BACKOFF / EXPLORE_REGRET) - 2**EXPLORE_BACKOFF <= gaps[-1] <= round(
         2**EXPLORE_BACKOFF / EXPLORE_REGRET)  # (it commits a hundredth of the leader's tokens: within a block a halving)

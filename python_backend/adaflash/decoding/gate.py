@@ -49,12 +49,13 @@ SWITCH_MARGIN = 0.05  # another arm leads once its rate is this much above the l
 # Another arm leads plain decoding only where its rate is this much above plain's. Why: the calls the gate observes
 # are not all a speculating arm costs. Its sequences advance out of step, so they end one by one and each admission
 # prefills alone, where plain decoding's end together and prefill together; a batch's last sequences then run in a
-# shrinking batch. On the CPU, with cost tables measured in order (round 30), the plan arm's whole runs took 0.955-1.031
-# of what its observed calls promised against plain's (8 to 64 sequences, docs/results.md, round 30; round 26 had
-# measured 0.87-0.90 on tables that read a one-sequence row flat, and a 10% preference then kept plain decoding ahead
-# of plan arms whose whole runs were 1.09-1.10 of plain's). One sequence alone has no one to be out of step with: there
-# the rates compare as they are.
-PLAIN_PREFERENCE = 0.03
+# shrinking batch. On the CPU at 8 sequences the plan arm's observed calls ran plain's rate while whole runs on it
+# took 0.87-0.90 of plain's throughput (docs/results.md, round 26). On cost tables timed in order (round 30) whole runs
+# took 0.955-1.031 of what the calls promised, but a 3% preference then let the plan arm lead in half the calls of math
+# at 64 sequences, where its whole runs were 0.87 of plain's: a block's rate swings with the text, and the preference
+# also keeps a lucky block from displacing plain decoding, whose rate does not swing. One sequence alone has no one to
+# be out of step with: there the rates compare as they are.
+PLAIN_PREFERENCE = 0.10
 # An arm that does not lead is tried again once the leader's blocks since its last try are enough that the try costs
 # at most EXPLORE_REGRET of the leader's rate: one block at 1/ahead of the leader's score in every n + 1, where the
 # leader's score is `ahead` times the arm's, costs (1 - 1/ahead) / (n + 1); so n is at most 1 / EXPLORE_REGRET - 1
