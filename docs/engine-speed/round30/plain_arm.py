@@ -14,16 +14,10 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from cells import MAX_TOKENS, load  # noqa: E402
+from cells import MAX_TOKENS, Always, load  # noqa: E402
 
-from adaflash.decoding.gate import Arm, PlanGate  # noqa: E402
+from adaflash.decoding.gate import Arm  # noqa: E402
 from adaflash.decoding.sequence import Request  # noqa: E402
-
-
-class AlwaysPlain(PlanGate):
-    def choose(self, sequences: int) -> Arm:
-        self._load = None
-        return Arm.PLAIN
 
 
 def main() -> None:
@@ -36,7 +30,7 @@ def main() -> None:
     for r in range(rounds):
         rates = {}
         for side in ["ar", *(list(over) if r % 2 == 0 else list(over)[::-1])]:
-            sch.gate = AlwaysPlain()
+            sch.gate = Always(Arm.PLAIN)
             sch.has_drafter = side != "plain arm, no features"
             t0 = time.perf_counter()
             seqs = engine.generate([Request(i, MAX_TOKENS, mode="ar" if side == "ar" else "adaflash")

@@ -9,7 +9,8 @@ import statistics, sys, time
 from pathlib import Path
 sys.path.insert(0, str(Path(__file__).parent))
 from cells import MAX_TOKENS, load
-from plain_arm import AlwaysPlain
+from adaflash.decoding.gate import Arm
+from cells import Always
 from adaflash.decoding import scheduler as S
 from adaflash.decoding.sequence import Request
 domain, conc, rounds = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
@@ -24,7 +25,7 @@ over = {k: [] for k in sides}
 for r in range(rounds):
     rates = {}
     for side in ["ar", *(list(sides) if r % 2 == 0 else list(sides)[::-1])]:
-        sch.gate = AlwaysPlain(); sch.has_drafter = side != "none"
+        sch.gate = Always(Arm.PLAIN); sch.has_drafter = side != "none"
         S.Scheduler._queue_context = staticmethod(sides.get(side, orig_q))
         t0 = time.perf_counter()
         seqs = engine.generate([Request(i, MAX_TOKENS, mode="ar" if side == "ar" else "adaflash") for i in cell.ids], concurrency=conc)

@@ -8,7 +8,8 @@ import sys, time
 from pathlib import Path
 sys.path.insert(0, str(Path(__file__).parent))
 from cells import MAX_TOKENS, load
-from plain_arm import AlwaysPlain
+from adaflash.decoding.gate import Arm
+from cells import Always
 from adaflash.decoding import steps as ST
 from adaflash.decoding.sequence import Request
 cell = load("chat"); engine = cell.engine(); sch = engine.scheduler
@@ -25,7 +26,7 @@ def tf(*a, **k):
 engine.target.forward = tf
 for r in range(3):
     for side in ("ar", "kept", "none"):
-        sch.gate = AlwaysPlain(); sch.has_drafter = side != "none"
+        sch.gate = Always(Arm.PLAIN); sch.has_drafter = side != "none"
         acc.clear(); t0 = time.perf_counter()
         seqs = engine.generate([Request(i, MAX_TOKENS, mode="ar" if side == "ar" else "adaflash") for i in cell.ids], concurrency=64)
         wall = time.perf_counter() - t0; n = max(len(s.steps) for s in seqs)

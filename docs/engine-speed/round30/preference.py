@@ -15,25 +15,10 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from cells import MAX_TOKENS, load  # noqa: E402
+from cells import MAX_TOKENS, Always, load  # noqa: E402
 
-from adaflash.decoding.gate import Arm, PlanGate, Tally  # noqa: E402
+from adaflash.decoding.gate import Arm  # noqa: E402
 from adaflash.decoding.sequence import Request  # noqa: E402
-
-
-class Always(PlanGate):
-    """Every call on one arm; the calls a gate would observe are tallied."""
-
-    def __init__(self, arm: Arm) -> None:
-        super().__init__()
-        self.arm, self.seen = arm, Tally()
-
-    def choose(self, sequences: int) -> Arm:
-        return self.arm
-
-    def observe(self, arm: Arm, tokens: int, ms: float) -> None:
-        if ms > 0:
-            self.seen.add(tokens, ms)
 
 
 def main() -> None:
