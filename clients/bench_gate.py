@@ -1,4 +1,4 @@
-"""The plan gate's A/B in one process: `ar`, `ngram`, `dflash`, `adaflash` with the gate and without, alternating.
+"""The plan gate's A/B in one process: `ar`, `ngram`, `dflash`, `adaflash` with the gate and without, taking turns.
 
 Why: this machine's speed moves by tens of percent over minutes, and the gate changes adaflash by a few percent,
 so the two are compared as medians of runs alternating within one process (one engine per variant, the same
@@ -32,6 +32,9 @@ from adaflash.models.placement import placement
 
 FIXED = ("ar", "ngram", "dflash")  # adaflash is held against the best of these
 VARIANTS = (*FIXED, "adaflash", "adaflash-no-gate")  # the last: Engine(plan_gate=False)
+# A round's order, reversed every other round: adaflash runs right after `ar` (the best fixed mode under load on a
+# CPU) and `ngram` (at low load), and reversing cancels a steady drift of the machine's speed out of every pair.
+RUN_ORDER = ("dflash", "ngram", "ar", "adaflash", "adaflash-no-gate")
 LOW_LOAD_PROMPTS = 16  # at concurrency 1 a cell runs this many prompts (a pass over 64 would take minutes)
 
 
@@ -115,6 +118,11 @@ def arms_run(before: dict[Arm, Tally], after: dict[Arm, Tally]) -> dict[str, dic
     return out
 
 
+def round_order(repeat: int) -> tuple[str, ...]:
+    """The variants of round `repeat` in the order they run (`RUN_ORDER`)."""
+    return RUN_ORDER if repeat % 2 == 0 else RUN_ORDER[::-1]
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
@@ -141,23 +149,25 @@ def main(argv: list[str] | None = None) -> int:
                 for engine, mode in engines.values():
                     engine.generate([Request(i, args.max_tokens, mode=mode) for i in cell], concurrency=c)
             for repeat in range(args.repeats):
-                reference = None
-                for variant, (engine, mode) in engines.items():
+                outputs, walls, arms = {}, {}, {}
+                for variant in round_order(repeat):
+                    engine, mode = engines[variant]
                     tally, recorded = copy.deepcopy(gated.scheduler.gate.tally), graphs.recordings()
                     t0 = time.perf_counter()
                     seqs = engine.generate([Request(i, args.max_tokens, mode=mode) for i in cell], concurrency=c)
-                    wall = time.perf_counter() - t0
-                    outputs = [s.output for s in seqs]
-                    reference = outputs if mode == "ar" else reference
-                    gaps = departures(bundle.target, cell, reference, outputs)
+                    walls[variant] = time.perf_counter() - t0, graphs.recordings() - recorded
+                    outputs[variant] = [s.output for s in seqs]
+                    if variant == "adaflash":
+                        arms = {"arms": arms_run(tally, gated.scheduler.gate.tally)}
+                for variant in VARIANTS:  # checked once the round has run `ar`, whatever the order
+                    gaps = departures(bundle.target, cell, outputs["ar"], outputs[variant])
                     right = max(gaps, default=0.0) <= args.tie_tolerance
                     ok &= right
+                    wall, graphs_recorded = walls[variant]
                     rows.append({"domain": domain, "concurrency": c, "repeat": repeat, "variant": variant,
-                                 "tokens_per_s": round(sum(map(len, outputs)) / wall, 1) if right else None,
+                                 "tokens_per_s": round(sum(map(len, outputs[variant])) / wall, 1) if right else None,
                                  "greedy_equal_to_ar": not gaps, "departures_at_ties": len(gaps) if right else None,
-                                 "graphs_recorded": graphs.recordings() - recorded,
-                                 **({"arms": arms_run(tally, gated.scheduler.gate.tally)}
-                                    if variant == "adaflash" else {})})
+                                 "graphs_recorded": graphs_recorded, **(arms if variant == "adaflash" else {})})
                     print(domain, c, repeat, variant, rows[-1]["tokens_per_s"], flush=True)
     summary = summarise(rows) if ok else []
     for s in summary:

@@ -23,11 +23,13 @@ from dataclasses import dataclass, field
 from enum import Enum
 
 # Target calls per block of one arm: at least BLOCK_CALLS, and enough that the block carries BLOCK_SEQUENCE_STEPS
-# sequence steps. One sequence's block of 4 calls swung with whether a copy hit in them, and on a GPU the plain arm's
-# steady rate overtook the plan arm's running one often enough that one sequence decoded plainly in a third of its
-# calls though the plan arm's rate was 1.36 times plain's (docs/results.md, GPU round 24).
+# sequence steps. A block's rate swings with whether copies hit in it, and a try of an arm long behind replaces its
+# running rate (`WEIGHT`), so one short block decided the arm's next hundreds of calls. One sequence's block of 4 calls
+# swung so on a GPU (docs/results.md, GPU round 24); at 8 sequences on the CPU a block of 4 calls of the plan arm on
+# translation read 0.99-2.7 tokens/ms while plain decoding's read 2.0-2.3, and the gate decoded plainly in 92% of the
+# calls though planning every step ran 1.11 of `ar` (round 31). From 64 sequences a block is BLOCK_CALLS calls.
 BLOCK_CALLS = 4
-BLOCK_SEQUENCE_STEPS = 32
+BLOCK_SEQUENCE_STEPS = 256
 # A plain decoding block carries fewer: each of its calls commits one token a sequence, so its rate does not swing with
 # the text, and where plain decoding is far behind (one sequence on text that copies well) its blocks are the gate's
 # exploring cost. At one sequence on the CPU a plain block of 32 calls among the plan arm's cost about 20 steps of the
