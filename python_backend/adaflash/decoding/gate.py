@@ -26,7 +26,7 @@ from enum import Enum
 # sequence steps. A block's rate swings with whether copies hit in it, and a try of an arm long behind replaces its
 # running rate (`WEIGHT`), so one short block decided the arm's next hundreds of calls. One sequence's block of 4 calls
 # swung so on a GPU (docs/results.md, GPU round 24); at 8 sequences on the CPU a block of 4 calls of the plan arm on
-# translation read 0.99-2.7 tokens/ms while plain decoding's read 2.0-2.3, and the gate decoded plainly in 92% of the
+# translation read 0.99-2.7 tokens/ms while plain decoding's read 1.7-2.4, and the gate decoded plainly in 92% of the
 # calls though planning every step ran 1.11 of `ar` (round 31). From 64 sequences a block is BLOCK_CALLS calls.
 BLOCK_CALLS = 4
 BLOCK_SEQUENCE_STEPS = 256
