@@ -32,8 +32,9 @@ from adaflash.models.placement import placement
 
 FIXED = ("ar", "ngram", "dflash")  # adaflash is held against the best of these
 VARIANTS = (*FIXED, "adaflash", "adaflash-no-gate")  # the last: Engine(plan_gate=False)
-# A round's order, reversed every other round: adaflash runs right after `ar` (the best fixed mode under load on a
-# CPU) and `ngram` (at low load), and reversing cancels a steady drift of the machine's speed out of every pair.
+# A round's order, reversed every other round: adaflash runs next to `ar` (the best fixed mode under load on a CPU),
+# one run from `ngram` (best at low load), and reversing cancels a steady drift of the machine's speed out of every
+# pair.
 RUN_ORDER = ("dflash", "ngram", "ar", "adaflash", "adaflash-no-gate")
 LOW_LOAD_PROMPTS = 16  # at concurrency 1 a cell runs this many prompts (a pass over 64 would take minutes)
 
@@ -139,8 +140,10 @@ def main(argv: list[str] | None = None) -> int:
                    cost_model=copy.deepcopy(gated.cost), plan_gate=False)
     # The fixed modes in an engine of their own: their drafts and copies teach the acceptance estimates of the engine
     # they run in, so in adaflash's they set what adaflash planned with next, differently with the order of the runs.
-    fixed = Engine(bundle.target, bundle.drafter, num_slots=slots, max_len=max_len, cost_model=copy.deepcopy(gated.cost))
-    engines = {**{m: (fixed, m) for m in FIXED}, "adaflash": (gated, "adaflash"), "adaflash-no-gate": (plain, "adaflash")}
+    fixed = Engine(bundle.target, bundle.drafter, num_slots=slots, max_len=max_len,
+                   cost_model=copy.deepcopy(gated.cost))
+    engines = {**{m: (fixed, m) for m in FIXED}, "adaflash": (gated, "adaflash"),
+               "adaflash-no-gate": (plain, "adaflash")}
     rows, ok = [], True
     for domain in sorted({p.domain for p in prompts if not args.domains or p.domain in args.domains}):
         mine = [i for i, p in zip(ids, prompts) if p.domain == domain]

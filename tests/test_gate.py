@@ -52,7 +52,8 @@ def explored(ahead: float) -> tuple[int, float]:
     taken), and the share of the leader's score trying it costs."""
     assert block_calls(EVEN, Arm.PLAN) == block_calls(EVEN, Arm.PLAIN) == BLOCK_CALLS
     gate = PlanGate(arms=TWO)
-    arms = run_blocks(gate, EVEN, {Arm.PLAN: 1.0, Arm.PLAIN: ahead}, 2 + int(6 * 2**EXPLORE_BACKOFF / EXPLORE_REGRET))[2:]
+    blocks = 2 + int(6 * 2**EXPLORE_BACKOFF / EXPLORE_REGRET)
+    arms = run_blocks(gate, EVEN, {Arm.PLAN: 1.0, Arm.PLAIN: ahead}, blocks)[2:]
     gaps = tries(arms, Arm.PLAN)[EXPLORE_BACKOFF:]
     assert len(gaps) >= 3 and len(set(gaps)) == 1  # a steady interval
     return gaps[0], (1 - 1 / (ahead * (1 + PLAIN_PREFERENCE))) / gaps[0]
@@ -247,14 +248,14 @@ def test_a_block_carries_as_many_sequence_steps_at_every_load():
 
 @pytest.mark.parametrize("plain_ahead", [False, True])
 def test_at_one_sequence_trying_the_arm_behind_costs_at_most_the_regret_in_calls(plain_ahead):
-    """One sequence's plain blocks are a fraction of the plan arm's in calls: whichever leads, the calls spent on the arm
-    behind, times how far behind it is, stay within the regret; the wait between tries is counted in calls."""
+    """One sequence's plain blocks are a fraction of the plan arm's in calls: whichever leads, the calls spent on the
+    arm behind, times how far behind it is, stay within the regret; the wait between tries is counted in calls."""
     rates = {Arm.PLAN: 1.0, Arm.PLAIN: 1.3} if plain_ahead else {Arm.PLAN: 1.3, Arm.PLAIN: 1.0}
     behind = min(rates, key=rates.get)
     longer = block_calls(1, Arm.PLAN) // block_calls(1, Arm.PLAIN)
     assert longer > 1
-    arms = run_blocks(PlanGate(arms=TWO), 1, rates, 5 + int(2 * longer * 2**EXPLORE_BACKOFF / EXPLORE_REGRET))[5:]  # past
-    # each arm's first two
+    blocks = 5 + int(2 * longer * 2**EXPLORE_BACKOFF / EXPLORE_REGRET)
+    arms = run_blocks(PlanGate(arms=TWO), 1, rates, blocks)[5:]  # past each arm's first two
     calls = {arm: arms.count(arm) * block_calls(1, arm) for arm in TWO}
     assert arms.count(behind) >= 3
     assert calls[behind] * (1 - rates[behind] / max(rates.values())) / sum(calls.values()) <= EXPLORE_REGRET
