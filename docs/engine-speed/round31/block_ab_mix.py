@@ -10,16 +10,15 @@ from __future__ import annotations
 
 import statistics
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "round30"))
-from cells import MAX_TOKENS, load  # noqa: E402
+from cells import load  # noqa: E402
+from turns import Runs, in_turn  # noqa: E402
 
 from adaflash.decoding import gate as gate_module  # noqa: E402
 from adaflash.decoding.engine import Engine  # noqa: E402
 from adaflash.decoding.gate import PlanGate  # noqa: E402
-from adaflash.decoding.sequence import Request  # noqa: E402
 
 
 def main() -> None:
@@ -34,19 +33,14 @@ def main() -> None:
     for domain, cell in cells.items():
         ids = cell.ids[:16] if concurrency == 1 else cell.ids
         over: dict[str, list[float]] = {side: [] for side in sides[1:]}
-        reference = None
+        runs = Runs(ids, concurrency)
         for r in range(rounds):
             rates = {}
-            for side in sides if r % 2 == 0 else sides[::-1]:
+            for side in in_turn(sides, r):
                 n, gate = gates.get(side, (sizes[0], None))
                 gate_module.BLOCK_SEQUENCE_STEPS = n
                 engine.scheduler.gate = gate
-                t0 = time.perf_counter()
-                seqs = engine.generate([Request(i, MAX_TOKENS, mode="ar" if side == "ar" else "adaflash")
-                                        for i in ids], concurrency=concurrency)
-                rates[side] = sum(len(s.output) for s in seqs) / (time.perf_counter() - t0)
-                reference = reference or [s.output for s in seqs]
-                assert [s.output for s in seqs] == reference, "an output differs"
+                rates[side] = runs.rate(engine, "ar" if side == "ar" else "adaflash")
             for side in over:
                 over[side].append(rates[side] / rates["ar"])
         print(f"{domain} c={concurrency}", ", ".join(f"{side} {statistics.median(v):.3f}" for side, v in over.items()),

@@ -9,15 +9,14 @@ from __future__ import annotations
 
 import statistics
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "round30"))
-from cells import MAX_TOKENS, Always, load  # noqa: E402
+from cells import Always, load  # noqa: E402
+from turns import Runs  # noqa: E402
 
 from adaflash.decoding import steps  # noqa: E402
 from adaflash.decoding.gate import Arm  # noqa: E402
-from adaflash.decoding.sequence import Request  # noqa: E402
 
 ORIGINAL_JUDGED, ORIGINAL_LAYERS = steps._judged, steps._layers
 
@@ -32,19 +31,14 @@ def main() -> None:
     engine = cell.engine()
     capture = engine.backend.capture
     over: dict[str, list[float]] = {"kept": [], "unsliced": [], "uncaptured": []}
-    reference = None
+    runs = Runs(cell.ids, concurrency)
     for r in range(rounds):
         rates = {}
         for side in ["ar", *(list(over) if r % 2 == 0 else list(over)[::-1])]:
             engine.scheduler.gate = Always(Arm.PLAIN)
             engine.backend.capture = None if side == "uncaptured" else capture
             steps._judged = unsliced_judged if side == "unsliced" else ORIGINAL_JUDGED
-            t0 = time.perf_counter()
-            seqs = engine.generate([Request(i, MAX_TOKENS, mode="ar" if side == "ar" else "adaflash")
-                                    for i in cell.ids], concurrency=concurrency)
-            rates[side] = sum(len(s.output) for s in seqs) / (time.perf_counter() - t0)
-            reference = reference or [s.output for s in seqs]
-            assert [s.output for s in seqs] == reference, "an output differs"
+            rates[side] = runs.rate(engine, "ar" if side == "ar" else "adaflash")
         for side in over:
             over[side].append(rates[side] / rates["ar"])
         print(r, {k: round(v[-1], 3) for k, v in over.items()}, flush=True)

@@ -9,14 +9,13 @@ from __future__ import annotations
 
 import statistics
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "round30"))
-from cells import MAX_TOKENS, Always, load  # noqa: E402
+from cells import Always, load  # noqa: E402
+from turns import Runs, in_turn  # noqa: E402
 
 from adaflash.decoding.gate import Arm  # noqa: E402
-from adaflash.decoding.sequence import Request  # noqa: E402
 
 
 def main() -> None:
@@ -25,20 +24,15 @@ def main() -> None:
     engine = cell.engine()
     gate = engine.scheduler.gate
     over: dict[str, list[float]] = {"plain": [], "gated": []}
-    reference = None
+    runs = Runs(cell.ids, concurrency)
     for r in range(rounds):
         rates = {}
-        order = ["ar", "plain", "gated"]
-        for side in order if r % 2 == 0 else order[::-1]:
+        for side in in_turn(["ar", "plain", "gated"], r):
             engine.scheduler.gate = Always(Arm.PLAIN) if side == "plain" else gate
             calls = gate.tally[Arm.PLAN].calls
-            t0 = time.perf_counter()
-            seqs = engine.generate([Request(i, MAX_TOKENS, mode="ar" if side == "ar" else "adaflash")
-                                    for i in cell.ids], concurrency=concurrency)
-            rates[side] = sum(len(s.output) for s in seqs) / (time.perf_counter() - t0)
-            plan_calls = gate.tally[Arm.PLAN].calls - calls
-            reference = reference or [s.output for s in seqs]
-            assert [s.output for s in seqs] == reference, "an output differs"
+            rates[side] = runs.rate(engine, "ar" if side == "ar" else "adaflash")
+            if side == "gated":
+                plan_calls = gate.tally[Arm.PLAN].calls - calls
         for side in over:
             over[side].append(rates[side] / rates["ar"])
         print(r, {k: round(v[-1], 3) for k, v in over.items()}, "plan calls", plan_calls, flush=True)

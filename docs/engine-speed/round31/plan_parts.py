@@ -14,27 +14,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "round30"))
 from cells import MAX_TOKENS, load  # noqa: E402
+from turns import timed  # noqa: E402
 
 from adaflash.decoding.sequence import Request  # noqa: E402
 
 acc: dict[str, float] = {}
-
-
-def wrap(obj, name: str, label: str, coro: bool = False) -> None:
-    f = getattr(obj, name)
-    if coro:
-        async def w(*a, **k):
-            t = time.perf_counter()
-            r = await f(*a, **k)
-            acc[label] = acc.get(label, 0) + time.perf_counter() - t
-            return r
-    else:
-        def w(*a, **k):
-            t = time.perf_counter()
-            r = f(*a, **k)
-            acc[label] = acc.get(label, 0) + time.perf_counter() - t
-            return r
-    setattr(obj, name, w)
 
 
 def main() -> None:
@@ -43,9 +27,9 @@ def main() -> None:
     engine = cell.engine()
     sch = engine.scheduler
     sch.gate = None
-    wrap(sch.planner, "plan", "plan")
-    wrap(engine.backend, "draft", "draft", True)
-    wrap(engine.backend, "forward", "forward", True)
+    timed(sch.planner, "plan", "plan", acc)
+    timed(engine.backend, "draft", "draft", acc, coroutine=True)
+    timed(engine.backend, "forward", "forward", acc, coroutine=True)
     for _ in range(rounds):
         for mode in ("ar", "adaflash"):
             acc.clear()

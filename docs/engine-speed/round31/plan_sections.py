@@ -17,22 +17,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "round30"))
 from cells import MAX_TOKENS, load  # noqa: E402
+from turns import timed  # noqa: E402
 
 from adaflash.decoding import planner  # noqa: E402
 from adaflash.decoding.sequence import Request  # noqa: E402
 
 acc: dict[str, float] = {}
-
-
-def wrap(obj, name: str, label: str) -> None:
-    f = getattr(obj, name)
-
-    def timed(*args, **kwargs):
-        t0 = time.perf_counter()
-        out = f(*args, **kwargs)
-        acc[label] = acc.get(label, 0.0) + time.perf_counter() - t0
-        return out
-    setattr(obj, name, timed)
 
 
 def main() -> None:
@@ -42,10 +32,10 @@ def main() -> None:
     sch = engine.scheduler
     sch.gate = None
     for name in ("prefers_copy", "copy_lengths", "choose_drafters"):
-        wrap(sch.planner.controller, name, name)
-    wrap(planner.ngram, "lookup", "lookup")
-    wrap(sch.planner, "plan", "plan")
-    wrap(sch.planner, "_copy", "_copy")
+        timed(sch.planner.controller, name, name, acc)
+    timed(planner.ngram, "lookup", "lookup", acc)
+    timed(sch.planner, "plan", "plan", acc)
+    timed(sch.planner, "_copy", "_copy", acc)
     for _ in range(3):
         acc.clear()
         t0 = time.perf_counter()
