@@ -377,16 +377,16 @@ class Transformer(nn.Module):
         x = self.model.embed_tokens(ids)
         cos, sin = rope_cos_sin(self.inv_freq, fb.positions)
         cos, sin = cos.to(x.dtype), sin.to(x.dtype)
-        wanted = set(capture_layers or [])
-        captured: dict[int, Tensor] = {}
+        asked = capture_layers or []
         fused = self._fused_layers(fb)
-        if fused is not None:
-            x = self._decode_natively(x, cos, sin, fb, cache, fused, wanted, captured)
-        else:
-            for i, layer in enumerate(self.model.layers):
-                x = layer(x, cos, sin, fb, cache.k[i], cache.v[i])
-                if i in wanted:
-                    captured[i] = x
+        if fused is not None and len(set(asked)) == len(asked):  # the native layers write a column per layer
+            return self._decode_natively(x, cos, sin, fb, cache, fused, asked)
+        wanted = set(asked)
+        captured: dict[int, Tensor] = {}
+        for i, layer in enumerate(self.model.layers):
+            x = layer(x, cos, sin, fb, cache.k[i], cache.v[i])
+            if i in wanted:
+                captured[i] = x
         return x, torch.cat([captured[i] for i in capture_layers], dim=-1) if capture_layers else None
 
     def uniform_layers(self, ids: Tensor, positions: Tensor, pages: Tensor, offsets: Tensor, context: Gather,
@@ -424,15 +424,17 @@ class Transformer(nn.Module):
         return native.Layers(weights) if all(w.usable() for w in weights) else None
 
     def _decode_natively(self, x: Tensor, cos: Tensor, sin: Tensor, fb: ForwardBatch, cache: KVCache,
-                         layers: native.Layers, wanted: set[int], captured: dict[int, Tensor]) -> Tensor:
-        """The decoder layers in one C call (the same kernels `DecoderLayer` reaches through Python, in its order;
-        about sixty calls fewer per layer)."""
+                         layers: native.Layers, capture_layers: list[int]) -> tuple[Tensor, Tensor | None]:
+        """`forward_layers`'s decoder layers in one C call (the same kernels `DecoderLayer` reaches through Python, in
+        its order; about sixty calls fewer per layer). The captured layers are written side by side into one tensor:
+        a concatenation after the forward copied them all once more, every step of every sequence that may draft."""
         cfg = self.config
         x = x.contiguous()
-        captured.update({i: torch.empty_like(x) for i in wanted})
+        hidden = x.new_empty(x.shape[0], len(capture_layers) * x.shape[1]) if capture_layers else None
         native.decode_layers(x, layers, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim,
-                             cfg.rms_norm_eps, cos, sin, cache.k, cache.v, fb.native, cfg.head_dim**-0.5, captured)
-        return x
+                             cfg.rms_norm_eps, cos, sin, cache.k, cache.v, fb.native, cfg.head_dim**-0.5, hidden,
+                             capture_layers)
+        return x, hidden
 
 
 class TokenHeads(nn.Module):

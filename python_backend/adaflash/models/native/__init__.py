@@ -186,19 +186,24 @@ class LayerScratch:
 
 def decode_layers(x: Tensor, layers: Layers, heads: int, kv_heads: int, dim: int, eps: float, cos: Tensor,
                   sin: Tensor, k_cache: Tensor, v_cache: Tensor, batch: AttentionBatch, scale: float,
-                  captures: dict[int, Tensor]) -> None:
+                  captured: Tensor | None, capture_layers: list[int]) -> None:
     """Every Qwen3 decoder layer over the new tokens x [T, hidden] (contiguous, updated in place), storing their keys
     and values in the caches [layers, ...]: the native kernels in the order `target.DecoderLayer` calls them, in one
-    call. captures[i] [T, hidden] receives x after layer i."""
+    call. captured[:, j * hidden : (j + 1) * hidden] (captured [T, len(capture_layers) * hidden], contiguous)
+    receives x after layer capture_layers[j]."""
     tokens, hidden = x.shape
     scratch = LayerScratch(tokens, hidden, layers.inter, heads, kv_heads, dim)
-    wanted = torch.tensor([captures[i].data_ptr() if i in captures else 0 for i in range(len(layers.weights))],
-                          dtype=torch.int64)
+    columns = dict.fromkeys(range(len(layers.weights)), 0)
+    if captured is not None:
+        base, width = captured.data_ptr(), hidden * captured.element_size()
+        columns.update((layer, base + j * width) for j, layer in enumerate(capture_layers))
+    wanted = torch.tensor(list(columns.values()), dtype=torch.int64)
+    capture_stride = len(capture_layers) * hidden
     _library().decode_layers(
         x.data_ptr(), tokens, hidden, layers.inter, heads, kv_heads, dim, eps, len(layers.weights),
-        layers.addresses.data_ptr(), wanted.data_ptr(), cos.data_ptr(), sin.data_ptr(), k_cache.data_ptr(),
-        v_cache.data_ptr(), k_cache.stride(0), batch.table.data_ptr(), batch.table.shape[1], batch.first.data_ptr(),
-        batch.starts.data_ptr(), batch.counts.data_ptr(), batch.counts.shape[0], k_cache.shape[3], scale,
+        layers.addresses.data_ptr(), wanted.data_ptr(), capture_stride, cos.data_ptr(), sin.data_ptr(),
+        k_cache.data_ptr(), v_cache.data_ptr(), k_cache.stride(0), batch.table.data_ptr(), batch.table.shape[1],
+        batch.first.data_ptr(), batch.starts.data_ptr(), batch.counts.data_ptr(), batch.counts.shape[0], k_cache.shape[3], scale,
         scratch.h.data_ptr(), scratch.qkv.data_ptr(), scratch.qk.data_ptr(), scratch.att.data_ptr(),
         scratch.gu.data_ptr(), scratch.act.data_ptr(), torch.get_num_threads(), WIDE)
 
@@ -219,7 +224,7 @@ def _library():
     library.norm_rope.argtypes = [p, i64, p, p, p, p, i64, i64, i64, ctypes.c_float, ctypes.c_int]
     library.attend.argtypes = [p, i64, p, i64, p, i64, p, p, p, i64, p, p, p, i64, i64, i64, i64, i64, ctypes.c_float,
                                p, ctypes.c_int, ctypes.c_int, ctypes.c_int]
-    library.decode_layers.argtypes = ([p, i64, i64, i64, i64, i64, i64, ctypes.c_float, i64] + [p] * 6
+    library.decode_layers.argtypes = ([p, i64, i64, i64, i64, i64, i64, ctypes.c_float, i64, p, p, i64] + [p] * 4
                                       + [i64, p, i64, p, p, p, i64, i64, ctypes.c_float] + [p] * 6 + [ctypes.c_int] * 2)
     for fn in (library.product, library.rmsnorm, library.norm_rope, library.attend, library.decode_layers):
         fn.restype = None

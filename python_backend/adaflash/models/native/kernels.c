@@ -499,11 +499,12 @@ static void decode_layer(float *x, int64_t tokens, int64_t hidden, int64_t inter
 
 /* Every decoder layer in turn, in one call per forward: layer i reads the seven weights at weights[7 i ..]
    (decode_layer's order, as addresses) and its caches at kc and vc plus i cache_stride; where captures[i] is not
-   0, x after layer i is copied there (the hidden states a drafter reads). */
+   0, x after layer i is copied there (the hidden states a drafter reads), a token's row every capture_stride floats:
+   the captured layers side by side in the rows of one tensor, which the drafter reads without a concatenation. */
 void decode_layers(float *x, int64_t tokens, int64_t hidden, int64_t inter, int64_t heads, int64_t kv_heads,
                    int64_t dim, float eps, int64_t layers, const int64_t *weights, const int64_t *captures,
-                   const float *cos, const float *sin, float *kc, float *vc, int64_t cache_stride,
-                   const int64_t *table, int64_t width, const int64_t *first, const int64_t *starts,
+                   int64_t capture_stride, const float *cos, const float *sin, float *kc, float *vc,
+                   int64_t cache_stride, const int64_t *table, int64_t width, const int64_t *first, const int64_t *starts,
                    const int64_t *counts, int64_t seqs, int64_t page, float scale, float *h, float *qkv, float *qk,
                    float *att, float *gu, float *act, int threads, int wide) {
     for (int64_t i = 0; i < layers; i++) {
@@ -513,6 +514,9 @@ void decode_layers(float *x, int64_t tokens, int64_t hidden, int64_t inter, int6
                      (const float *)(intptr_t)w[4], (const float *)(intptr_t)w[5], (const float *)(intptr_t)w[6],
                      cos, sin, kc + i * cache_stride, vc + i * cache_stride, table, width, first, starts, counts,
                      seqs, page, scale, h, qkv, qk, att, gu, act, threads, wide);
-        if (captures[i]) memcpy((float *)(intptr_t)captures[i], x, (size_t)(tokens * hidden) * sizeof(float));
+        if (captures[i])
+            for (int64_t t = 0; t < tokens; t++)
+                memcpy((float *)(intptr_t)captures[i] + t * capture_stride, x + t * hidden,
+                       (size_t)hidden * sizeof(float));
     }
 }
