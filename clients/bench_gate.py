@@ -102,8 +102,9 @@ def _over_best(rounds: dict[int, dict[str, float]], variant: str) -> list[float]
 
 def gate_state(engine: Engine) -> dict[str, dict]:
     """What the gated engine's gate learnt by the end, per load (sequences from 2**(bucket-1)): each arm's running
-    rate in tokens per ms, its blocks run, and the arm leading. Where a cell loses, this says whether the gate
-    followed the faster arm and how often it tried the other."""
+    rate (tokens committed per token plain decoding commits in the time, `PlanGate.observe`), its blocks run, and
+    the arm leading. Where a cell loses, this says whether the gate followed the faster arm and how often it tried
+    the other."""
     return {f"{1 << (bucket - 1)}+": {"rates": {a.value: r and round(r, 4) for a, r in load.rates.items()},
                                       "blocks": {a.value: n for a, n in load.blocks.items()},
                                       "leading": load.leading and load.leading.value}

@@ -100,10 +100,44 @@ def test_an_arm_found_clearly_behind_try_after_try_is_allowed_less_regret_until_
     run_blocks(switched, EVEN, {Arm.PLAN: 1.0, Arm.COPY: 3.0, Arm.PLAIN: 1.0}, 2 * blocks)
     load = switched.loads[EVEN .bit_length()]
     assert load.halvings == {Arm.PLAN: EXPLORE_BACKOFF, Arm.COPY: 0, Arm.PLAIN: EXPLORE_BACKOFF}
+    ahead = {Arm.PLAN: 6.0, Arm.COPY: 3.0, Arm.PLAIN: 1.0}
     for _ in range(2 * blocks):
-        if run_blocks(switched, EVEN, {Arm.PLAN: 6.0, Arm.COPY: 3.0, Arm.PLAIN: 1.0}, 1) == [Arm.PLAN]:
+        if run_blocks(switched, EVEN, ahead, 1) == [Arm.PLAN]:
             break
+    assert run_blocks(switched, EVEN, ahead, 1) == [Arm.PLAN]  # the try confirmed (CONFIRM_WEIGHT)
     assert load.leader() is Arm.PLAN and load.halvings[Arm.PLAIN] == 0  # its verdict was against another leader
+
+
+def until_tried(gate: PlanGate, rates: dict[Arm, float], arm: Arm) -> None:
+    """Blocks at EVEN sequences until one runs on `arm` (within a bound)."""
+    for _ in range(1000):
+        if run_blocks(gate, EVEN, rates, 1) == [arm]:
+            return
+    raise AssertionError(f"{arm} was not tried")
+
+
+def test_a_try_that_puts_an_arm_ahead_takes_the_lead_only_if_a_second_block_keeps_it_there(monkeypatch):
+    """The plan arm, long behind plain decoding, reads 1.4 in one try and 0.8 as before in the next block: the gate
+    runs that second block, the two weigh alike (CONFIRM_WEIGHT), and plain decoding still leads. Taken on the try
+    alone, the lead went to the plan arm for more blocks. Two good blocks take it."""
+    steady, lucky = {Arm.PLAN: 0.8, Arm.PLAIN: 1.0}, {Arm.PLAN: 1.4, Arm.PLAIN: 1.0}
+
+    def after_lucky_try(gate: PlanGate) -> list[Arm]:
+        run_blocks(gate, EVEN, steady, 40)
+        assert gate.loads[EVEN .bit_length()].leader() is Arm.PLAIN
+        until_tried(gate, lucky, Arm.PLAN)
+        return run_blocks(gate, EVEN, steady, 2)
+
+    gate = PlanGate(arms=TWO)
+    assert after_lucky_try(gate) == [Arm.PLAN, Arm.PLAIN] and gate.loads[EVEN .bit_length()].leading is Arm.PLAIN
+    with monkeypatch.context() as m:
+        m.setattr(gate_module._Load, "_challenges", lambda self: False)
+        assert after_lucky_try(PlanGate(arms=TWO)) == [Arm.PLAN, Arm.PLAN]
+    good = PlanGate(arms=TWO)
+    run_blocks(good, EVEN, steady, 40)
+    until_tried(good, lucky, Arm.PLAN)
+    assert run_blocks(good, EVEN, lucky, 3) == [Arm.PLAN] * 3
+    assert good.loads[EVEN .bit_length()].leader() is Arm.PLAN
 
 
 def test_a_change_of_leader_is_followed():
@@ -208,6 +242,22 @@ def test_an_arm_run_again_after_many_leader_blocks_catches_up_with_its_new_rate_
     while Arm.PLAIN not in arms:
         arms += run_blocks(gate, 8, {Arm.PLAN: 2.0, Arm.PLAIN: 4.0}, 1)
     assert load.rates[Arm.PLAIN] > 3.5 and load.leader() is Arm.PLAIN
+
+
+def test_arms_run_at_different_sequences_of_one_load_compare_against_plain_decodings_rate_at_each():
+    """A load spans up to twice the sequences, and a call's tokens per ms grow with them whatever its arm. Where the
+    plan arm's blocks ran at 60 sequences (5.0 tokens/ms where plain decoding commits 5.5) and plain decoding's at 32
+    (4.0 where it commits 4.0), plain decoding leads; compared as they are, the plan arm would (5.0 against 4.4 with
+    plain's preference)."""
+    plain_rate = {60: 5.5, 32: 4.0}
+    runs = {Arm.PLAN: (60, 5.0), Arm.PLAIN: (32, 4.0)}
+    for yardstick in (True, False):
+        gate = PlanGate(arms=TWO)
+        for _ in range(6 * (BLOCK_CALLS + WARMUP_CALLS)):
+            sequences, rate = runs[gate.choose(32)]
+            gate.observe(gate.choose(sequences), round(rate * 100), 100.0, plain_rate[sequences] if yardstick else 1.0)
+        leader = gate.loads[32 .bit_length()].leader()
+        assert leader is (Arm.PLAIN if yardstick else Arm.PLAN)
 
 
 def test_three_arms_are_measured_in_turn_then_the_fastest_leads():

@@ -146,6 +146,18 @@ def test_padded_verifies_are_chosen_optimally_against_brute_force():
         assert padded_objective(ks, rates, cost, 4, other_width, draft_ms, sunk_ms) == pytest.approx(best, rel=1e-9)
 
 
+def test_plain_decodings_rate_is_read_from_the_table_at_one_token_a_sequence_without_the_live_scale():
+    """The gate's yardstick (`CostModel.plain_rate`): sequences per ms of a one-token verify each, between measured
+    batch sizes as the table interpolates them, padded tables at a width of one; the live scale, which moves all
+    figures alike, is left out."""
+    cost = CostModel(verify={32: [(32, 8.0), (64, 12.0)], 64: [(64, 16.0), (128, 24.0)]}, verify_scale=3.0)
+    assert cost.plain_rate(32) == pytest.approx(32 / 8.0)
+    assert cost.plain_rate(64) == pytest.approx(64 / 16.0)
+    assert cost.plain_rate(48) == pytest.approx(48 / 12.0)
+    padded = CostModel(verify={4: [(4 * w, 1.0 + 0.5 * w) for w in (1, 2, 4)]}, padded=True, verify_scale=2.0)
+    assert padded.plain_rate(4) == pytest.approx(4 / 1.5)
+
+
 def test_a_padded_verify_fills_the_width_it_pays_for():
     """Once a width is paid, verifying within it costs nothing more: a good copy of 10 tokens is verified whole (a
     cut to 9 would run the same shape), and beside a sequence that feeds 8 tokens a weak proposal verifies 7, where

@@ -100,6 +100,12 @@ class CostModel:
             return self._whole_totals(batch, int(total_tokens.max(initial=0)))[total_tokens] * self.verify_scale
         return self._table_verify_ms(batch, total_tokens) * self.verify_scale
 
+    def plain_rate(self, batch: int) -> float:
+        """Tokens per ms of one plain decoding step of `batch` sequences (a one-token verify each) by the table, the live
+        scale left out: the gate's yardstick for a call at that load (`PlanGate.observe`)."""
+        table = self._table_padded_ms(batch, 1) if self.padded else self._table_verify_ms(batch, batch)
+        return batch / float(table)
+
     def verify_ms_run(self, batch: int, first: int, count: int) -> list[float]:
         """`verify_ms` of `batch` sequences at `first` tokens in all and at each of the `count` totals after, in Python
         floats: the figures `_whole_totals` keeps, kept as a list too. A plan at one sequence reads such a run at every

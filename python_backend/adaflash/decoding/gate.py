@@ -79,6 +79,12 @@ CLEARLY_BEHIND = 2 * SWITCH_MARGIN
 # looked: one block is not a verdict. At one sequence a first plan block of text that did not copy put the plan arm 30%
 # behind plain decoding, and the load then decoded plainly for 666 of its first 980 calls (docs/results.md, round 29).
 CONFIRM_BLOCKS = 2
+# A try that puts an arm past the leader is followed by a second block of that arm before the lead changes, the two
+# blocks weighing alike in its rate. Why: a try of an arm long behind replaces its rate (`WEIGHT`), and blocks of one
+# arm at one load swing with the text: at 32 sequences on the CPU a try of the plan arm read 3.94 tokens/ms where its
+# blocks read 2.6-3.4, it took the lead, and the load ran four more plan blocks before plain decoding led again, in a
+# cell where planning every step ran 0.91 of `ar` (docs/results.md, engine speed round 32).
+CONFIRM_WEIGHT = 0.5
 SERVED_MIN_SEQUENCES = 8  # the orchestrator's `PlanGate(min_sequences)`
 
 
@@ -108,20 +114,23 @@ def block_calls(sequences: int, arm: Arm = Arm.PLAN) -> int:
 @dataclass
 class Tally:
     """Calls, the tokens they committed and their milliseconds: a block under way, or the calls observed on one arm
-    over the gate's life, warm-ups included (what a benchmark reads of where a run's time went)."""
+    over the gate's life, warm-ups included (what a benchmark reads of where a run's time went); and the tokens plain
+    decoding commits in those milliseconds at those calls' loads (`PlanGate.observe`)."""
 
     calls: int = 0
     tokens: int = 0
     ms: float = 0.0
+    plain: float = 0.0
 
-    def add(self, tokens: int, ms: float) -> None:
+    def add(self, tokens: int, ms: float, plain_rate: float = 1.0) -> None:
         self.calls, self.tokens, self.ms = self.calls + 1, self.tokens + tokens, self.ms + ms
+        self.plain += ms * plain_rate
 
 
 @dataclass
 class _Load:
-    """What the gate knows at one load (running sequences within a power of two): each arm's running rate in
-    tokens per ms, its blocks, the blocks of any arm since it last ran, and the block under way (its arm and what
+    """What the gate knows at one load (running sequences within a power of two): each arm's running rate (tokens
+    committed per token plain decoding commits in the time at the calls' loads, `PlanGate.observe`), its blocks, the blocks of any arm since it last ran, and the block under way (its arm and what
     its calls so far committed). A load keeps its own block: where the load moves between two powers of two
     (sequences end and others join around 32), the calls at each add to that load's block, which another load's
     calls between them do not cut."""
@@ -137,6 +146,7 @@ class _Load:
     arm: Arm = field(init=False)  # of the block under way
     warmup: int = 0  # its calls still to pass unmeasured after the load's change of arm
     block: Tally = field(default_factory=Tally)  # what the block's measured calls committed so far
+    confirming: bool = False  # the block under way is a second try of an arm whose try put it past the leader
 
     def __post_init__(self) -> None:
         self.rates = {arm: None for arm in self.arms}
@@ -145,27 +155,38 @@ class _Load:
         self.halvings = {arm: 0 for arm in self.arms}
         self.arm = self.leader()
 
-    def add(self, tokens: int, ms: float) -> bool:
+    def add(self, tokens: int, ms: float, plain_rate: float) -> bool:
         """A measured call of the block's arm; whether the block is complete."""
-        self.block.add(tokens, ms)
+        self.block.add(tokens, ms, plain_rate)
         return self.block.calls >= block_calls(self.sequences, self.arm)
 
     def end_block(self) -> None:
         """Fold the block's rate into its arm's running rate, and start the next block on the leader or on an arm
         overdue for another try."""
-        rate, old = self.block.tokens / self.block.ms, self.rates[self.arm]
+        rate, old = self.block.tokens / self.block.plain, self.rates[self.arm]
         self.blocks[self.arm] += 1
         weight = max(1 - (1 - WEIGHT) ** (1 + self.since[self.arm]), 1 / self.blocks[self.arm])
+        weight = CONFIRM_WEIGHT if self.confirming else weight
         self.rates[self.arm] = rate if old is None else old + weight * (rate - old)
         for arm in self.arms:
             self.since[arm] = 0 if arm is self.arm else self.since[arm] + 1
         self.block = Tally()
+        self.confirming = not self.confirming and self._challenges()
+        if self.confirming:
+            return
         before = self.leading
         leader = self.leader()
         self._follow_verdict(before, leader)
         arm = self.overdue(leader) or leader
         if arm is not self.arm:
             self.arm, self.warmup = arm, WARMUP_CALLS
+
+    def _challenges(self) -> bool:
+        """Whether the block just ended was a try that puts its arm SWITCH_MARGIN past the leader's score: the lead
+        changes only if a second block of it, weighed as much as the try, keeps it there (CONFIRM_WEIGHT)."""
+        leading = self.leading
+        return (leading is not None and self.arm is not leading
+                and self.score(self.arm) > self.score(leading) * (1 + SWITCH_MARGIN))
 
     def _follow_verdict(self, before: Arm | None, leader: Arm) -> None:
         """The regret halvings after a block: all back to none where the lead changed hands; else the block's arm, if
@@ -240,15 +261,23 @@ class PlanGate:
         self._load = self.loads[bucket]
         return self._load.arm
 
-    def observe(self, arm: Arm, tokens: int, ms: float) -> None:
+    def observe(self, arm: Arm, tokens: int, ms: float, plain_rate: float = 1.0) -> None:
         """A call made on `arm` (as `choose` said) committed `tokens` in `ms` (the whole step: planning, drafts,
-        forwards, commits, and what its caller did since the previous step). Calls that also prefilled are not
-        observed: their time is the new sequences'."""
+        forwards, commits, and what its caller did since the previous step), where plain decoding commits
+        `plain_rate` tokens a ms at the call's sequences (`CostModel.plain_rate`; 1: rates compare as they are). Calls
+        that also prefilled are not observed: their time is the new sequences'.
+
+        Why the yardstick: a load spans up to twice the sequences, and a call's tokens per ms grow with them whatever
+        its arm, so blocks taken at different sequences of one load compared the sequences as much as the arms. On
+        the CPU, while a burst of 64 sequences fell through the 32-63 load, plain decoding's own blocks there read 4.1
+        tokens/ms at 60-63 sequences and 3.4 at 32-34, and the plan arm's blocks from that fall led the load on into
+        the next cell's 32 sequences, where planning every step ran 0.91 of `ar` (docs/results.md, engine speed round
+        32)."""
         load = self._load
         if load is None or arm is not load.arm or ms <= 0:
             return
         self.tally[arm].add(tokens, ms)
         if load.warmup:
             load.warmup -= 1
-        elif load.add(tokens, ms):
+        elif load.add(tokens, ms, plain_rate):
             load.end_block()

@@ -178,7 +178,7 @@ class Scheduler:
             ms = (time.perf_counter() - (self._mark or started)) * 1000
             self._observe_overhead(ms - self._forwards_ms, runs)
             if arm is not None:
-                self.gate.observe(arm, sum(len(s.output) for s in active) - committed, ms)
+                self.gate.observe(arm, sum(len(s.output) for s in active) - committed, ms, self._plain_rate(len(active)))
         await self._retire([s for s in self.running.values() if s.finished])
         self._mark = time.perf_counter()
         return [*admitted, *active]
@@ -187,6 +187,10 @@ class Scheduler:
         """Whether this step's times are its own so far: no graph was recorded in it (a first recording takes tens
         of times a replay's), so the cost model, the gate and the overhead estimates may learn from them."""
         return graphs.recordings() == self._recorded
+
+    def _plain_rate(self, sequences: int) -> float:
+        """What plain decoding commits a ms at `sequences` by the cost table, the gate's yardstick (1 without one)."""
+        return self.cost.plain_rate(sequences) if self.cost is not None and self.cost.verify else 1.0
 
     def _arm(self, active: list[Sequence], admitted: list[Sequence]) -> Arm | None:
         """The gate's arm for the cost-aware sequences of this call; None when there is no gate or no such
