@@ -3,7 +3,8 @@
 them (`kept`), captured and dropped (`dropped`); many steps each, interleaved, medians. Round 31's `capture_step.py`
 at any number of sequences.
 
-    PYTHONPATH=python_backend:build:clients:tests .venv/bin/python docs/engine-speed/round32/capture_step.py broad:qa 1500 8
+    PYTHONPATH=python_backend:build:clients:tests .venv/bin/python \
+        docs/engine-speed/round32/capture_step.py broad:qa 1500 8
 """
 
 from __future__ import annotations

@@ -101,8 +101,8 @@ class CostModel:
         return self._table_verify_ms(batch, total_tokens) * self.verify_scale
 
     def plain_rate(self, batch: int) -> float:
-        """Tokens per ms of one plain decoding step of `batch` sequences (a one-token verify each) by the table, the live
-        scale left out: the gate's yardstick for a call at that load (`PlanGate.observe`)."""
+        """Tokens per ms of one plain decoding step of `batch` sequences (a one-token verify each) by the table, the
+        live scale left out: the gate's yardstick for a call at that load (`PlanGate.observe`)."""
         table = self._table_padded_ms(batch, 1) if self.padded else self._table_verify_ms(batch, batch)
         return batch / float(table)
 

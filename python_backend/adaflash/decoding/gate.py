@@ -130,10 +130,10 @@ class Tally:
 @dataclass
 class _Load:
     """What the gate knows at one load (running sequences within a power of two): each arm's running rate (tokens
-    committed per token plain decoding commits in the time at the calls' loads, `PlanGate.observe`), its blocks, the blocks of any arm since it last ran, and the block under way (its arm and what
-    its calls so far committed). A load keeps its own block: where the load moves between two powers of two
-    (sequences end and others join around 32), the calls at each add to that load's block, which another load's
-    calls between them do not cut."""
+    committed per token plain decoding commits in the time at the calls' loads, `PlanGate.observe`), its blocks, the
+    blocks of any arm since it last ran, and the block under way (its arm and what its calls so far committed). A
+    load keeps its own block: where the load moves between two powers of two (sequences end and others join around
+    32), the calls at each add to that load's block, which another load's calls between them do not cut."""
 
     arms: tuple[Arm, ...]
     plain_preference: float = PLAIN_PREFERENCE

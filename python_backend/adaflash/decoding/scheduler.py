@@ -178,7 +178,8 @@ class Scheduler:
             ms = (time.perf_counter() - (self._mark or started)) * 1000
             self._observe_overhead(ms - self._forwards_ms, runs)
             if arm is not None:
-                self.gate.observe(arm, sum(len(s.output) for s in active) - committed, ms, self._plain_rate(len(active)))
+                tokens = sum(len(s.output) for s in active) - committed
+                self.gate.observe(arm, tokens, ms, self._plain_rate(len(active)))
         await self._retire([s for s in self.running.values() if s.finished])
         self._mark = time.perf_counter()
         return [*admitted, *active]

@@ -203,7 +203,8 @@ def decode_layers(x: Tensor, layers: Layers, heads: int, kv_heads: int, dim: int
         x.data_ptr(), tokens, hidden, layers.inter, heads, kv_heads, dim, eps, len(layers.weights),
         layers.addresses.data_ptr(), wanted.data_ptr(), capture_stride, cos.data_ptr(), sin.data_ptr(),
         k_cache.data_ptr(), v_cache.data_ptr(), k_cache.stride(0), batch.table.data_ptr(), batch.table.shape[1],
-        batch.first.data_ptr(), batch.starts.data_ptr(), batch.counts.data_ptr(), batch.counts.shape[0], k_cache.shape[3], scale,
+        batch.first.data_ptr(), batch.starts.data_ptr(), batch.counts.data_ptr(), batch.counts.shape[0],
+        k_cache.shape[3], scale,
         scratch.h.data_ptr(), scratch.qkv.data_ptr(), scratch.qk.data_ptr(), scratch.att.data_ptr(),
         scratch.gu.data_ptr(), scratch.act.data_ptr(), torch.get_num_threads(), WIDE)
 

@@ -504,9 +504,9 @@ static void decode_layer(float *x, int64_t tokens, int64_t hidden, int64_t inter
 void decode_layers(float *x, int64_t tokens, int64_t hidden, int64_t inter, int64_t heads, int64_t kv_heads,
                    int64_t dim, float eps, int64_t layers, const int64_t *weights, const int64_t *captures,
                    int64_t capture_stride, const float *cos, const float *sin, float *kc, float *vc,
-                   int64_t cache_stride, const int64_t *table, int64_t width, const int64_t *first, const int64_t *starts,
-                   const int64_t *counts, int64_t seqs, int64_t page, float scale, float *h, float *qkv, float *qk,
-                   float *att, float *gu, float *act, int threads, int wide) {
+                   int64_t cache_stride, const int64_t *table, int64_t width, const int64_t *first,
+                   const int64_t *starts, const int64_t *counts, int64_t seqs, int64_t page, float scale, float *h,
+                   float *qkv, float *qk, float *att, float *gu, float *act, int threads, int wide) {
     for (int64_t i = 0; i < layers; i++) {
         const int64_t *w = weights + 7 * i;
         decode_layer(x, tokens, hidden, inter, heads, kv_heads, dim, eps, (const float *)(intptr_t)w[0],
