@@ -17,26 +17,33 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).parents[1] / "round30"))
 from cells import load  # noqa: E402
 
+from adaflash.decoding.engine import Engine  # noqa: E402
 from adaflash.decoding.sampling import SamplingParams  # noqa: E402
 from adaflash.decoding.steps import step_batch  # noqa: E402
 
 
-def main() -> None:
-    domain, steps = sys.argv[1], int(sys.argv[2])
+def prefilled(domain: str, n: int) -> tuple[Engine, list[int], list[int]]:
+    """An engine whose first n slots hold the cell's first n prompts but their last token, the slots, and those last
+    tokens (each step's anchors)."""
     cell = load(domain)
     engine = cell.engine()
+    slots = list(range(n))
+    for slot, ids in zip(slots, cell.ids[:n]):
+        engine.target.forward(engine.cache, [slot], [ids[:-1]])
+    return engine, slots, [ids[-1] for ids in cell.ids[:n]]
+
+
+def compare(domain: str, steps: int, n: int) -> None:
+    """`steps` interleaved steps of each side at n sequences; medians, and each over `ar`'s."""
+    engine, slots, anchors = prefilled(domain, n)
     target, cache, capture = engine.target, engine.cache, engine.backend.capture
-    slots = list(range(64))
-    for slot, ids in zip(slots, cell.ids[:64]):
-        target.forward(cache, [slot], [ids[:-1]])
-    anchors = [ids[-1] for ids in cell.ids[:64]]
-    sampling, generators = [SamplingParams()] * 64, [None] * 64
+    sampling, generators = [SamplingParams()] * n, [None] * n
     pending: list[list] = [[] for _ in slots]
 
     def step(side: str) -> float:
         t0 = time.perf_counter()
         results, _ = step_batch(target, cache, 0, slots, [[a] for a in anchors], sampling, generators,
-                                None if side == "ar" else capture, runs=[1] * 64)
+                                None if side == "ar" else capture, runs=[1] * n)
         if side == "kept":
             for kept, res in zip(pending, results):
                 kept.append(res.features)
@@ -50,8 +57,12 @@ def main() -> None:
         for side in list(times) if r % 2 else list(times)[::-1]:
             times[side].append(step(side))
     for side, ts in times.items():
-        print(f"{domain} 64 sequences {side}: median {statistics.median(ts) * 1e6:.0f} us, "
+        print(f"{domain} {n} sequences {side}: median {statistics.median(ts) * 1e6:.0f} us, "
               f"over ar {statistics.median(ts) / statistics.median(times['ar']):.4f}", flush=True)
+
+
+def main() -> None:
+    compare(sys.argv[1], int(sys.argv[2]), 64)
 
 
 if __name__ == "__main__":

@@ -9,50 +9,11 @@ at any number of sequences.
 
 from __future__ import annotations
 
-import statistics
 import sys
-import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).parents[1] / "round30"))
-from cells import load  # noqa: E402
-
-from adaflash.decoding.sampling import SamplingParams  # noqa: E402
-from adaflash.decoding.steps import step_batch  # noqa: E402
-
-
-def main() -> None:
-    domain, steps, n = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-    cell = load(domain)
-    engine = cell.engine()
-    target, cache, capture = engine.target, engine.cache, engine.backend.capture
-    slots = list(range(n))
-    for slot, ids in zip(slots, cell.ids[:n]):
-        target.forward(cache, [slot], [ids[:-1]])
-    anchors = [ids[-1] for ids in cell.ids[:n]]
-    sampling, generators = [SamplingParams()] * n, [None] * n
-    pending: list[list] = [[] for _ in slots]
-
-    def step(side: str) -> float:
-        t0 = time.perf_counter()
-        results, _ = step_batch(target, cache, 0, slots, [[a] for a in anchors], sampling, generators,
-                                None if side == "ar" else capture, runs=[1] * n)
-        if side == "kept":
-            for kept, res in zip(pending, results):
-                kept.append(res.features)
-        ms = time.perf_counter() - t0
-        for slot in slots:
-            cache.truncate(slot, cache.lengths[slot] - 1)
-        return ms
-
-    times: dict[str, list[float]] = {"ar": [], "kept": [], "dropped": []}
-    for r in range(steps):
-        for side in list(times) if r % 2 else list(times)[::-1]:
-            times[side].append(step(side))
-    for side, ts in times.items():
-        print(f"{domain} {n} sequences {side}: median {statistics.median(ts) * 1e6:.0f} us, "
-              f"over ar {statistics.median(ts) / statistics.median(times['ar']):.4f}", flush=True)
-
+sys.path.insert(0, str(Path(__file__).parents[1] / "round31"))
+from capture_step import compare  # noqa: E402
 
 if __name__ == "__main__":
-    main()
+    compare(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]))

@@ -17,25 +17,21 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).parents[1] / "round30"))
-from cells import load  # noqa: E402
+sys.path.insert(0, str(Path(__file__).parents[1] / "round31"))
+from capture_step import prefilled  # noqa: E402
 
 
 def main() -> None:
     domain, n = sys.argv[1], int(sys.argv[2])
-    cell = load(domain)
-    engine = cell.engine()
+    engine, slots, anchors = prefilled(domain, n)
     target, cache, capture = engine.target, engine.cache, engine.backend.capture
-    slots = list(range(n))
-    for slot, ids in zip(slots, cell.ids[:n]):
-        target.forward(cache, [slot], [ids[:-1]])
-    anchors = [[ids[-1]] for ids in cell.ids[:n]]
+    feeds = [[a] for a in anchors]
     ways = {"views": lambda h: [h[i : i + 1] for i in range(n)], "split": lambda h: h.split(1),
             "split by sizes": lambda h: h.split([1] * n), "triples": lambda h: [(h, i, i + 1) for i in range(n)]}
     times: dict[str, list[float]] = {way: [] for way in ways}
     for _ in range(1500):
         for way, hand_out in ways.items():
-            out = target.forward(cache, slots, anchors, capture_layers=capture)
+            out = target.forward(cache, slots, feeds, capture_layers=capture)
             t0 = time.perf_counter()
             hand_out(out.hidden)
             times[way].append(time.perf_counter() - t0)
