@@ -37,7 +37,8 @@ def main() -> None:
             times[way].append(time.perf_counter() - t0)
             for slot in slots:
                 cache.truncate(slot, cache.lengths[slot] - 1)
-    print(f"{domain} {n} sequences:", ", ".join(f"{way} {statistics.median(ts) * 1e6:.1f}" for way, ts in times.items()))
+    medians = ", ".join(f"{way} {statistics.median(ts) * 1e6:.1f}" for way, ts in times.items())
+    print(f"{domain} {n} sequences: {medians}")
 
 
 if __name__ == "__main__":
