@@ -165,8 +165,8 @@ class _Load:
         overdue for another try."""
         rate, old = self.block.tokens / self.block.plain, self.rates[self.arm]
         self.blocks[self.arm] += 1
-        weight = max(1 - (1 - WEIGHT) ** (1 + self.since[self.arm]), 1 / self.blocks[self.arm])
-        weight = CONFIRM_WEIGHT if self.confirming else weight
+        weight = CONFIRM_WEIGHT if self.confirming else max(1 - (1 - WEIGHT) ** (1 + self.since[self.arm]),
+                                                            1 / self.blocks[self.arm])
         self.rates[self.arm] = rate if old is None else old + weight * (rate - old)
         for arm in self.arms:
             self.since[arm] = 0 if arm is self.arm else self.since[arm] + 1

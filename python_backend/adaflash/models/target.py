@@ -378,10 +378,10 @@ class Transformer(nn.Module):
         cos, sin = rope_cos_sin(self.inv_freq, fb.positions)
         cos, sin = cos.to(x.dtype), sin.to(x.dtype)
         asked = capture_layers or []
-        fused = self._fused_layers(fb)
-        if fused is not None and len(set(asked)) == len(asked):  # the native layers write a column per layer
-            return self._decode_natively(x, cos, sin, fb, cache, fused, asked)
         wanted = set(asked)
+        fused = self._fused_layers(fb)
+        if fused is not None and len(wanted) == len(asked):  # the native layers write a column per layer
+            return self._decode_natively(x, cos, sin, fb, cache, fused, asked)
         captured: dict[int, Tensor] = {}
         for i, layer in enumerate(self.model.layers):
             x = layer(x, cos, sin, fb, cache.k[i], cache.v[i])
