@@ -38,6 +38,6 @@ class Always(PlanGate):
     def choose(self, sequences: int) -> Arm:
         return self.arm
 
-    def observe(self, arm: Arm, tokens: int, ms: float) -> None:
+    def observe(self, arm: Arm, tokens: int, ms: float, plain_rate: float = 1.0) -> None:
         if ms > 0:
             self.seen.add(tokens, ms)
