@@ -3,6 +3,8 @@ told every token committed (`tokens`, round 32), each gate kept from run to run 
 of the same round, in the order ar, tokens, drain, reversed every other round; outputs equal.
 
     PYTHONPATH=python_backend:build:clients:tests .venv/bin/python docs/engine-speed/round33/drain_ab.py math 64 6
+
+It runs at commit 2f31d96, where `Scheduler._credited` exists; the change was not kept (drain-ab.txt).
 """
 
 from __future__ import annotations
