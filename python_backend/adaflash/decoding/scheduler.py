@@ -43,6 +43,7 @@ T = TypeVar("T")
 RUN_OVERHEAD_SHARE = 0.1
 MAX_RUN_STEPS = 8
 MAX_RUN_MS = 50.0
+AHEAD_SLACK = 0
 EMA = 0.2  # weight of the newest call in the running estimates of a call's fixed cost and a step's forward
 
 
@@ -111,6 +112,7 @@ class Scheduler:
         self._mark: float | None = None  # when the last step ended
         self._recorded = graphs.recordings()  # at the start of the current step (`_timed_alone`)
         self.call_overhead_ms: float | None = None  # of a plain decoding call: its time outside the forwards
+        self.closed = False  # every request of the workload is queued: nobody joins once the waiting are admitted
         self.decode_step_ms: float | None = None  # of a plain decoding call: its forwards' time per step
 
     @property
@@ -188,6 +190,17 @@ class Scheduler:
         """Whether this step's times are its own so far: no graph was recorded in it (a first recording takes tens
         of times a replay's), so the cost model, the gate and the overhead estimates may learn from them."""
         return graphs.recordings() == self._recorded
+
+    def _ahead(self, active: list[Sequence]) -> set[Hashable]:
+        """While a closed workload drains, the sequences with fewer tokens left than the most any has."""
+        if not self.closed or self.waiting or not active:
+            return set()
+        horizon = max(map(self._left, active))
+        return {s.id for s in active if self._left(s) < horizon - AHEAD_SLACK}
+
+    def _left(self, seq: Sequence) -> int:
+        """Tokens a sequence may still commit: what its max_tokens and the context leave."""
+        return min(seq.request.max_tokens - len(seq.output), self.max_len - len(seq.tokens) + 1)
 
     def _plain_rate(self, sequences: int) -> float:
         """What plain decoding commits a ms at `sequences` by the cost table, the gate's yardstick (1 without one)."""
@@ -286,7 +299,9 @@ class Scheduler:
     async def _propose(self, active: list[Sequence], arm: Arm | None) -> tuple[list[list[int]], dict[Hashable, int]]:
         """Each sequence's feed ([anchor] + draft), and for drafts copied from the context the n-gram length
         their lookup matched. Off the gate's plan arm the cost-aware sequences step as the arm's fixed mode."""
-        plan = self.planner.plan([Candidate(s.id, _stepping_as(get_mode(s.request.mode), arm), s.tokens, self._cap(s),
+        ahead = self._ahead(active)
+        plan = self.planner.plan([Candidate(s.id, _stepping_as(get_mode(s.request.mode), Arm.PLAIN if s.id in ahead
+                                                               else arm), s.tokens, self._cap(s),
                                             s.policy, s.can_draft) for s in active])
         drafts = dict(plan.proposals)
         if plan.drafts:
