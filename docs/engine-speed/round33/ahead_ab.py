@@ -1,5 +1,5 @@
 """Round 33: while a closed workload drains, only the sequences with the most tokens left may speculate (`ahead`: the
-others step plainly), against every sequence planning as before (`all`); each side with a gate of its own kept from
+others step plainly) and the gate is told what a call brought the batch's end nearer (drain_ab.py's credit), against every sequence planning as before (`all`); each side with a gate of its own kept from
 run to run, each over `ar` of the same round, in the order ar, all, ahead, reversed every other round; outputs equal.
 
     PYTHONPATH=python_backend:build:clients:tests .venv/bin/python docs/engine-speed/round33/ahead_ab.py math 64 6
@@ -39,8 +39,10 @@ def main() -> None:
                 calls = gates[side].tally[Arm.PLAN].calls
             if side == "all":
                 scheduler._ahead = lambda active: set()
+                scheduler._credited = lambda active, tokens, horizon: tokens
             rates[side] = runs.rate(engine, "ar" if side == "ar" else "adaflash")
             scheduler._ahead = Scheduler._ahead.__get__(scheduler)
+            scheduler._credited = Scheduler._credited.__get__(scheduler)
             if side in gates:
                 plan[side] = gates[side].tally[Arm.PLAN].calls - calls
         for side in over:

@@ -166,6 +166,7 @@ class Scheduler:
         admitted = self._admit()
         arm = self._arm(active, admitted)
         committed = 0 if arm is None else sum(len(s.output) for s in active)  # what the gate is told the call added
+        horizon = self._horizon(active) if arm is not None and self.closed and not self.waiting else None
         runs = self._runs(active, arm) if active and not admitted else None
         if runs is not None:
             runs = await self._decode_run(active, runs)
@@ -180,7 +181,7 @@ class Scheduler:
             ms = (time.perf_counter() - (self._mark or started)) * 1000
             self._observe_overhead(ms - self._forwards_ms, runs)
             if arm is not None:
-                tokens = sum(len(s.output) for s in active) - committed
+                tokens = self._credited(active, sum(len(s.output) for s in active) - committed, horizon)
                 self.gate.observe(arm, tokens, ms, self._plain_rate(len(active)))
         await self._retire([s for s in self.running.values() if s.finished])
         self._mark = time.perf_counter()
@@ -202,6 +203,18 @@ class Scheduler:
         """Tokens a sequence may still commit: what its max_tokens and the context leave."""
         return min(seq.request.max_tokens - len(seq.output), self.max_len - len(seq.tokens) + 1)
 
+    def _horizon(self, seqs: list[Sequence]) -> int:
+        """Calls of plain decoding that would end every one of `seqs`, unless a stop ends them sooner."""
+        return max(map(self._left, seqs), default=0)
+
+    def _credited(self, active: list[Sequence], tokens: int, horizon: int | None) -> int:
+        """The tokens the gate is told a call of `active` committed: all of them, but while the batch drains (nobody
+        waits, `horizon` given), at most as many as plain decoding's call would commit for each call it brought the
+        batch's end nearer (`_horizon`)."""
+        if horizon is None:
+            return tokens
+        return min(tokens, len(active) * (horizon - self._horizon([s for s in active if not s.finished])))
+
     def _plain_rate(self, sequences: int) -> float:
         """What plain decoding commits a ms at `sequences` by the cost table, the gate's yardstick (1 without one)."""
         return self.cost.plain_rate(sequences) if self.cost is not None and self.cost.verify else 1.0
@@ -221,7 +234,7 @@ class Scheduler:
         if any(_proposes(get_mode(s.request.mode), arm) for s in active):
             return None
         n = self._run_length()
-        return [min(n, s.request.max_tokens - len(s.output), self.max_len - len(s.tokens) + 1) for s in active]
+        return [min(n, self._left(s)) for s in active]
 
     def _run_length(self) -> int:
         """Steps per call such that the call's fixed cost stays within RUN_OVERHEAD_SHARE of it, from the last
