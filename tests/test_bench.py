@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import importlib.util
 import math
+from pathlib import Path
 
 import pytest
 from helpers import random_prompts
@@ -156,3 +158,30 @@ def test_a_departing_contender_keeps_its_speed_only_within_the_tie_tolerance(tol
     assert ngram["greedy_equal_to_ar"] is False and ngram["departures"] == 4
     assert ok is (tolerance == 2.0) and ngram["equal_up_to_ties"] is ok
     assert (ngram["output_tokens_per_s"] is not None) is ok
+
+
+def _bench_gate():
+    """clients/bench_gate.py (a script, not a package), loaded from its file."""
+    path = Path(__file__).parents[1] / "clients" / "bench_gate.py"
+    spec = importlib.util.spec_from_file_location("bench_gate_under_test", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _gate_rows(domain: str, adaflash: list[float]) -> list[dict]:
+    """bench_gate rows of one cell at c=8: `ar` at 100 tok/s, ngram 90, dflash 50, adaflash as given, round by round."""
+    speeds = {"ar": 100.0, "ngram": 90.0, "dflash": 50.0, "adaflash-no-gate": 80.0}
+    return [{"domain": domain, "concurrency": 8, "repeat": r, "variant": v, "tokens_per_s": tps}
+            for r, a in enumerate(adaflash) for v, tps in {**speeds, "adaflash": a}.items()]
+
+
+def test_bench_gate_gives_each_cell_the_median_of_its_rounds_ratios_and_an_interval_within_them():
+    bench_gate = _bench_gate()
+    rows = _gate_rows("swinging", [97.0, 99.0, 95.0, 101.0, 96.0]) + _gate_rows("steady", [105.0] * 5)
+    summary = {cell["domain"]: cell for cell in bench_gate.summarise(rows)}
+    swinging = summary["swinging"]["adaflash_round_median_interval"]
+    assert swinging["median"] == 0.97
+    assert 0.95 <= swinging["low"] <= 0.97 <= swinging["high"] <= 1.01 and swinging["low"] < swinging["high"]
+    assert summary["steady"]["adaflash_round_median_interval"] == {"median": 1.05, "low": 1.05, "high": 1.05}
+    assert bench_gate.summarise(rows) == list(summary.values())  # resampled alike every time: reproducible

@@ -1,8 +1,12 @@
 """Round 33: while a closed workload drains, only the sequences with the most tokens left may speculate (`ahead`: the
-others step plainly) and the gate is told what a call brought the batch's end nearer (drain_ab.py's credit), against every sequence planning as before (`all`); each side with a gate of its own kept from
-run to run, each over `ar` of the same round, in the order ar, all, ahead, reversed every other round; outputs equal.
+others step plainly) and the gate is told what a call brought the batch's end nearer (drain_ab.py's credit), against
+every sequence planning as before (`all`); each side with a gate of its own kept from run to run, each over `ar` of
+the same round, in the order ar, all, ahead, reversed every other round; outputs equal.
 
-    PYTHONPATH=python_backend:build:clients:tests .venv/bin/python docs/engine-speed/round33/ahead_ab.py math 64 6
+    PYTHONPATH=python_backend:build:clients:tests .venv/bin/python docs/engine-speed/round33/ahead_ab.py math 64 6 8
+
+The last argument is AHEAD_SLACK. It runs at commit db8d6ae (with the credit; 0a240c1 without it); neither change was
+kept.
 """
 
 from __future__ import annotations

@@ -1,6 +1,13 @@
+"""Round 33: gate_loads.py's breakdown, load by load, for ahead_ab.py's two sides (`all`: every sequence plans as
+before; `ahead`: while a closed workload drains only the sequences within AHEAD_SLACK of the most tokens left speculate,
+and the gate is told what a call brought the batch's end nearer), each with a gate of its own, beside `ar`. It runs at
+commit db8d6ae, where `Scheduler._ahead` and `Scheduler._credited` exist; neither was kept.
+
+    PYTHONPATH=python_backend:build:clients:tests .venv/bin/python docs/engine-speed/round33/loads_ab.py multilingual 32 4
+"""
+
 import sys, time
 from collections import defaultdict
-from pathlib import Path
 sys.path.insert(0, "docs/engine-speed/round30"); sys.path.insert(0, "docs/engine-speed/round31"); sys.path.insert(0, "docs/engine-speed/round33")
 from cells import load
 from turns import Runs, in_turn

@@ -179,11 +179,10 @@ class Engine:
     def generate(self, requests: list[Request], concurrency: int | None = None) -> list[Sequence]:
         """Run requests to completion with at most `concurrency` in flight; results in request order."""
         self.scheduler.max_active = min(concurrency or self.num_slots, self.num_slots)
-        self.scheduler.closed = not self.has_work
         try:
             seqs = [self.submit(r) for r in requests]
             while self.has_work:
                 self.step()
         finally:
-            self.scheduler.max_active, self.scheduler.closed = self.num_slots, False
+            self.scheduler.max_active = self.num_slots
         return seqs

@@ -43,7 +43,6 @@ T = TypeVar("T")
 RUN_OVERHEAD_SHARE = 0.1
 MAX_RUN_STEPS = 8
 MAX_RUN_MS = 50.0
-AHEAD_SLACK = 0
 EMA = 0.2  # weight of the newest call in the running estimates of a call's fixed cost and a step's forward
 
 
@@ -112,7 +111,6 @@ class Scheduler:
         self._mark: float | None = None  # when the last step ended
         self._recorded = graphs.recordings()  # at the start of the current step (`_timed_alone`)
         self.call_overhead_ms: float | None = None  # of a plain decoding call: its time outside the forwards
-        self.closed = False  # every request of the workload is queued: nobody joins once the waiting are admitted
         self.decode_step_ms: float | None = None  # of a plain decoding call: its forwards' time per step
 
     @property
@@ -166,7 +164,6 @@ class Scheduler:
         admitted = self._admit()
         arm = self._arm(active, admitted)
         committed = 0 if arm is None else sum(len(s.output) for s in active)  # what the gate is told the call added
-        horizon = self._horizon(active) if arm is not None and self.closed and not self.waiting else None
         runs = self._runs(active, arm) if active and not admitted else None
         if runs is not None:
             runs = await self._decode_run(active, runs)
@@ -181,7 +178,7 @@ class Scheduler:
             ms = (time.perf_counter() - (self._mark or started)) * 1000
             self._observe_overhead(ms - self._forwards_ms, runs)
             if arm is not None:
-                tokens = self._credited(active, sum(len(s.output) for s in active) - committed, horizon)
+                tokens = sum(len(s.output) for s in active) - committed
                 self.gate.observe(arm, tokens, ms, self._plain_rate(len(active)))
         await self._retire([s for s in self.running.values() if s.finished])
         self._mark = time.perf_counter()
@@ -191,29 +188,6 @@ class Scheduler:
         """Whether this step's times are its own so far: no graph was recorded in it (a first recording takes tens
         of times a replay's), so the cost model, the gate and the overhead estimates may learn from them."""
         return graphs.recordings() == self._recorded
-
-    def _ahead(self, active: list[Sequence]) -> set[Hashable]:
-        """While a closed workload drains, the sequences with fewer tokens left than the most any has."""
-        if not self.closed or self.waiting or not active:
-            return set()
-        horizon = max(map(self._left, active))
-        return {s.id for s in active if self._left(s) < horizon - AHEAD_SLACK}
-
-    def _left(self, seq: Sequence) -> int:
-        """Tokens a sequence may still commit: what its max_tokens and the context leave."""
-        return min(seq.request.max_tokens - len(seq.output), self.max_len - len(seq.tokens) + 1)
-
-    def _horizon(self, seqs: list[Sequence]) -> int:
-        """Calls of plain decoding that would end every one of `seqs`, unless a stop ends them sooner."""
-        return max(map(self._left, seqs), default=0)
-
-    def _credited(self, active: list[Sequence], tokens: int, horizon: int | None) -> int:
-        """The tokens the gate is told a call of `active` committed: all of them, but while the batch drains (nobody
-        waits, `horizon` given), at most as many as plain decoding's call would commit for each call it brought the
-        batch's end nearer (`_horizon`)."""
-        if horizon is None:
-            return tokens
-        return min(tokens, len(active) * (horizon - self._horizon([s for s in active if not s.finished])))
 
     def _plain_rate(self, sequences: int) -> float:
         """What plain decoding commits a ms at `sequences` by the cost table, the gate's yardstick (1 without one)."""
@@ -234,7 +208,7 @@ class Scheduler:
         if any(_proposes(get_mode(s.request.mode), arm) for s in active):
             return None
         n = self._run_length()
-        return [min(n, self._left(s)) for s in active]
+        return [min(n, s.request.max_tokens - len(s.output), self.max_len - len(s.tokens) + 1) for s in active]
 
     def _run_length(self) -> int:
         """Steps per call such that the call's fixed cost stays within RUN_OVERHEAD_SHARE of it, from the last
@@ -312,9 +286,7 @@ class Scheduler:
     async def _propose(self, active: list[Sequence], arm: Arm | None) -> tuple[list[list[int]], dict[Hashable, int]]:
         """Each sequence's feed ([anchor] + draft), and for drafts copied from the context the n-gram length
         their lookup matched. Off the gate's plan arm the cost-aware sequences step as the arm's fixed mode."""
-        ahead = self._ahead(active)
-        plan = self.planner.plan([Candidate(s.id, _stepping_as(get_mode(s.request.mode), Arm.PLAIN if s.id in ahead
-                                                               else arm), s.tokens, self._cap(s),
+        plan = self.planner.plan([Candidate(s.id, _stepping_as(get_mode(s.request.mode), arm), s.tokens, self._cap(s),
                                             s.policy, s.can_draft) for s in active])
         drafts = dict(plan.proposals)
         if plan.drafts:
