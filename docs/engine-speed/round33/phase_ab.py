@@ -1,6 +1,7 @@
 """Round 33: ahead_ab.py's sides split by phase (run at commit db8d6ae with the pace rule of pace-uncapped.diff, the
-drain credit still capped at the tokens committed, slack 8): calls and milliseconds a run while requests still wait (`steady`) and once none does
-(`drain`), beside `ar`; and each gate's rates at the 32-63 and 16-31 loads at the end (`phase-ab-multilingual32.txt`).
+drain credit still capped at the tokens committed, slack 8): calls and milliseconds a run while requests still wait
+(`steady`) and once none does (`drain`), beside `ar`; and each gate's rates at the 32-63 and 16-31 loads at the end
+(`phase-ab-multilingual32.txt`).
 
     PYTHONPATH=python_backend:build:clients:tests .venv/bin/python docs/engine-speed/round33/phase_ab.py multilingual 32 4
 """
