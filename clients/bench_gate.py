@@ -39,9 +39,9 @@ VARIANTS = (*FIXED, "adaflash", "adaflash-no-gate")  # the last: Engine(plan_gat
 # pair.
 RUN_ORDER = ("dflash", "ngram", "ar", "adaflash", "adaflash-no-gate")
 # Beside the ratio of a cell's medians: the median of adaflash's ratios to each round's best fixed mode, with a
-# bootstrap interval of it (rounds resampled with replacement). Why: rounds of one cell swing by several percent on this machine, and the same
-# cells landed on either side of the 0.97 bar from one run to the next (docs/results.md, engine speed rounds 31-33);
-# the interval says whether a cell's miss is its own or the machine's.
+# bootstrap interval of it (rounds resampled with replacement). Why: rounds of one cell swing by several percent on
+# this machine, and the same cells landed on either side of the 0.97 bar from one run to the next (docs/results.md,
+# engine speed rounds 31-33); the interval says whether a cell's miss is its own or the machine's.
 INTERVAL = 0.90
 RESAMPLES = 10_000
 LOW_LOAD_PROMPTS = 16  # at concurrency 1 a cell runs this many prompts (a pass over 64 would take minutes)
@@ -79,7 +79,8 @@ def load(args: argparse.Namespace) -> list[Prompt]:
 def summarise(rows: list[dict]) -> list[dict]:
     """Per cell the median tok/s of each variant, and adaflash's with and without the gate over the best of the
     FIXED modes: of the medians, and round by round (the variants of a round ran back to back, so the machine's
-    drift over minutes, which moves a cell's medians by tens of percent, mostly cancels within a round)."""
+    drift over minutes, which moves a cell's medians by tens of percent, mostly cancels within a round), with the
+    median of adaflash's round ratios and its interval (`median_interval`)."""
     cells = sorted({(r["domain"], r["concurrency"]) for r in rows}, key=lambda c: (c[0], c[1]))
     out = []
     for domain, c in cells:
@@ -199,8 +200,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{s['domain']:14s} c={s['concurrency']:<3d} best {s['best_fixed']:5s} adaflash "
               f"{s['adaflash_over_best']:.2f} (rounds {s['adaflash_over_best_by_round']}, their median "
               f"{interval['median']:.3f}, {INTERVAL:.0%} interval {interval['low']:.3f}-{interval['high']:.3f}), "
-              f"without the gate "
-              f"{s['adaflash_no_gate_over_best']:.2f}; calls by arm {s['adaflash_calls_by_arm']}")
+              f"without the gate {s['adaflash_no_gate_over_best']:.2f}; calls by arm {s['adaflash_calls_by_arm']}")
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()},
                                      "device": str(place.device), "dtype": place.dtype_name,

@@ -3,41 +3,72 @@ drain credit still capped at the tokens committed, slack 8): calls and milliseco
 (`steady`) and once none does (`drain`), beside `ar`; and each gate's rates at the 32-63 and 16-31 loads at the end
 (`phase-ab-multilingual32.txt`).
 
-    PYTHONPATH=python_backend:build:clients:tests .venv/bin/python docs/engine-speed/round33/phase_ab.py multilingual 32 4
+    PYTHONPATH=python_backend:build:clients:tests .venv/bin/python docs/engine-speed/round33/phase_ab.py \
+        multilingual 32 4
 """
+
+from __future__ import annotations
 
 import sys
 import time
 from collections import defaultdict
-sys.path.insert(0, "docs/engine-speed/round30"); sys.path.insert(0, "docs/engine-speed/round31")
-from cells import load
-from turns import Runs, in_turn
-from adaflash.decoding.gate import PlanGate
-from adaflash.decoding import scheduler as sm
-from adaflash.decoding.scheduler import Scheduler
-domain, c, rounds = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-sm.AHEAD_SLACK = 8
-cell = load(domain); engine = cell.engine(); sch = engine.scheduler; arms = sch.gate.arms
-gates = {"all": PlanGate(arms=arms), "ahead": PlanGate(arms=arms)}
-runs = Runs(cell.ids, c)
-acc = {s: defaultdict(float) for s in ["ar", "all", "ahead"]}
-for r in range(rounds):
-    for side in in_turn(["ar", "all", "ahead"], r):
-        if side in gates: sch.gate = gates[side]
-        if side == "all":
-            sch._ahead = lambda a: set(); sch._credited = lambda a, t, h: t
-        step = engine.step
-        def wrapped(side=side, step=step):
-            phase = "steady" if sch.waiting else "drain"
-            t0 = time.perf_counter(); out = step(); ms = (time.perf_counter() - t0) * 1000
-            acc[side][phase + " ms"] += ms; acc[side][phase + " calls"] += 1
-            return out
-        engine.step = wrapped
-        runs.rate(engine, "ar" if side == "ar" else "adaflash")
-        engine.step = step
-        sch._ahead = Scheduler._ahead.__get__(sch); sch._credited = Scheduler._credited.__get__(sch)
-for side, d in acc.items():
-    print(side, {k: round(v / rounds, 1) for k, v in sorted(d.items())})
-for side in gates:
-    print(side, "gate 32-load rates", {a.value: r and round(r, 3) for a, r in gates[side].loads.get(6).rates.items()} if 6 in gates[side].loads else None,
-          "16-load", {a.value: r and round(r, 3) for a, r in gates[side].loads[5].rates.items()} if 5 in gates[side].loads else None)
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parents[1] / "round30"))
+sys.path.insert(0, str(Path(__file__).parents[1] / "round31"))
+from cells import load  # noqa: E402
+from turns import Runs, in_turn  # noqa: E402
+
+from adaflash.decoding import scheduler as scheduler_module  # noqa: E402
+from adaflash.decoding.gate import PlanGate  # noqa: E402
+from adaflash.decoding.scheduler import Scheduler  # noqa: E402
+
+LOADS = {6: "32-load", 5: "16-load"}  # gate load buckets whose rates are printed
+
+
+def phased(engine, scheduler, tally: dict[str, float]):
+    """engine.step, adding each call's milliseconds and count to `tally` by phase: requests waiting or not."""
+    step = engine.step
+
+    def wrapped():
+        phase = "steady" if scheduler.waiting else "drain"
+        t0 = time.perf_counter()
+        out = step()
+        tally[phase + " ms"] += (time.perf_counter() - t0) * 1000
+        tally[phase + " calls"] += 1
+        return out
+
+    return wrapped
+
+
+def main() -> None:
+    domain, concurrency, rounds = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+    scheduler_module.AHEAD_SLACK = 8
+    cell = load(domain)
+    engine = cell.engine()
+    scheduler = engine.scheduler
+    gates = {"all": PlanGate(arms=scheduler.gate.arms), "ahead": PlanGate(arms=scheduler.gate.arms)}
+    runs = Runs(cell.ids, concurrency)
+    tallies = {side: defaultdict(float) for side in ("ar", "all", "ahead")}
+    for r in range(rounds):
+        for side in in_turn(["ar", "all", "ahead"], r):
+            if side in gates:
+                scheduler.gate = gates[side]
+            if side == "all":
+                scheduler._ahead = lambda active: set()
+                scheduler._credited = lambda active, tokens, horizon: tokens
+            step = engine.step
+            engine.step = phased(engine, scheduler, tallies[side])
+            runs.rate(engine, "ar" if side == "ar" else "adaflash")
+            engine.step = step
+            for name in ("_ahead", "_credited"):
+                setattr(scheduler, name, getattr(Scheduler, name).__get__(scheduler))
+    for side, tally in tallies.items():
+        print(side, {k: round(v / rounds, 1) for k, v in sorted(tally.items())})
+    for side, gate in gates.items():
+        print(side, *(f"{name} rates {({a.value: r and round(r, 3) for a, r in gate.loads[b].rates.items()})}"
+                      for b, name in LOADS.items() if b in gate.loads))
+
+
+if __name__ == "__main__":
+    main()
