@@ -22,9 +22,11 @@ from cells import load  # noqa: E402
 from gate_loads import traced  # noqa: E402
 from turns import Runs, in_turn  # noqa: E402
 
+from ab import unpatched  # noqa: E402
+from ahead_ab import patch  # noqa: E402
+
 from adaflash.decoding import scheduler as scheduler_module  # noqa: E402
 from adaflash.decoding.gate import PlanGate  # noqa: E402
-from adaflash.decoding.scheduler import Scheduler  # noqa: E402
 
 
 def main() -> None:
@@ -41,9 +43,7 @@ def main() -> None:
         for side in in_turn(["ar", "all", "ahead"], r):
             if side in gates:
                 scheduler.gate = gates[side]
-            if side == "all":
-                scheduler._ahead = lambda active: set()
-                scheduler._credited = lambda active, tokens, horizon: tokens
+            undo = patch(side, engine)
             log: dict = defaultdict(lambda: [0, 0.0, 0, 0])
             step = engine.step
             if side in gates:
@@ -52,8 +52,8 @@ def main() -> None:
             runs.rate(engine, "ar" if side == "ar" else "adaflash")
             seconds[side] += time.perf_counter() - t0
             engine.step = step
-            for name in ("_arm", "_ahead", "_credited"):
-                setattr(scheduler, name, getattr(Scheduler, name).__get__(scheduler))
+            undo()
+            unpatched(engine, "_arm")()
             if side in gates:
                 for key, v in log.items():
                     logs[side][key] = [a + b for a, b in zip(logs[side][key], v)]

@@ -16,12 +16,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "round30"))
 sys.path.insert(0, str(Path(__file__).parents[1] / "round31"))
+sys.path.insert(0, str(Path(__file__).parent))
+from ahead_ab import patch  # noqa: E402
 from cells import load  # noqa: E402
 from turns import Runs, in_turn  # noqa: E402
 
 from adaflash.decoding import scheduler as scheduler_module  # noqa: E402
 from adaflash.decoding.gate import PlanGate  # noqa: E402
-from adaflash.decoding.scheduler import Scheduler  # noqa: E402
 
 LOADS = {6: "32-load", 5: "16-load"}  # gate load buckets whose rates are printed
 
@@ -54,15 +55,12 @@ def main() -> None:
         for side in in_turn(["ar", "all", "ahead"], r):
             if side in gates:
                 scheduler.gate = gates[side]
-            if side == "all":
-                scheduler._ahead = lambda active: set()
-                scheduler._credited = lambda active, tokens, horizon: tokens
+            undo = patch(side, engine)
             step = engine.step
             engine.step = phased(engine, scheduler, tallies[side])
             runs.rate(engine, "ar" if side == "ar" else "adaflash")
             engine.step = step
-            for name in ("_ahead", "_credited"):
-                setattr(scheduler, name, getattr(Scheduler, name).__get__(scheduler))
+            undo()
     for side, tally in tallies.items():
         print(side, {k: round(v / rounds, 1) for k, v in sorted(tally.items())})
     for side, gate in gates.items():

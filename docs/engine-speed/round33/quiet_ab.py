@@ -8,17 +8,15 @@ outputs equal. The quiet gate is patched in here; the engine is unchanged.
 
 from __future__ import annotations
 
-import statistics
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).parents[1] / "round30"))
-sys.path.insert(0, str(Path(__file__).parents[1] / "round31"))
-from cells import load  # noqa: E402
-from turns import Runs, in_turn  # noqa: E402
+sys.path.insert(0, str(Path(__file__).parent))
+from ab import compare  # noqa: E402
 
 from adaflash.decoding import gate as gate_module  # noqa: E402
-from adaflash.decoding.gate import Arm, PlanGate  # noqa: E402
+from adaflash.decoding.engine import Engine  # noqa: E402
+from adaflash.decoding.gate import Arm  # noqa: E402
 
 QUIET = {"now": False}  # set before each step of the quiet side: whether the workload drains
 overdue = gate_module._Load.overdue
@@ -31,39 +29,23 @@ def quiet_overdue(load: gate_module._Load, leader: Arm) -> Arm | None:
     return overdue(load, leader)
 
 
-def main() -> None:
-    domain, concurrency, rounds = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-    gate_module._Load.overdue = quiet_overdue
-    cell = load(domain)
-    engine = cell.engine()
-    scheduler = engine.scheduler
-    gates = {"gate": PlanGate(arms=scheduler.gate.arms), "quiet": PlanGate(arms=scheduler.gate.arms)}
-    over: dict[str, list[float]] = {side: [] for side in gates}
-    runs = Runs(cell.ids, concurrency)
+def patch(side: str, engine: Engine):
+    """The `quiet` side's steps say whether the workload drains; the `gate` side's never do."""
     step = engine.step
 
     def quiet_step():
-        QUIET["now"] = not scheduler.waiting
+        QUIET["now"] = not engine.scheduler.waiting
         return step()
 
-    for r in range(rounds):
-        rates, plan = {}, {}
-        for side in in_turn(["ar", "gate", "quiet"], r):
-            if side in gates:
-                scheduler.gate = gates[side]
-                calls = gates[side].tally[Arm.PLAN].calls
-            engine.step = quiet_step if side == "quiet" else step
-            QUIET["now"] = False
-            rates[side] = runs.rate(engine, "ar" if side == "ar" else "adaflash")
-            engine.step = step
-            if side in gates:
-                plan[side] = gates[side].tally[Arm.PLAN].calls - calls
-        for side in over:
-            over[side].append(rates[side] / rates["ar"])
-        print(r, {k: round(v[-1], 3) for k, v in over.items()}, "plan calls", plan, flush=True)
-    for side, ratios in over.items():
-        print(f"{domain} c={concurrency} {side} / ar median {statistics.median(ratios):.3f}", flush=True)
+    if side == "quiet":
+        engine.step = quiet_step
+
+    def undo() -> None:
+        engine.step, QUIET["now"] = step, False
+
+    return undo
 
 
 if __name__ == "__main__":
-    main()
+    gate_module._Load.overdue = quiet_overdue
+    compare(("gate", "quiet"), patch)
