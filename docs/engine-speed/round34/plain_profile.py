@@ -1,7 +1,8 @@
-"""Round 34: where adaflash held to the plain arm spends time that `ar` does not, in one engine: a run of each under
-cProfile after an untimed one, and the functions whose own time differs most between the two (ms a run).
+"""Round 34: where adaflash held to one arm (plain unless named) spends time that `ar` does not, in one engine: runs of
+each under cProfile after an untimed one, and the functions whose own time differs most between the two (ms a run).
 
-    PYTHONPATH=python_backend:build:clients:tests .venv/bin/python docs/engine-speed/round34/plain_profile.py math 64 [reversed]
+    PYTHONPATH=python_backend:build:clients:tests .venv/bin/python docs/engine-speed/round34/plain_profile.py math 64 \
+        [reversed] [plan]
 
 With `reversed`, adaflash runs first (a drift of the machine's speed between the two shows as a difference).
 """
@@ -35,11 +36,12 @@ def main() -> None:
     domain, concurrency = sys.argv[1], int(sys.argv[2])
     cell = load(domain)
     engine = cell.engine()
-    engine.scheduler.gate = Always(Arm.PLAIN)
+    arm = Arm.PLAN if "plan" in sys.argv[3:] else Arm.PLAIN
+    engine.scheduler.gate = Always(arm)
     runs = Runs(cell.ids, concurrency)
     profiles = {}
     modes = ("ar", "adaflash")
-    for mode in modes[::-1] if sys.argv[3:] == ["reversed"] else modes:
+    for mode in modes[::-1] if "reversed" in sys.argv[3:] else modes:
         runs.rate(engine, mode)
         profile = cProfile.Profile()
         profile.enable()
@@ -49,8 +51,8 @@ def main() -> None:
         profiles[mode] = own_ms(profile)
     ar, ada = profiles["ar"], profiles["adaflash"]
     total = {mode: sum(ms for _, ms in p.values()) for mode, p in profiles.items()}
-    print(f"{domain} c={concurrency}: own time a run under cProfile, ar {total['ar']:.0f} ms, adaflash held to plain "
-          f"{total['adaflash']:.0f} ms")
+    print(f"{domain} c={concurrency}: own time a run under cProfile, ar {total['ar']:.0f} ms, adaflash held to "
+          f"{arm.value} {total['adaflash']:.0f} ms")
     diff = {k: ada.get(k, (0, 0.0))[1] - ar.get(k, (0, 0.0))[1] for k in {*ar, *ada}}
     for k in sorted(diff, key=lambda k: -abs(diff[k]))[:SHOWN]:
         print(f"{diff[k]:+8.1f} ms  ar {ar.get(k, (0, 0))[0] // RUNS:6d} calls {ar.get(k, (0, 0.0))[1]:7.1f} ms  "
