@@ -1,6 +1,7 @@
 """Joined weights: the concatenated (and split) copies used for inference follow every change of the
 parameters they come from, equal the plain product, and training through them reaches each part. The copies are
-what a host without the native product uses (tests/test_native.py covers that one): it is switched off here."""
+what a host without the native product uses (tests/test_native.py covers that one): it is switched off here. And the
+greedy token of each row of logits is torch's argmax, ties and all."""
 
 from __future__ import annotations
 
@@ -14,8 +15,8 @@ import pytest
 
 from adaflash.models import native
 from helpers import joined_product_in
-from adaflash.models.layers import (MLP, Joined, Layout, layout_for, packed_linear, packed_weight, split_linear,
-                                    split_rows)
+from adaflash.models.layers import (MLP, Joined, Layout, argmax, layout_for, packed_linear, packed_weight,
+                                    split_linear, split_rows)
 
 
 @pytest.fixture(autouse=True)
@@ -114,3 +115,15 @@ def test_a_weight_the_threads_do_not_divide_keeps_the_plain_product():
             assert torch.allclose(joined.linear(holder, x), lin(x), atol=1e-5) and not joined._copies
     finally:
         torch.set_num_threads(threads)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_argmax_is_torchs_argmax_ties_infinities_and_nan_included(dtype):
+    torch.manual_seed(0)
+    logits = torch.randn(3, 64, 512)
+    logits[0] = torch.round(logits[0] * 2)  # many ties within a row: the first maximum wins
+    logits[1, :, 7] = logits[1, :, 300] = float("inf")
+    logits[2, :5, 100] = float("nan")
+    logits = logits.to(dtype)
+    assert torch.equal(argmax(logits), logits.argmax(-1))
+    assert torch.equal(argmax(logits[0, 0]), logits[0, 0].argmax())

@@ -24,6 +24,7 @@ from adaflash.decoding.sampling import (
     verify_sampled,
 )
 from adaflash.models.cache import KVCache
+from adaflash.models.layers import argmax
 from adaflash.models.placement import indices
 from adaflash.models.target import Transformer
 
@@ -92,7 +93,7 @@ def _first_tokens(logits: torch.Tensor, hidden: torch.Tensor | None, prompts: li
         end += len(prompt)
         processed = _processed(logits[i : i + 1], sp, History(prompt, len(prompt)), [])
         row = logits[i : i + 1] if processed is None else processed
-        token = int(row[0].argmax()) if sp.greedy else sample(target_probs(on_cpu(row), sp)[0], g)
+        token = int(argmax(row[0])) if sp.greedy else sample(target_probs(on_cpu(row), sp)[0], g)
         feats = hidden[end - len(prompt) : end].clone() if hidden is not None and wants[i] else None
         results.append(StepResult([token], 0, 0.0, feats, _log_probs(row, sp, [token])))
     return results
@@ -200,7 +201,7 @@ def _judged(logits: torch.Tensor, hidden: torch.Tensor | None, cache: KVCache, s
             wants: list[bool], histories: list[History | None]) -> list[StepResult]:
     """What each verified sequence commits, from the forward's logits and hidden rows of its feed (packed in
     order); each slot rolled back from `starts` to its accepted length."""
-    greedy_ids = logits.argmax(-1).tolist()
+    greedy_ids = argmax(logits).tolist()
     results, row = [], 0
     for i, (slot, start, feed, sp, g) in enumerate(zip(slots, starts, feeds, sampling, generators)):
         n = len(feed)
@@ -208,7 +209,7 @@ def _judged(logits: torch.Tensor, hidden: torch.Tensor | None, cache: KVCache, s
         processed = _processed(logits[row : row + n], sp, histories[i], feed[1:])
         rows = logits[row : row + n] if processed is None else processed
         if sp.greedy:
-            ids = greedy_ids[row : row + n] if processed is None else processed.argmax(-1).tolist()
+            ids = greedy_ids[row : row + n] if processed is None else argmax(processed).tolist()
             committed = verify_greedy(feed[1:], ids)
         else:
             committed, expected = verify_sampled(feed[1:], target_probs(on_cpu(rows), sp), g)

@@ -22,7 +22,7 @@ from torch import Tensor, nn
 from adaflash.models import graphs, native
 from adaflash.models.cache import Gather, KVCache, Paging
 from adaflash.models.checkpoint import load_weights, read_config, save_checkpoint
-from adaflash.models.layers import MLP, Joined, RMSNorm, RopeConfig, apply_rope, attend, rope_cos_sin
+from adaflash.models.layers import MLP, Joined, RMSNorm, RopeConfig, apply_rope, argmax, attend, rope_cos_sin
 from adaflash.models.placement import CPU, Placement, empty_on, indices, place_of
 from adaflash.models.target import Transformer
 
@@ -501,7 +501,7 @@ class DFlashDrafter(nn.Module):
     def _finish(self, target: Transformer, hidden: Tensor) -> Draft:
         logits = target.lm_head_weight.linear(target, hidden[:, 1:].to(target.lm_head.weight.dtype))
         head = self.length_head
-        return Draft(tokens=logits.argmax(-1), hidden=hidden, accept_ratio=None if head is None else head(hidden),
+        return Draft(tokens=argmax(logits), hidden=hidden, accept_ratio=None if head is None else head(hidden),
                      accept_rates=self.position_head(hidden, PositionHead.confidence(logits))
                      if self.config.position_head else None)
 
