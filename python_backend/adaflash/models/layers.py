@@ -20,10 +20,11 @@ from adaflash.models.placement import indices
 
 
 def argmax(logits: Tensor) -> Tensor:
-    """`logits.argmax(-1)`: the index of each row's first maximum, as `torch.max` gives it too. Why: on the CPU
-    torch's argmax over a verify's logits took about three times what its max took for the same indices, a few
-    percent of a plain decoding step under load (docs/results.md, engine speed round 34)."""
-    return logits.max(-1).indices
+    """`logits.argmax(-1)`: the index of each row's first maximum, on the CPU from `torch.max`, which gives the same
+    indices. Why: there torch's argmax over a verify's logits took two to three times what its max took, a few percent
+    of a plain decoding step under load (docs/results.md, engine speed round 34). Elsewhere argmax itself, as measured
+    on GPUs before."""
+    return logits.max(-1).indices if logits.device.type == "cpu" else logits.argmax(-1)
 
 
 def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
