@@ -22,8 +22,8 @@ from adaflash.models.placement import indices
 def argmax(logits: Tensor) -> Tensor:
     """`logits.argmax(-1)`: the index of each row's first maximum, on the CPU from `torch.max`, which gives the same
     indices. Why: there torch's argmax over a verify's logits took two to three times what its max took, a few percent
-    of a plain decoding step under load (docs/results.md, engine speed round 34). Elsewhere argmax itself, as measured
-    on GPUs before."""
+    of a plain decoding step under load (docs/results.md, engine speed round 34). Elsewhere torch's argmax, which every
+    GPU round ran: whether max is faster there is unmeasured."""
     return logits.max(-1).indices if logits.device.type == "cpu" else logits.argmax(-1)
 
 
