@@ -33,6 +33,28 @@ def unpatched(engine: Engine, *names: str) -> Callable[[], None]:
     return undo
 
 
+def draining(flag: dict[str, bool], side: str) -> Patch:
+    """A patch under which `side`'s steps first set flag["now"] to whether the workload drains (no request waits);
+    the other side's never do, and its undo clears the flag."""
+
+    def patch(name: str, engine: Engine) -> Callable[[], None]:
+        step = engine.step
+
+        def flagged_step():
+            flag["now"] = not engine.scheduler.waiting
+            return step()
+
+        if name == side:
+            engine.step = flagged_step
+
+        def undo() -> None:
+            engine.step, flag["now"] = step, False
+
+        return undo
+
+    return patch
+
+
 def compare(sides: tuple[str, str], patch: Patch) -> None:
     """argv: domain, concurrency, rounds. Prints each round's ratios and the sides' plan calls, then the medians."""
     domain, concurrency, rounds = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])

@@ -16,9 +16,14 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 from ab import compare, unpatched  # noqa: E402
+from cells import load  # noqa: E402
+from turns import Runs  # noqa: E402
 
 from adaflash.decoding import scheduler as scheduler_module  # noqa: E402
 from adaflash.decoding.engine import Engine  # noqa: E402
+from adaflash.decoding.gate import PlanGate  # noqa: E402
+
+SIDES = ("all", "ahead")
 
 
 def patch(side: str, engine: Engine):
@@ -29,6 +34,15 @@ def patch(side: str, engine: Engine):
     return unpatched(engine, "_ahead", "_credited")
 
 
+def sides(domain: str, concurrency: int, slack: int) -> tuple[Engine, dict[str, PlanGate], Runs]:
+    """A cell's engine at AHEAD_SLACK `slack`, a gate of its own for each side, and its runs: where loads_ab.py and
+    phase_ab.py start."""
+    scheduler_module.AHEAD_SLACK = slack
+    cell = load(domain)
+    engine = cell.engine()
+    return engine, {side: PlanGate(arms=engine.scheduler.gate.arms) for side in SIDES}, Runs(cell.ids, concurrency)
+
+
 if __name__ == "__main__":
     scheduler_module.AHEAD_SLACK = int(sys.argv[4]) if len(sys.argv) > 4 else 0
-    compare(("all", "ahead"), patch)
+    compare(SIDES, patch)

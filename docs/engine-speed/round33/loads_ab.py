@@ -18,25 +18,17 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).parents[1] / "round30"))
 sys.path.insert(0, str(Path(__file__).parents[1] / "round31"))
 sys.path.insert(0, str(Path(__file__).parent))
-from cells import load  # noqa: E402
 from gate_loads import traced  # noqa: E402
-from turns import Runs, in_turn  # noqa: E402
+from turns import in_turn  # noqa: E402
 
 from ab import unpatched  # noqa: E402
-from ahead_ab import patch  # noqa: E402
-
-from adaflash.decoding import scheduler as scheduler_module  # noqa: E402
-from adaflash.decoding.gate import PlanGate  # noqa: E402
+from ahead_ab import patch, sides  # noqa: E402
 
 
 def main() -> None:
     domain, concurrency, rounds = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-    scheduler_module.AHEAD_SLACK = 8
-    cell = load(domain)
-    engine = cell.engine()
+    engine, gates, runs = sides(domain, concurrency, 8)
     scheduler = engine.scheduler
-    gates = {"all": PlanGate(arms=scheduler.gate.arms), "ahead": PlanGate(arms=scheduler.gate.arms)}
-    runs = Runs(cell.ids, concurrency)
     logs = {side: defaultdict(lambda: [0, 0.0, 0, 0]) for side in gates}
     seconds: dict[str, float] = defaultdict(float)
     for r in range(rounds):

@@ -17,12 +17,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).parents[1] / "round30"))
 sys.path.insert(0, str(Path(__file__).parents[1] / "round31"))
 sys.path.insert(0, str(Path(__file__).parent))
-from ahead_ab import patch  # noqa: E402
-from cells import load  # noqa: E402
-from turns import Runs, in_turn  # noqa: E402
+from ahead_ab import patch, sides  # noqa: E402
+from turns import in_turn  # noqa: E402
 
-from adaflash.decoding import scheduler as scheduler_module  # noqa: E402
-from adaflash.decoding.gate import PlanGate  # noqa: E402
 
 LOADS = {6: "32-load", 5: "16-load"}  # gate load buckets whose rates are printed
 
@@ -44,12 +41,8 @@ def phased(engine, scheduler, tally: dict[str, float]):
 
 def main() -> None:
     domain, concurrency, rounds = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-    scheduler_module.AHEAD_SLACK = 8
-    cell = load(domain)
-    engine = cell.engine()
+    engine, gates, runs = sides(domain, concurrency, 8)
     scheduler = engine.scheduler
-    gates = {"all": PlanGate(arms=scheduler.gate.arms), "ahead": PlanGate(arms=scheduler.gate.arms)}
-    runs = Runs(cell.ids, concurrency)
     tallies = {side: defaultdict(float) for side in ("ar", "all", "ahead")}
     for r in range(rounds):
         for side in in_turn(["ar", "all", "ahead"], r):

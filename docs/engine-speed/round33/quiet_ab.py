@@ -12,10 +12,9 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from ab import compare  # noqa: E402
+from ab import compare, draining  # noqa: E402
 
 from adaflash.decoding import gate as gate_module  # noqa: E402
-from adaflash.decoding.engine import Engine  # noqa: E402
 from adaflash.decoding.gate import Arm  # noqa: E402
 
 QUIET = {"now": False}  # set before each step of the quiet side: whether the workload drains
@@ -29,23 +28,6 @@ def quiet_overdue(load: gate_module._Load, leader: Arm) -> Arm | None:
     return overdue(load, leader)
 
 
-def patch(side: str, engine: Engine):
-    """The `quiet` side's steps say whether the workload drains; the `gate` side's never do."""
-    step = engine.step
-
-    def quiet_step():
-        QUIET["now"] = not engine.scheduler.waiting
-        return step()
-
-    if side == "quiet":
-        engine.step = quiet_step
-
-    def undo() -> None:
-        engine.step, QUIET["now"] = step, False
-
-    return undo
-
-
 if __name__ == "__main__":
     gate_module._Load.overdue = quiet_overdue
-    compare(("gate", "quiet"), patch)
+    compare(("gate", "quiet"), draining(QUIET, "quiet"))

@@ -13,10 +13,9 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "round33"))
-from ab import compare  # noqa: E402
+from ab import compare, draining  # noqa: E402
 
 from adaflash.decoding import gate as gate_module  # noqa: E402
-from adaflash.decoding.engine import Engine  # noqa: E402
 from adaflash.decoding.gate import Arm  # noqa: E402
 
 DRAIN_PREFERENCE = float(os.environ.get("DRAIN_PREFERENCE", "0.25"))
@@ -32,23 +31,6 @@ def drain_score(load: gate_module._Load, arm: Arm) -> float:
     return score(load, arm)
 
 
-def patch(side: str, engine: Engine):
-    """The `drain` side's steps say whether the workload drains; the `gate` side's never do."""
-    step = engine.step
-
-    def drain_step():
-        DRAINING["now"] = not engine.scheduler.waiting
-        return step()
-
-    if side == "drain":
-        engine.step = drain_step
-
-    def undo() -> None:
-        engine.step, DRAINING["now"] = step, False
-
-    return undo
-
-
 if __name__ == "__main__":
     gate_module._Load.score = drain_score
-    compare(("gate", "drain"), patch)
+    compare(("gate", "drain"), draining(DRAINING, "drain"))
