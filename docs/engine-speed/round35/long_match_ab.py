@@ -5,7 +5,9 @@ verified only behind long matches gaining under load. Each side has a gate of it
 kept from run to run, each over `ar` of the same round, in the order ar, as_is, long, reversed every other round;
 outputs equal. The long lookup is patched in here; the engine is unchanged.
 
-    PYTHONPATH=python_backend:build:clients:tests .venv/bin/python docs/engine-speed/round35/long_match_ab.py chat 32 6
+    PYTHONPATH=python_backend:build:clients:tests .venv/bin/python docs/engine-speed/round35/long_match_ab.py chat 32 6 [plan]
+
+With `plan`, both sides are held to the plan arm (every call plans): the plan arm itself compared, without the gate.
 """
 
 from __future__ import annotations
@@ -22,7 +24,11 @@ ngram.MAX_N = BUCKETS  # (read where the controller sizes its estimates; lookup'
 from ab import compare  # noqa: E402
 
 from adaflash.decoding.engine import Engine  # noqa: E402
+from adaflash.decoding.gate import Arm  # noqa: E402
 from adaflash.decoding.policy import AcceptanceStats  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).parents[1] / "round30"))
+from cells import Always  # noqa: E402
 
 LONGEST = 16
 lookup = ngram.lookup
@@ -44,6 +50,7 @@ class LongLookup:
 
 
 STATS: dict[str, tuple[list[AcceptanceStats], AcceptanceStats]] = {}
+HELD = len(sys.argv) > 4 and sys.argv.pop(4) == "plan"
 
 
 def long_side(side: str, engine: Engine) -> Callable[[], None]:
@@ -55,9 +62,13 @@ def long_side(side: str, engine: Engine) -> Callable[[], None]:
     controller._decision = None
     if side == "long":
         planner.ngram = LongLookup
+    gate = engine.scheduler.gate
+    if HELD:
+        engine.scheduler.gate = Always(Arm.PLAN)
 
     def undo() -> None:
         planner.ngram = ngram
+        engine.scheduler.gate = gate
         STATS[side] = (controller.global_copy, controller._pooled_copy)
 
     return undo
