@@ -26,6 +26,9 @@ sys.path.insert(0, str(Path(__file__).parents[1] / "round31"))
 from cells import MAX_TOKENS, load  # noqa: E402
 from turns import Runs, in_turn  # noqa: E402
 
+sys.path.insert(0, str(Path(__file__).parent))
+from shadow import accepted  # noqa: E402
+
 from adaflash.decoding import ngram  # noqa: E402
 from adaflash.decoding.costs import CostModel  # noqa: E402
 from adaflash.decoding.sequence import Request  # noqa: E402
@@ -34,13 +37,6 @@ from adaflash.models.drafter import block_size_of  # noqa: E402
 LONGEST = 16
 ROUNDS = 4
 Rule = Callable[[list[int], int, list[int]], int]  # (copy, tokens its lookup matched, the stream after it) -> k
-
-
-def accepted(copy: list[int], actual: list[int]) -> int:
-    n = 0
-    while n < len(copy) and n < len(actual) and copy[n] == actual[n]:
-        n += 1
-    return n
 
 
 RULES: dict[str, Rule] = {

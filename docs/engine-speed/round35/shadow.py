@@ -9,6 +9,9 @@ sequences and more, and below. Then, measured in the same engine for comparison:
 and gated adaflash, whole runs (medians over `ar` of ROUNDS rounds).
 
     PYTHONPATH=python_backend:build:clients:tests .venv/bin/python docs/engine-speed/round35/shadow.py chat 32
+
+Superseded as an estimate by `replay.py`: pooled over plain decoding's steps, a sequence that repeats itself weighs as
+many steps as plain decoding takes over it, where speculation would finish it in a few.
 """
 
 from __future__ import annotations
@@ -49,6 +52,7 @@ def recorded(engine: Engine, width: int, records: list[Record], loads: dict[int,
 
 
 def accepted(proposal: list[int], actual: list[int]) -> int:
+    """Tokens of `proposal` greedy verification accepts where the sequence went on with `actual`."""
     n = 0
     while n < len(proposal) and n < len(actual) and proposal[n] == actual[n]:
         n += 1
