@@ -26,9 +26,7 @@ from ab import compare  # noqa: E402
 from adaflash.decoding.engine import Engine  # noqa: E402
 from adaflash.decoding.gate import Arm  # noqa: E402
 from adaflash.decoding.policy import AcceptanceStats  # noqa: E402
-
-sys.path.insert(0, str(Path(__file__).parents[1] / "round30"))
-from cells import Always  # noqa: E402
+from cells import Always  # noqa: E402  (on the path through `ab`)
 
 LONGEST = 16
 lookup = ngram.lookup
@@ -50,17 +48,19 @@ class LongLookup:
 
 
 STATS: dict[str, tuple[list[AcceptanceStats], AcceptanceStats]] = {}
-HELD = len(sys.argv) > 4 and sys.argv.pop(4) == "plan"
+LONG_SIDES = {"long"}  # the sides given the long lookup
+HELD = False  # both sides held to the plan arm (`plan` on the command line)
 
 
 def long_side(side: str, engine: Engine) -> Callable[[], None]:
-    """Give the side its own engine-wide copy estimates, and on the long side the long lookup."""
+    """Give the side its own engine-wide copy estimates, the long lookup on LONG_SIDES, and with HELD the plan
+    arm."""
     controller = engine.scheduler.planner.controller
     size = controller.block_size - 1
     own = STATS.setdefault(side, ([AcceptanceStats(size) for _ in range(BUCKETS + 1)], AcceptanceStats(size)))
     controller.global_copy, controller._pooled_copy = own
     controller._decision = None
-    if side == "long":
+    if side in LONG_SIDES:
         planner.ngram = LongLookup
     gate = engine.scheduler.gate
     if HELD:
@@ -75,4 +75,5 @@ def long_side(side: str, engine: Engine) -> Callable[[], None]:
 
 
 if __name__ == "__main__":
+    HELD = len(sys.argv) > 4 and sys.argv.pop(4) == "plan"
     compare(("as_is", "long"), long_side)

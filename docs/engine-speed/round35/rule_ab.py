@@ -14,9 +14,9 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-sys.argv[4:] = ["plan"]  # both sides held to the plan arm (`long_match_ab.HELD`)
 sys.path.insert(0, str(Path(__file__).parent))
-from long_match_ab import LongLookup, compare, long_side, planner  # noqa: E402
+import long_match_ab  # noqa: E402
+from ab import compare  # noqa: E402  (on the path through `long_match_ab`)
 
 from adaflash.decoding.engine import Engine  # noqa: E402
 
@@ -24,9 +24,8 @@ RULE_BUCKET = 5  # `long_match_ab.bucket`: matches of 8 tokens and more
 
 
 def rule_side(side: str, engine: Engine) -> Callable[[], None]:
-    """`long_side` for both; on the rule side, copy lengths by the match alone."""
-    undo_long = long_side(side, engine)
-    planner.ngram = LongLookup  # (`long_side` gives it to its own `long` side only)
+    """`long_match_ab.long_side` for both; on the rule side, copy lengths by the match alone."""
+    undo_long = long_match_ab.long_side(side, engine)
     controller = engine.scheduler.planner.controller
 
     def copy_lengths(seqs, matched, proposal_lens, batch, other_tokens, other_expected=None, other_width=1):
@@ -44,4 +43,6 @@ def rule_side(side: str, engine: Engine) -> Callable[[], None]:
 
 
 if __name__ == "__main__":
+    long_match_ab.LONG_SIDES.add("rule")
+    long_match_ab.HELD = True
     compare(("long", "rule"), rule_side)
