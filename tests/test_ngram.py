@@ -69,7 +69,7 @@ def test_matches_reference_and_never_exceeds_k(seed):
         length = rng.randint(1, rng.choice([25, 60]))
         tokens = [rng.randint(0, rng.choice([2, 3, 6, 40])) for _ in range(length)]
         k = rng.randint(0, 16)
-        max_n, min_n = rng.randint(1, 4), rng.choice([1, 1, 2])
+        max_n, min_n = rng.choice([1, 2, 3, 4, 16]), rng.choice([1, 1, 2])
         got, matched = lookup(tokens, k, max_n=max_n, min_n=min_n)
         assert len(got) <= k
         assert all(isinstance(t, int) and t in tokens for t in got)

@@ -23,6 +23,11 @@ from adaflash.decoding.policy import LengthController, PolicyState
 if TYPE_CHECKING:
     from adaflash.models.drafter import Draft
 
+# Cost-aware copies look for matches of up to this many tokens, prompt lookup's (`ngram` mode) for ngram.MAX_N: a
+# copy behind a 16-token match is accepted whole far more often than one behind a 3-token match, and the copy
+# estimates tell them apart (`policy.copy_bucket`; docs/results.md, engine speed rounds 35 and 36).
+COPY_MATCH = 16
+
 
 @dataclass(frozen=True)
 class Load:
@@ -129,7 +134,7 @@ class Planner:
         (docs/results.md, engine speed round 29)."""
         c, key = self.controller, s.key
         plan = Plan(block_length=self.block_size)
-        proposal, matched = ngram.lookup(s.tokens, s.cap) if self.copies and s.mode.copies else ([], 0)
+        proposal, matched = ngram.lookup(s.tokens, s.cap, COPY_MATCH) if self.copies and s.mode.copies else ([], 0)
         if proposal and c.prefers_copy([s.policy], [matched], [len(proposal)], [s.cap])[0] or not s.can_draft:
             self._copy_one(plan, s, proposal, matched, outside)
             return plan
@@ -171,7 +176,7 @@ class Planner:
         whose copy of the context is expected to do as well as the drafter verify it; the others draft if that
         pays and otherwise verify their copy as far as that pays. Returns the block length to draft."""
         c = self.controller
-        proposals = {s.key: ngram.lookup(s.tokens, caps[s.key]) if self.copies and s.mode.copies else ([], 0)
+        proposals = {s.key: ngram.lookup(s.tokens, caps[s.key], COPY_MATCH) if self.copies and s.mode.copies else ([], 0)
                      for s in adaptive}
         prefer = c.prefers_copy([s.policy for s in adaptive], [proposals[s.key][1] for s in adaptive],
                                 [len(proposals[s.key][0]) for s in adaptive], [caps[s.key] for s in adaptive])

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import time
+from bisect import bisect_right
 from collections.abc import Callable, Iterable
 from itertools import accumulate
 from operator import mul
@@ -18,12 +19,21 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from adaflash.decoding import ngram
 from adaflash.decoding.costs import CostModel, block_lengths
 from adaflash.models.graphs import bucket
 
 if TYPE_CHECKING:
     from adaflash.models.drafter import Draft
+
+# The copy estimates are kept per match length, from these shortest matches up: a copy's acceptance keeps rising with
+# the tokens its lookup matched, far past prompt lookup's 3 (docs/results.md, engine speed rounds 35 and 36), and
+# the longer matches are pooled in ranges so that each range's estimates still see copies enough to learn from.
+COPY_MATCH_BUCKETS = (1, 2, 3, 4, 8, 16)
+
+
+def copy_bucket(matched: int) -> int:
+    """The copy estimates that a copy whose lookup matched `matched` tokens reads and teaches (0: no match)."""
+    return bisect_right(COPY_MATCH_BUCKETS, matched)
 
 class AcceptanceStats:
     """Counts of tries and hits per draft position: position j is tried only when 1..j-1 were accepted.
@@ -358,7 +368,7 @@ class PolicyState:
     """What the controller remembers of one sequence."""
 
     stats: AcceptanceStats
-    copy: list[AcceptanceStats]  # of drafts copied from the context (prompt lookup), by the n-gram length matched
+    copy: list[AcceptanceStats]  # of drafts copied from the context, by the match's `copy_bucket`
     probe_interval: int
     skipped: int = 0  # consecutive adaflash steps without drafting
     copy_skipped: int = 0  # consecutive steps with a copy proposal declined or cut short
@@ -382,13 +392,14 @@ class LengthController:
         self._drafter_probes = ProbeBudget(probe_share, clock)
         self._copy_probes = ProbeBudget(probe_share, clock)
         self.global_stats = AcceptanceStats(block_size - 1)
-        self.global_copy = [AcceptanceStats(block_size - 1) for _ in range(ngram.MAX_N + 1)]
+        self.global_copy = [AcceptanceStats(block_size - 1) for _ in range(len(COPY_MATCH_BUCKETS) + 1)]
         self._pooled_copy = AcceptanceStats(block_size - 1)  # global_copy's counts summed, kept with them
         self._decision: tuple[tuple, bool] | None = None  # (inputs, whether drafting pays) of the last choice
 
     def new_sequence(self) -> PolicyState:
         return PolicyState(AcceptanceStats(self.block_size - 1),
-                              [AcceptanceStats(self.block_size - 1) for _ in range(ngram.MAX_N + 1)], self.probe_every)
+                              [AcceptanceStats(self.block_size - 1) for _ in range(len(COPY_MATCH_BUCKETS) + 1)],
+                              self.probe_every)
 
     def estimated_rates(self, seqs: list[PolicyState]) -> np.ndarray:
         return np.asarray(self._draft_rows(seqs))
@@ -409,8 +420,9 @@ class LengthController:
 
     def _copy_rows(self, seqs: list[PolicyState], matched: list[int]) -> list[list[float]] | np.ndarray:
         pooled = self._pooled_copy.chained_rates(0.5, 1.0)  # each match length's priors: kept while their counts stand
-        return _rate_rows([s.copy[n] for s, n in zip(seqs, matched)], [s.rates(pooled, 1.0) for s in self.global_copy],
-                          matched, self.prior_weight)
+        buckets = [copy_bucket(n) for n in matched]
+        return _rate_rows([s.copy[b] for s, b in zip(seqs, buckets)], [s.rates(pooled, 1.0) for s in self.global_copy],
+                          buckets, self.prior_weight)
 
     def prefers_copy(self, seqs: list[PolicyState], matched: list[int], proposal_lens: list[int],
                      caps: list[int]) -> list[bool]:
@@ -566,8 +578,8 @@ class LengthController:
         if draft_len == 0:
             return
         if matched:
-            seq.copy[matched].update(draft_len, accepted)
-            self.global_copy[matched].update(draft_len, accepted)
+            seq.copy[copy_bucket(matched)].update(draft_len, accepted)
+            self.global_copy[copy_bucket(matched)].update(draft_len, accepted)
             self._pooled_copy.update(draft_len, accepted)
             return
         seq.stats.update(draft_len, accepted)
