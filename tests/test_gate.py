@@ -8,8 +8,9 @@ import pytest
 
 from adaflash.decoding import gate as gate_module
 from adaflash.decoding.gate import (ARMS, CLEARLY_BEHIND, EXPLORE_BACKOFF, BLOCK_CALLS, BLOCK_SEQUENCE_STEPS, CONFIRM_BLOCKS, EXPLORE_AFTER_FEWEST,
-                                   EXPLORE_REGRET, PLAIN_BLOCK_SEQUENCE_STEPS, PLAIN_PREFERENCE, SWITCH_MARGIN,
-                                   WARMUP_CALLS, WEIGHT, Arm, PlanGate, arms_for, block_calls)
+                                   EXPLORE_REGRET, FULL_PREFERENCE_FROM, PLAIN_BLOCK_SEQUENCE_STEPS, PLAIN_PREFERENCE,
+                                   SMALL_PLAIN_PREFERENCE, SWITCH_MARGIN, WARMUP_CALLS, WEIGHT, Arm, PlanGate,
+                                   arms_for, block_calls, plain_preference)
 
 TWO = (Arm.PLAN, Arm.PLAIN)  # a gate without the copy arm: what the rules do between two arms
 EVEN = 64  # sequences at which every arm's block is BLOCK_CALLS calls: the regret's waits read in blocks there
@@ -190,7 +191,7 @@ def test_the_leader_keeps_its_place_within_the_margin():
     gate = PlanGate(arms=TWO)
     run_blocks(gate, 2, {Arm.PLAN: 1.5, Arm.PLAIN: 1.0}, 4)
     assert gate.loads[2].leader() is Arm.PLAN
-    arms = run_blocks(gate, 2, {Arm.PLAN: 1.0, Arm.PLAIN: (1.0 + SWITCH_MARGIN / 2) / (1 + PLAIN_PREFERENCE)}, 40)
+    arms = run_blocks(gate, 2, {Arm.PLAN: 1.0, Arm.PLAIN: (1.0 + SWITCH_MARGIN / 2) / (1 + plain_preference(2))}, 40)
     assert arms[2:].count(Arm.PLAN) > arms[2:].count(Arm.PLAIN)
 
 
@@ -375,18 +376,33 @@ def test_the_copy_arm_is_an_option_where_steps_are_padded_and_the_planner_copies
     assert arms_for(copies=True, padded=False) == arms_for(copies=False, padded=True) == TWO
 
 
-@pytest.mark.parametrize(("plan", "leads"), [(1.0 + PLAIN_PREFERENCE / 2, Arm.PLAIN),
-                                             ((1.0 + PLAIN_PREFERENCE) * (1 + 2 * SWITCH_MARGIN), Arm.PLAN)])
-def test_another_arm_leads_plain_decoding_only_where_clearly_faster(plan, leads):
+@pytest.mark.parametrize("sequences", [8, 32, EVEN])
+@pytest.mark.parametrize("clearly", [False, True])
+def test_another_arm_leads_plain_decoding_only_where_clearly_faster(sequences, clearly):
     """A speculating arm's calls leave out what its sequences out of step cost (admissions one by one, a shrinking
-    batch at the end): within PLAIN_PREFERENCE of plain's rate, plain decoding leads; well past it, the arm does.
-    A gate without the preference, or one sequence alone, follows the faster rate."""
+    batch at the end): within the load's preference of plain's rate, plain decoding leads; well past it, the arm
+    does. A gate without the preference, or one sequence alone, follows the faster rate."""
+    preference = plain_preference(sequences)
+    plan, leads = ((1.0 + preference) * (1 + 2 * SWITCH_MARGIN), Arm.PLAN) if clearly else (1.0 + preference / 2,
+                                                                                             Arm.PLAIN)
     gate = PlanGate(arms=TWO)
-    arms = run_blocks(gate, 8, {Arm.PLAN: plan, Arm.PLAIN: 1.0}, 2 + 30)[2:]
-    assert gate.loads[8 .bit_length()].leader() is leads
+    arms = run_blocks(gate, sequences, {Arm.PLAN: plan, Arm.PLAIN: 1.0}, 2 + 30)[2:]
+    assert gate.loads[sequences.bit_length()].leader() is leads
     assert arms.count(leads) > len(arms) // 2
-    neutral = PlanGate(arms=TWO, plain_preference=0.0)
-    run_blocks(neutral, 8, {Arm.PLAN: 1.0 + PLAIN_PREFERENCE / 2, Arm.PLAIN: 1.0}, 2 + 30)
-    assert neutral.loads[8 .bit_length()].leader() is Arm.PLAN
-    run_blocks(gate, 1, {Arm.PLAN: 1.0 + PLAIN_PREFERENCE / 2, Arm.PLAIN: 1.0}, 2 + 30)
+    neutral = PlanGate(arms=TWO, plain_preference=lambda n: 0.0)
+    run_blocks(neutral, sequences, {Arm.PLAN: 1.0 + preference / 2, Arm.PLAIN: 1.0}, 2 + 30)
+    assert neutral.loads[sequences.bit_length()].leader() is Arm.PLAN
+    run_blocks(gate, 1, {Arm.PLAN: 1.0 + preference / 2, Arm.PLAIN: 1.0}, 2 + 30)
     assert gate.loads[1].leader() is Arm.PLAN  # one sequence is out of step with no one
+
+
+def test_the_preference_for_plain_decoding_is_the_full_one_from_64_sequences():
+    """Below FULL_PREFERENCE_FROM sequences a batch out of step costs less at its ragged end, and the plan arm's
+    copies behind long matches won there with the smaller preference (docs/results.md, engine speed round 36)."""
+    assert [plain_preference(n) for n in (1, 2, 8, 32, 63, 64, 127, 128)] == \
+        [0.0] + [SMALL_PLAIN_PREFERENCE] * 4 + [PLAIN_PREFERENCE] * 3
+    assert 0.0 < SMALL_PLAIN_PREFERENCE < PLAIN_PREFERENCE and FULL_PREFERENCE_FROM == 64
+    gate = PlanGate(arms=TWO)
+    for sequences in (2, 40, 64, 100):
+        gate.choose(sequences)
+    assert [load.plain_preference for load in gate.loads.values()] == [SMALL_PLAIN_PREFERENCE] * 2 + [PLAIN_PREFERENCE]

@@ -19,6 +19,7 @@ running sequences, below which served planning every step was measured faster (d
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import Enum
 
@@ -48,7 +49,8 @@ WARMUP_CALLS = 1
 # kept exploring an arm that was far behind (docs/results.md, round 15).
 WEIGHT = 0.15
 SWITCH_MARGIN = 0.05  # another arm leads once its rate is this much above the leader's (noise does not flip it)
-# Another arm leads plain decoding only where its rate is this much above plain's. Why: the calls the gate observes
+# Another arm leads plain decoding only where its rate is this much above plain's (`plain_preference`): PLAIN_PREFERENCE
+# from FULL_PREFERENCE_FROM sequences, SMALL_PLAIN_PREFERENCE below. Why: the calls the gate observes
 # are not all a speculating arm costs. Its sequences advance out of step, so they end one by one and each admission
 # prefills alone, where plain decoding's end together and prefill together; a batch's last sequences then run in a
 # shrinking batch. On the CPU at 8 sequences the plan arm's observed calls ran plain's rate while whole runs on it
@@ -56,8 +58,14 @@ SWITCH_MARGIN = 0.05  # another arm leads once its rate is this much above the l
 # took 0.955-1.031 of what the calls promised, but a 3% preference then let the plan arm lead in half the calls of math
 # at 64 sequences, where its whole runs were 0.87 of plain's: a block's rate swings with the text, and the preference
 # also keeps a lucky block from displacing plain decoding, whose rate does not swing. One sequence alone has no one to
-# be out of step with: there the rates compare as they are.
+# be out of step with: there the rates compare as they are. Below 64 sequences the smaller preference: once the plan
+# arm's copies followed matches of up to 16 tokens (`planner.COPY_MATCH`), 5% against 10% gained at 8 sequences (code
+# 1.021 -> 1.045 of `ar`, math 1.020 -> 1.032) and at 32 on the whole (math +2.9%, code +1.0%, chat -0.4%), where at
+# 64 it lost (math 0.954 -> 0.915, chat 0.984 -> 0.970), the ragged end of a batch out of step costing more there
+# (docs/results.md, engine speed round 36).
 PLAIN_PREFERENCE = 0.10
+SMALL_PLAIN_PREFERENCE = 0.05
+FULL_PREFERENCE_FROM = 64
 # An arm that does not lead is tried again once the leader's blocks since its last try are enough that the try costs
 # at most EXPLORE_REGRET of the leader's rate: one block at 1/ahead of the leader's score in every n + 1, where the
 # leader's score is `ahead` times the arm's, costs (1 - 1/ahead) / (n + 1); so n is at most 1 / EXPLORE_REGRET - 1
@@ -86,6 +94,14 @@ CONFIRM_BLOCKS = 2
 # cell where planning every step ran 0.91 of `ar` (docs/results.md, engine speed round 32).
 CONFIRM_WEIGHT = 0.5
 SERVED_MIN_SEQUENCES = 8  # the orchestrator's `PlanGate(min_sequences)`
+
+
+def plain_preference(sequences: int) -> float:
+    """How far above plain decoding's rate another arm must run to lead a load whose fewest sequences are
+    `sequences`."""
+    if sequences <= 1:
+        return 0.0
+    return PLAIN_PREFERENCE if sequences >= FULL_PREFERENCE_FROM else SMALL_PLAIN_PREFERENCE
 
 
 class Arm(Enum):
@@ -211,7 +227,7 @@ class _Load:
         return self.leading
 
     def score(self, arm: Arm) -> float:
-        """An arm's running rate, plain decoding's raised by `plain_preference` (PLAIN_PREFERENCE)."""
+        """An arm's running rate, plain decoding's raised by the load's `plain_preference`."""
         return self.rates[arm] * (1 + self.plain_preference if arm is Arm.PLAIN else 1)
 
     def overdue(self, leader: Arm) -> Arm | None:
@@ -240,9 +256,9 @@ class PlanGate:
     each load: the rates of every arm grow with the batch, so only rates measured at one load compare."""
 
     def __init__(self, min_sequences: int = 1, arms: tuple[Arm, ...] = ARMS,
-                 plain_preference: float = PLAIN_PREFERENCE) -> None:
+                 plain_preference: Callable[[int], float] = plain_preference) -> None:
         """`min_sequences`: below this many running sequences every call plans, and nothing is learnt. `arms`: those
-        the gate chooses from (`arms_for`), Arm.PLAN first. `plain_preference`: PLAIN_PREFERENCE."""
+        the gate chooses from (`arms_for`), Arm.PLAN first. `plain_preference`: a load's, from its fewest sequences."""
         if arms[0] is not Arm.PLAN or Arm.PLAIN not in arms:
             raise ValueError("a gate's arms start with Arm.PLAN and include Arm.PLAIN")
         self.min_sequences, self.arms, self.plain_preference = min_sequences, arms, plain_preference
@@ -257,7 +273,8 @@ class PlanGate:
             return Arm.PLAN
         bucket = sequences.bit_length()
         if bucket not in self.loads:
-            self.loads[bucket] = _Load(self.arms, self.plain_preference if sequences > 1 else 0.0, 1 << (bucket - 1))
+            fewest = 1 << (bucket - 1)
+            self.loads[bucket] = _Load(self.arms, self.plain_preference(fewest), fewest)
         self._load = self.loads[bucket]
         return self._load.arm
 
