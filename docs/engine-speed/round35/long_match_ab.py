@@ -5,6 +5,8 @@ verified only behind long matches gaining under load. Each side has a gate of it
 kept from run to run, each over `ar` of the same round, in the order ar, as_is, long, reversed every other round;
 outputs equal. The long lookup is patched in here; the engine is unchanged.
 
+Runs at commit 6922405: round 36 built the long lookup into the planner (`planner.COPY_MATCH`), which this patches in.
+
     PYTHONPATH=python_backend:build:clients:tests .venv/bin/python docs/engine-speed/round35/long_match_ab.py chat 32 6 [plan]
 
 With `plan`, both sides are held to the plan arm (every call plans): the plan arm itself compared, without the gate.

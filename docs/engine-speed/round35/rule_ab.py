@@ -5,6 +5,8 @@ RULE_BUCKET's tokens (8) and nothing otherwise, the replay's `matched>=8` (its o
 copy estimates of its own, each over `ar` of the same round, in the order ar, long, rule, reversed every other round;
 outputs equal.
 
+Runs at commit 6922405: round 36 built the long lookup into the planner (`planner.COPY_MATCH`), which this patches in.
+
     PYTHONPATH=python_backend:build:clients:tests .venv/bin/python docs/engine-speed/round35/rule_ab.py chat 32 6
 """
 

@@ -59,10 +59,8 @@ SWITCH_MARGIN = 0.05  # another arm leads once its rate is this much above the l
 # at 64 sequences, where its whole runs were 0.87 of plain's: a block's rate swings with the text, and the preference
 # also keeps a lucky block from displacing plain decoding, whose rate does not swing. One sequence alone has no one to
 # be out of step with: there the rates compare as they are. Below 64 sequences the smaller preference: once the plan
-# arm's copies followed matches of up to 16 tokens (`planner.COPY_MATCH`), 5% against 10% gained at 8 sequences (code
-# 1.021 -> 1.045 of `ar`, math 1.020 -> 1.032) and at 32 on the whole (math +2.9%, code +1.0%, chat -0.4%), where at
-# 64 it lost (math 0.954 -> 0.915, chat 0.984 -> 0.970), the ragged end of a batch out of step costing more there
-# (docs/results.md, engine speed round 36).
+# arm's copies followed matches of up to 16 tokens (`planner.COPY_MATCH`), 5% gained over 10% at 8 and 32 sequences
+# and lost at 64, where a batch out of step costs more at its ragged end (docs/results.md, engine speed round 36).
 PLAIN_PREFERENCE = 0.10
 SMALL_PLAIN_PREFERENCE = 0.05
 FULL_PREFERENCE_FROM = 64

@@ -176,8 +176,8 @@ class Planner:
         whose copy of the context is expected to do as well as the drafter verify it; the others draft if that
         pays and otherwise verify their copy as far as that pays. Returns the block length to draft."""
         c = self.controller
-        proposals = {s.key: ngram.lookup(s.tokens, caps[s.key], COPY_MATCH) if self.copies and s.mode.copies else ([], 0)
-                     for s in adaptive}
+        proposals = {s.key: ngram.lookup(s.tokens, caps[s.key], COPY_MATCH)
+                     if self.copies and s.mode.copies else ([], 0) for s in adaptive}
         prefer = c.prefers_copy([s.policy for s in adaptive], [proposals[s.key][1] for s in adaptive],
                                 [len(proposals[s.key][0]) for s in adaptive], [caps[s.key] for s in adaptive])
         self._copy(plan, seqs, [s for s, p in zip(adaptive, prefer) if p], proposals, caps, outside)

@@ -35,6 +35,7 @@ def copy_bucket(matched: int) -> int:
     """The copy estimates that a copy whose lookup matched `matched` tokens reads and teaches (0: no match)."""
     return bisect_right(COPY_MATCH_BUCKETS, matched)
 
+
 class AcceptanceStats:
     """Counts of tries and hits per draft position: position j is tried only when 1..j-1 were accepted.
 
