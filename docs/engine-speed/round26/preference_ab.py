@@ -46,7 +46,8 @@ def main() -> None:
     max_len = context_length([len(i) for i in ids], args.max_tokens, block_size_of(bundle.drafter))
     engine = Engine(bundle.target, bundle.drafter, num_slots=max(args.concurrency), max_len=max_len)
     arms = arms_for(True, engine.cost is not None and engine.cost.padded)
-    gates = {f"preference {x}": PlanGate(arms=arms, plain_preference=x) for x in args.preferences}
+    gates = {f"preference {x}": PlanGate(arms=arms, plain_preference=lambda n, x=x: 0.0 if n <= 1 else x)
+             for x in args.preferences}  # x at every load of more than one sequence, as the gate took it then
     rows = []
     for domain in args.domains:
         cell_ids = [i for i, q in zip(ids, prompts) if q.domain == domain]
