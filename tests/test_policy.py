@@ -731,7 +731,7 @@ def test_one_sequence_is_planned_as_the_general_path_plans_it_beside_a_plain_one
                      draft={b: [(n, 0.2 + 0.05 * b * n) for n in (2, 4, 8, 16)] for b in (1, 2)})  # cuts, drafts may pay
     planners = [Planner(LengthController(cost, block_size=16, clock=lambda: clock[0])) for _ in range(2)]
     states = [p.controller.new_sequence() for p in planners]
-    text = rng.integers(0, 6, size=40).tolist()  # a few token kinds: lookups match at 1 to 3 tokens, or not
+    text = rng.integers(0, 6, size=40).tolist()  # a few token kinds: lookups match a few tokens, or not
     plans = []
     for step in range(60):
         draft_len, matched = int(rng.integers(1, 16)), int(rng.integers(0, 20))

@@ -26,8 +26,7 @@ STATS: dict[str, tuple[list[AcceptanceStats], AcceptanceStats]] = {}
 def lookup_of(side: str, engine: Engine) -> Callable[[], None]:
     """The side's longest match, and its own engine-wide copy estimates."""
     controller = engine.scheduler.planner.controller
-    size = controller.block_size - 1
-    fresh = ([AcceptanceStats(size) for _ in controller.global_copy], AcceptanceStats(size))
+    fresh = (controller._copy_estimates(), AcceptanceStats(controller.block_size - 1))
     controller.global_copy, controller._pooled_copy = STATS.setdefault(side, fresh)
     planner.COPY_MATCH = MATCH[side]
 

@@ -393,14 +393,16 @@ class LengthController:
         self._drafter_probes = ProbeBudget(probe_share, clock)
         self._copy_probes = ProbeBudget(probe_share, clock)
         self.global_stats = AcceptanceStats(block_size - 1)
-        self.global_copy = [AcceptanceStats(block_size - 1) for _ in range(len(COPY_MATCH_BUCKETS) + 1)]
+        self.global_copy = self._copy_estimates()
         self._pooled_copy = AcceptanceStats(block_size - 1)  # global_copy's counts summed, kept with them
         self._decision: tuple[tuple, bool] | None = None  # (inputs, whether drafting pays) of the last choice
 
     def new_sequence(self) -> PolicyState:
-        return PolicyState(AcceptanceStats(self.block_size - 1),
-                              [AcceptanceStats(self.block_size - 1) for _ in range(len(COPY_MATCH_BUCKETS) + 1)],
-                              self.probe_every)
+        return PolicyState(AcceptanceStats(self.block_size - 1), self._copy_estimates(), self.probe_every)
+
+    def _copy_estimates(self) -> list[AcceptanceStats]:
+        """Copy estimates, one per `copy_bucket` (0, no match, unused)."""
+        return [AcceptanceStats(self.block_size - 1) for _ in range(len(COPY_MATCH_BUCKETS) + 1)]
 
     def estimated_rates(self, seqs: list[PolicyState]) -> np.ndarray:
         return np.asarray(self._draft_rows(seqs))
@@ -579,8 +581,9 @@ class LengthController:
         if draft_len == 0:
             return
         if matched:
-            seq.copy[copy_bucket(matched)].update(draft_len, accepted)
-            self.global_copy[copy_bucket(matched)].update(draft_len, accepted)
+            b = copy_bucket(matched)
+            seq.copy[b].update(draft_len, accepted)
+            self.global_copy[b].update(draft_len, accepted)
             self._pooled_copy.update(draft_len, accepted)
             return
         seq.stats.update(draft_len, accepted)
