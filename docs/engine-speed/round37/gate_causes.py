@@ -38,7 +38,7 @@ def classify(load: gate_module._Load) -> str:
 
 def traced(gate: PlanGate, calls: dict[Key, int]) -> None:
     """Count each call the gate is told of under its load, arm and the cause of its block."""
-    end_block, choose, observe = gate_module._Load.end_block, gate.choose, gate.observe
+    end_block, observe = gate_module._Load.end_block, gate.observe
     causes: dict[int, str] = {}
 
     def end(load: gate_module._Load) -> None:
