@@ -34,11 +34,14 @@ def patch(side: str, engine: Engine):
     scheduler = engine.scheduler
     propose = scheduler._propose
 
+    def left_of(s):
+        """Tokens a sequence may still commit: what its max_tokens and the context leave (as `Scheduler._runs`)."""
+        return min(s.request.max_tokens - len(s.output), scheduler.max_len - len(s.tokens) + 1)
+
     async def laggards_propose(active, arm):
         if arm is not Arm.PLAN or scheduler.waiting or not active:
             return await propose(active, arm)
-        left = {s.id: min(s.request.max_tokens - len(s.output), scheduler.max_len - len(s.tokens) + 1)
-                for s in active}
+        left = {s.id: left_of(s) for s in active}
         horizon = max(left.values())
         plain = get_mode(REFERENCE_MODE)
 
@@ -72,9 +75,6 @@ def patch(side: str, engine: Engine):
             after = max(left - (len(s.output) - n) for s, n, left in before.values())
             tokens = len(before) * (horizon - after)
         observe(arm, tokens, ms, plain_rate)
-
-    def left_of(s):
-        return min(s.request.max_tokens - len(s.output), scheduler.max_len - len(s.tokens) + 1)
 
     if side in ("laggard", "credit"):
         scheduler._propose = laggards_propose
