@@ -80,7 +80,9 @@ def unstalled(steps: list[tuple[float, bool]]) -> float:
     """Seconds of a side's steps with stalls taken out: a step that admitted nothing and took more than STALL times the
     median of its side's STALL_SPAN steps either side counts as that median. Why: the machine stalls a step now and
     then by 30-200 ms (ar alone, step by step against the least of six runs; the collector off made no difference),
-    and in lockstep a stall falls on one side only."""
+    and in lockstep a stall falls on one side only. Only for sides whose steps cost alike (plain decoding): a gated
+    side's planned step among plain ones can take 1.5 times its neighbours and is then taken out too, so its figures
+    here flatter it; round 38 quotes the gated sides as timed."""
     times = [t for t, _ in steps]
     total = 0.0
     for j, (t, admitted) in enumerate(steps):
