@@ -5,6 +5,8 @@ runs are at these loads):
   plain     adaflash held to plain decoding: features captured and kept for the drafter, as a gated run's plain calls;
   noviews   the same, but its verifies keep no features (the forward still captures): what the views and their lists
             cost (the drafter's context is then wrong: a measurement only);
+  rows      the same, each verified sequence keeping a (tensor, start, stop) reference in a list instead of a view
+            (never read: a held-plain side never drafts), set after the verify in a loop of its own;
   nocap     adaflash held plain without a capture (no sequence may draft).
 Their batches are alike step for step, so each step's least time over the rounds compares them with the machine's swings
 and stalls taken out. Reported apart: the long steps (over 30 ms: the first admissions' prefills) and the others.
@@ -30,14 +32,22 @@ from adaflash.decoding.sequence import Request  # noqa: E402
 
 LONG_STEP_S = 0.03
 _judged = steps._judged
-_unviewed = {"now": False}  # set while a `noviews` side steps
+_stepping = {"now": None}  # the patched side stepping now: "noviews", "rows" or None
 
 
-def judged_without_views(*args):
-    """`steps._judged`, keeping no features while a `noviews` side steps."""
-    if _unviewed["now"]:
-        args = (*args[:8], [False] * len(args[8]), *args[9:])
-    return _judged(*args)
+def patched_judged(logits, hidden, cache, slots, starts, feeds, sampling, generators, wants, histories):
+    """`steps._judged`, keeping no features while a `noviews` side steps and references while a `rows` side does."""
+    if _stepping["now"] is None:
+        return _judged(logits, hidden, cache, slots, starts, feeds, sampling, generators, wants, histories)
+    results = _judged(logits, hidden, cache, slots, starts, feeds, sampling, generators, [False] * len(wants),
+                      histories)
+    if _stepping["now"] == "rows" and hidden is not None:
+        row = 0
+        for res, feed, want in zip(results, feeds, wants):
+            if want:
+                res.features = [(hidden, row, row + res.accepted + 1)]
+            row += len(feed)
+    return results
 
 
 def one_step(engine: Engine) -> None:
@@ -49,18 +59,23 @@ def held(engine: Engine) -> None:
     engine.scheduler.gate = Always(Arm.PLAIN)
 
 
-def unviewed(engine: Engine) -> None:
-    held(engine)
-    step = engine.step
+def patched(name: str):
+    """A setup holding the engine plain, its steps taken with `patched_judged` as side `name`."""
 
-    def flagged():
-        _unviewed["now"] = True
-        try:
-            return step()
-        finally:
-            _unviewed["now"] = False
+    def setup(engine: Engine) -> None:
+        held(engine)
+        step = engine.step
 
-    engine.step = flagged
+        def flagged():
+            _stepping["now"] = name
+            try:
+                return step()
+            finally:
+                _stepping["now"] = None
+
+        engine.step = flagged
+
+    return setup
 
 
 def uncaptured(engine: Engine) -> None:
@@ -94,9 +109,10 @@ def step_times(lock: Lockstep) -> dict[str, list[float]]:
 
 def main() -> None:
     domain, concurrency, rounds = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-    steps._judged = judged_without_views
+    steps._judged = patched_judged
     sides = {"ar": Side("ar", one_step), "ar2": Side("ar", one_step), "plain": Side("adaflash", held),
-             "noviews": Side("adaflash", unviewed), "nocap": Side("adaflash", uncaptured)}
+             "noviews": Side("adaflash", patched("noviews")), "rows": Side("adaflash", patched("rows")),
+             "nocap": Side("adaflash", uncaptured)}
     lock = Lockstep(load(domain), sides, concurrency)
     runs = [step_times(lock) for _ in range(rounds)]
     n = len(runs[0]["ar"])
