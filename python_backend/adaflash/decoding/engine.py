@@ -23,6 +23,7 @@ from adaflash.decoding.sequence import Request, Sequence, validate_request
 from adaflash.decoding.steps import StepResult, StopEarly, ms_since, step_batch
 from adaflash.models.cache import KVCache, Paging
 from adaflash.models.drafter import DFlashDrafter, Draft, block_size_of
+from adaflash.models.host import keep_freed_memory
 from adaflash.models.placement import place_of
 from adaflash.models.target import Transformer
 
@@ -110,6 +111,7 @@ class Engine:
         the scheduler's live choice). `plan_gate=False` makes adaflash plan every step (`gate.PlanGate`)."""
         self.target, self.drafter = target, drafter
         self.max_len, self.num_slots = max_len, num_slots
+        keep_freed_memory()
         if drafter is not None:
             drafter.check_target(target)
         if cost_model is None and drafter is not None:

@@ -22,6 +22,7 @@ from adaflash.decoding.scheduler import Timed
 from adaflash.decoding.steps import StepResult, StopEarly, ms_since, step_batch
 from adaflash.models.cache import KVCache, Paging
 from adaflash.models.drafter import DFlashDrafter, Draft, DrafterConfig
+from adaflash.models.host import keep_freed_memory
 from adaflash.models.placement import Placement, place_of
 from adaflash.models.target import TokenHeads, Transformer
 from adaflash.serving.protocol import DraftCall, Op, TargetCall, model_paging
@@ -70,9 +71,11 @@ class SlotTable:
 
 
 class CacheSlots:
-    """A cache and which of its slots each live sequence holds; releasing a sequence empties its slot."""
+    """A cache and which of its slots each live sequence holds; releasing a sequence empties its slot. The process
+    that holds one steps a model on it, so its allocator keeps freed memory for the next call (`host`)."""
 
     def __init__(self, cache: KVCache, idle_timeout_s: float) -> None:
+        keep_freed_memory()
         self.cache = cache
         self.slots = SlotTable(len(cache.lengths), idle_timeout_s)
 
