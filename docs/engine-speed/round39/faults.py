@@ -1,4 +1,4 @@
-"""Round 39: page faults and seconds of one engine's run, in a process of its own, with the host allocator as the
+"""Round 39: page faults, kernel CPU seconds and wall seconds of one engine's run, in a process of its own, with the host allocator as the
 engine sets it (`adaflash.models.host`) or as glibc comes (`GLIBC_TUNABLES=glibc.malloc.check=0`: a malloc setting
 that changes nothing, so that the engine leaves the allocator alone). The engine runs every prompt of the cell twice,
 one plain step a call (`run_steps=1`) as plain_overhead.py's sides do; the second run is reported. Sides:
@@ -8,7 +8,9 @@ one plain step a call (`run_steps=1`) as plain_overhead.py's sides do; the secon
   gate     adaflash as it comes.
 
     PYTHONPATH=python_backend:build:clients:tests .venv/bin/python docs/engine-speed/round39/faults.py math 64 ar
-    for each side and cell, both ways, three processes each: faults.py --table
+    for each side and cell, both ways, three processes each, the two ways alternating: faults.py --table
+
+Kernel seconds (the process's system CPU time) are mostly the faults' handling here: the run makes few system calls.
 """
 
 from __future__ import annotations
@@ -28,16 +30,19 @@ from adaflash.decoding.gate import Arm  # noqa: E402
 from adaflash.decoding.sequence import Request  # noqa: E402
 
 SIDES = {"ar": ("ar", None), "plain": ("adaflash", Arm.PLAIN), "plan": ("adaflash", Arm.PLAN), "gate": ("adaflash", None)}
-CELLS = (("math", 64), ("chat", 32), ("chat", 8))
+CELLS = (("math", 64), ("chat", 32))
+PROCESSES = 3
 AS_IT_COMES = "glibc.malloc.check=0"
 
 
-def faults() -> int:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+def usage() -> tuple[int, float]:
+    """Page faults and kernel CPU seconds of this process so far."""
+    now = resource.getrusage(resource.RUSAGE_SELF)
+    return now.ru_minflt, now.ru_stime
 
 
-def one(domain: str, concurrency: int, side: str) -> tuple[int, float, int]:
-    """Faults, seconds and steps of the second run of the cell's prompts."""
+def one(domain: str, concurrency: int, side: str) -> tuple[int, float, float, int]:
+    """Faults, kernel seconds, wall seconds and steps of the second run of the cell's prompts."""
     cell = load(domain)
     mode, arm = SIDES[side]
     engine = Engine(cell.bundle.target, cell.bundle.drafter, num_slots=64, max_len=cell.max_len)
@@ -48,28 +53,29 @@ def one(domain: str, concurrency: int, side: str) -> tuple[int, float, int]:
     for _ in range(2):
         for ids in cell.ids:
             engine.submit(Request(ids, MAX_TOKENS, mode=mode))
-        f0, t0, steps = faults(), time.perf_counter(), 0
+        (f0, k0), t0, steps = usage(), time.perf_counter(), 0
         while engine.has_work:
             engine.scheduler._mark = time.perf_counter()
             engine.step()
             steps += 1
-    return faults() - f0, time.perf_counter() - t0, steps
+    f1, k1 = usage()
+    return f1 - f0, k1 - k0, time.perf_counter() - t0, steps
 
 
 def table() -> None:
-    print("cell      side   | faults, kept      | faults, as glibc comes | seconds kept / as it comes")
+    print("cell      side   | faults kept / as glibc comes | kernel s kept / comes | wall s kept / comes")
     for domain, concurrency in CELLS:
         for side in SIDES:
-            row = {}
-            for way in ("kept", "comes"):
-                env = dict(os.environ, GLIBC_TUNABLES=AS_IT_COMES) if way == "comes" else dict(os.environ)
-                runs = [subprocess.run([sys.executable, __file__, domain, str(concurrency), side], env=env, check=True,
-                                       capture_output=True, text=True).stdout.split() for _ in range(3)]
-                row[way] = [(int(f), float(s)) for f, s, _ in runs]
-            print(f"{domain} c={concurrency:<3d} {side:6s} | {' '.join(f'{f:6d}' for f, _ in row['kept'])} | "
-                  f"{' '.join(f'{f:6d}' for f, _ in row['comes'])} | "
-                  f"{' '.join(f'{s:.2f}' for _, s in row['kept'])} / {' '.join(f'{s:.2f}' for _, s in row['comes'])}",
-                  flush=True)
+            row = {"kept": [], "comes": []}
+            for _ in range(PROCESSES):
+                for way in row:
+                    env = dict(os.environ, GLIBC_TUNABLES=AS_IT_COMES) if way == "comes" else dict(os.environ)
+                    out = subprocess.run([sys.executable, __file__, domain, str(concurrency), side], env=env, check=True,
+                                         capture_output=True, text=True).stdout.split()
+                    row[way].append((int(out[0]), float(out[1]), float(out[2])))
+            cols = [" / ".join(" ".join(fmt.format(r[i]) for r in row[way]) for way in row)
+                    for i, fmt in enumerate(("{:6d}", "{:.3f}", "{:.2f}"))]
+            print(f"{domain} c={concurrency:<3d} {side:6s} | " + " | ".join(cols), flush=True)
 
 
 if __name__ == "__main__":
