@@ -50,7 +50,7 @@ def _faults(setting: str) -> int:
 @pytest.mark.skipif(not GLIBC, reason="the setting is glibc's malloc's")
 def test_kept_memory_serves_each_step_without_faults():
     # glibc as it comes faulted 3,700-4,900 times a wave here; kept, the heap's footprint still creeps up now and
-    # then, at most 5,800 faults over all eight waves in twenty runs.
+    # then, at most 5,800 faults over all eight waves in ten runs.
     assert 3 * _faults("keep") < _faults("default")
 
 

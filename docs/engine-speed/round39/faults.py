@@ -1,5 +1,5 @@
-"""Round 39: page faults, kernel CPU seconds and wall seconds of one engine's run, in a process of its own, with the host allocator as the
-engine sets it (`adaflash.models.host`) or as glibc comes (`GLIBC_TUNABLES=glibc.malloc.check=0`: a malloc setting
+"""Round 39: page faults, kernel CPU seconds and wall seconds of one engine's run, in a process of its own, with the
+host allocator as the engine sets it (`adaflash.models.host`) or as glibc comes (`GLIBC_TUNABLES=glibc.malloc.check=0`: a malloc setting
 that changes nothing, so that the engine leaves the allocator alone). The engine runs every prompt of the cell twice,
 one plain step a call (`run_steps=1`) as plain_overhead.py's sides do; the second run is reported. Sides:
   ar       `ar`;
@@ -29,7 +29,8 @@ from adaflash.decoding.engine import Engine  # noqa: E402
 from adaflash.decoding.gate import Arm  # noqa: E402
 from adaflash.decoding.sequence import Request  # noqa: E402
 
-SIDES = {"ar": ("ar", None), "plain": ("adaflash", Arm.PLAIN), "plan": ("adaflash", Arm.PLAN), "gate": ("adaflash", None)}
+SIDES = {"ar": ("ar", None), "plain": ("adaflash", Arm.PLAIN), "plan": ("adaflash", Arm.PLAN),
+         "gate": ("adaflash", None)}
 CELLS = (("math", 64), ("chat", 32))
 PROCESSES = 3
 AS_IT_COMES = "glibc.malloc.check=0"
@@ -70,8 +71,8 @@ def table() -> None:
             for _ in range(PROCESSES):
                 for way in row:
                     env = dict(os.environ, GLIBC_TUNABLES=AS_IT_COMES) if way == "comes" else dict(os.environ)
-                    out = subprocess.run([sys.executable, __file__, domain, str(concurrency), side], env=env, check=True,
-                                         capture_output=True, text=True).stdout.split()
+                    out = subprocess.run([sys.executable, __file__, domain, str(concurrency), side], env=env,
+                                         check=True, capture_output=True, text=True).stdout.split()
                     row[way].append((int(out[0]), float(out[1]), float(out[2])))
             cols = [" / ".join(" ".join(fmt.format(r[i]) for r in row[way]) for way in row)
                     for i, fmt in enumerate(("{:6d}", "{:.3f}", "{:.2f}"))]

@@ -32,9 +32,9 @@ USER_SETTINGS = ("MALLOC_TRIM_THRESHOLD_", "MALLOC_TOP_PAD_", "MALLOC_MMAP_THRES
 def keep_freed_memory() -> bool:
     """Set glibc's malloc to keep freed memory (`SETTINGS`). Returns whether it did: not where the C library is
     not glibc, nor where the environment already tunes its malloc (`USER_SETTINGS`, or `GLIBC_TUNABLES`' malloc
-    part). A preloaded allocator
-    (jemalloc, tcmalloc) ignores these settings."""
-    tuned = any(name in os.environ for name in USER_SETTINGS) or "glibc.malloc." in os.environ.get("GLIBC_TUNABLES", "")
+    part). A preloaded allocator (jemalloc, tcmalloc) ignores these settings."""
+    tunables = os.environ.get("GLIBC_TUNABLES", "")
+    tuned = any(name in os.environ for name in USER_SETTINGS) or "glibc.malloc." in tunables
     if platform.libc_ver()[0] != "glibc" or tuned:
         return False
     libc = ctypes.CDLL(None)
