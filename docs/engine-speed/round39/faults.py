@@ -1,7 +1,8 @@
 """Round 39: page faults, kernel CPU seconds and wall seconds of one engine's run, in a process of its own, with the
 host allocator as the engine sets it (`adaflash.models.host`) or as glibc comes (`GLIBC_TUNABLES=glibc.malloc.check=0`:
 a malloc setting that changes nothing, so that the engine leaves the allocator alone). The engine runs every prompt of
-the cell twice, one plain step a call (`run_steps=1`) as plain_overhead.py's sides do; the second run is reported. Sides:
+the cell twice, one plain step a call (`run_steps=1`) as plain_overhead.py's sides do; the second run is reported.
+Sides:
   ar       `ar`;
   plain    adaflash held to plain decoding (features captured and kept for the drafter);
   plan     adaflash held to the plan arm (every step planned);
