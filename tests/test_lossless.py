@@ -13,9 +13,7 @@ from adaflash.decoding import gate
 from adaflash.decoding.modes import DRAFTER_MODE_NAMES, MODE_NAMES
 from adaflash.decoding.sampling import SamplingParams
 from adaflash.decoding.sequence import Request
-from adaflash.models import native
 from adaflash.models.bundle import tiny_random_bundle
-from adaflash.models.cache import Paging
 from adaflash.models.drafter import DFlashDrafter
 from adaflash.models.target import Transformer
 from adaflash.models.tokenizer import byte_tokenizer
@@ -547,88 +545,6 @@ def test_the_plan_gate_s_arms_keep_the_drafter_context_and_the_output(trained_ti
     measured = [load.rates for load in engine.scheduler.gate.loads.values()]
     assert any(None not in r.values() for r in measured)  # every arm ran
     assert any(st.draft_len for s in seqs for st in s.steps)
-
-
-@pytest.mark.parametrize("paging", [None, Paging(page=8, pages=32)])
-@pytest.mark.parametrize("native_attention", [True, False])
-def test_features_computed_again_equal_the_captured_and_leave_the_cache_as_it_was(trained_tiny, prompts, paging,
-                                                                                   native_attention, monkeypatch):
-    """`Transformer.features` of positions decoded one token a step equals what those steps captured, and the cache
-    (keys, values, lengths, pages) is bitwise what it was: later steps read what plain decoding wrote."""
-    if not native_attention:
-        monkeypatch.setattr(native, "attends_over", lambda store: False)
-    target, layers = trained_tiny.target, trained_tiny.drafter.config.target_layer_ids
-    cache = target.new_cache(3, MAX_LEN, paging)
-    firsts = [prompts[i] for i in range(3)]
-    target.forward(cache, [0, 1, 2], firsts)
-    decoded, captured = [[] for _ in firsts], []
-    for step in range(7):
-        tokens = [[(5 * step + 3 * i) % 200 + 1] for i in range(3)]
-        captured.append(target.forward(cache, [0, 1, 2], tokens, capture_layers=layers).hidden)
-        for d, t in zip(decoded, tokens):
-            d += t
-    k, v, lengths, tables = cache.k.clone(), cache.v.clone(), list(cache.lengths), [list(t) for t in cache.tables]
-    starts = [len(p) + 2 for p in firsts]  # the last five steps' positions, in slots 2 and 0 (any order, any slots)
-    got = target.features(cache, [2, 0], [starts[2], starts[0]], [decoded[2][2:], decoded[0][2:]], layers)
-    want = torch.cat([torch.stack([captured[s][i] for s in range(2, 7)]) for i in (2, 0)])
-    assert torch.allclose(got, want, atol=1e-5, rtol=1e-5)
-    assert torch.equal(cache.k, k) and torch.equal(cache.v, v)
-    assert cache.lengths == lengths and cache.tables == tables
-
-
-class PlainFirst(gate.PlanGate):
-    """Plain decoding for the first `calls` calls, then the plan arm for good."""
-
-    def __init__(self, calls: int) -> None:
-        super().__init__(arms=(gate.Arm.PLAN, gate.Arm.PLAIN))
-        self.calls = calls
-
-    def choose(self, sequences: int) -> gate.Arm:
-        self.calls -= 1
-        return gate.Arm.PLAIN if self.calls >= 0 else gate.Arm.PLAN
-
-
-def test_plain_runs_capture_nothing_and_a_later_draft_computes_the_skipped_features(trained_tiny, prompts, reference,
-                                                                                     monkeypatch):
-    """Runs of plain decoding pass no capture to the target, so adaflash held plain steps as `ar` does; the positions
-    they committed are computed again when a sequence next drafts, in the draft's call, and the drafter then drafts
-    what a recomputation from the text drafts. The output is plain decoding's."""
-    bundle = trained_tiny
-    twin = clone_target(bundle.target)
-    drafter = bundle.drafter
-    engine = Engine(bundle.target, drafter, num_slots=6, max_len=MAX_LEN, cost_model=cheap_drafter_costs(6),
-                    run_steps=3)
-    engine.scheduler.gate = PlainFirst(calls=4)  # the prefill, then three runs of three steps
-    captures: list[list[int] | None] = []
-    forward = bundle.target.forward
-    monkeypatch.setattr(bundle.target, "forward", lambda *a, capture_layers=None, **k: captures.append(
-        capture_layers) or forward(*a, capture_layers=capture_layers, **k))
-    seqs = [engine.submit(Request(prompts[i], MAX_TOKENS, mode="adaflash", stop_ids=())) for i in range(6)]
-    for _ in range(4):
-        engine.step()
-    assert captures[0] is not None and captures[1:] == [None] * 9  # the prefill captured, the runs' steps did not
-    for seq in seqs:
-        assert seq.context_gap == len(prompts[seq.id])
-        assert sum(p.shape[0] for p in seq.pending_context) == len(prompts[seq.id])  # the prompt's features only
-        assert engine.context.lengths[seq.slot] == 0
-    refilled = 0
-    while engine.has_work:
-        drafted_before = {s.id: sum(1 for st in s.steps if st.draft_len and not st.copied) for s in seqs}
-        lengths = {s.id: len(s.tokens) for s in seqs}
-        engine.step()
-        for seq in engine.running.values():
-            if sum(1 for st in seq.steps if st.draft_len and not st.copied) == drafted_before[seq.id]:
-                continue
-            # It drafted in this step: its context reached the step's anchor, the skipped positions computed again.
-            assert seq.context_gap is None and engine.context.lengths[seq.slot] == lengths[seq.id] - 1
-            engine.flush_context([seq])
-            feats = target_features(twin, seq.tokens, drafter.config.target_layer_ids)[:-1]
-            ref = drafter.draft_uncached(twin, feats, seq.tokens[-1])
-            assert torch.equal(drafter.draft(bundle.target, engine.context, [seq.slot], [seq.tokens[-1]]).tokens,
-                               ref.tokens)
-            refilled += 1
-    assert refilled >= 6
-    assert [s.output for s in seqs] == reference[:6]
 
 
 def test_a_verify_with_a_prefill_riding_along_does_not_teach_the_verify_scale():

@@ -46,57 +46,31 @@ class LocalBackend:
         for seq in prefill:
             seq.slot = self.free_slots.pop()
         seqs = [*prefill, *verify]
-        if runs is not None:
-            _skip_capture(verify)
         results, ms = step_batch(self.target, self.cache, len(prefill), [s.slot for s in seqs],
                                  [s.tokens for s in prefill] + feeds, [s.sampling for s in seqs],
-                                 [s.generator for s in seqs], self.capture,
-                                 [s.can_draft and s.context_gap is None for s in seqs], [s.history for s in seqs],
-                                 runs, stop_early)
+                                 [s.generator for s in seqs], self.capture, [s.can_draft for s in seqs],
+                                 [s.history for s in seqs], runs, stop_early)
         return Timed((results[:len(prefill)], results[len(prefill):]), ms)
 
     async def draft(self, seqs: list[Sequence], block_length: int) -> Timed[Draft]:
         """Timed with the context the sequences committed since their last draft, which only a draft needs, as
         the served drafter model times its calls."""
         t0 = time.perf_counter()
-        refill_ms = self.flush_context(seqs)
+        self.flush_context(seqs)
         draft = self.drafter.draft(self.target, self.context, [s.slot for s in seqs], [s.tokens[-1] for s in seqs],
                                    block_length)
         self.place.synchronize()
-        return Timed(draft, ms_since(t0), refill_ms)
+        return Timed(draft, ms_since(t0))
 
-    def flush_context(self, seqs: list[Sequence]) -> float:
-        """Project queued features into the drafter's context cache, all sequences in one call, after computing
-        again those a plain decoding run skipped (`_refill`). Returns the milliseconds of that refill (0 without)."""
-        refill_ms = self._refill([s for s in seqs if s.context_gap is not None])
+    def flush_context(self, seqs: list[Sequence]) -> None:
+        """Project queued features into the drafter's context cache, all sequences in one call."""
         todo = [s for s in seqs if s.pending_context]
         if not todo:
-            return refill_ms
+            return
         parts = [torch.cat(s.pending_context) for s in todo]
         self.drafter.append_context(self.context, [s.slot for s in todo], torch.cat(parts), [p.shape[0] for p in parts])
         for s in todo:
             s.pending_context.clear()
-        return refill_ms
-
-    def _refill(self, seqs: list[Sequence]) -> float:
-        """Queue the target features of each sequence's positions from its `context_gap` on, computed again in one
-        forward (`Transformer.features`). Why not capture them as they are decoded: under load the gate holds plain
-        decoding for most calls, and a sequence drafts again in few of them (a probe of the plan arm), so a capture
-        on every plain step cost more than computing the few gaps drafted after."""
-        t0 = time.perf_counter()
-        gaps = [(s, s.context_gap, len(s.tokens) - 1) for s in seqs]
-        gaps = [(s, start, end) for s, start, end in gaps if end > start]
-        if gaps:
-            hidden = self.target.features(self.cache, [s.slot for s, _, _ in gaps], [start for _, start, _ in gaps],
-                                          [s.tokens[start:end] for s, start, end in gaps], self.capture)
-            for (s, start, end), rows in zip(gaps, hidden.split([end - start for _, start, end in gaps])):
-                s.pending_context.append(rows)
-        for s in seqs:
-            s.context_gap = None
-        if not gaps:
-            return 0.0
-        self.place.synchronize()
-        return ms_since(t0)
 
     async def release(self, seqs: list[Sequence]) -> None:
         for seq in seqs:
@@ -110,14 +84,6 @@ class LocalBackend:
 
     async def idle(self) -> None:
         """Nothing to do: `release` freed every slot at once."""
-
-
-def _skip_capture(seqs: list[Sequence]) -> None:
-    """A plain decoding run captures no features for the drafter: each drafting sequence's context then misses the
-    positions from the run's first on, until it drafts (`LocalBackend._refill`)."""
-    for s in seqs:
-        if s.can_draft and s.context_gap is None:
-            s.context_gap = len(s.tokens) - 1
 
 
 class Engine:

@@ -8,8 +8,7 @@ the orchestrator's calls are remote; the engine's never suspend, so it drives a 
 `run_now`, without an event loop.
 
 Invariant per running sequence: the target's cache and the drafter's context hold
-`len(tokens) - 1` positions once the features queued in `pending_context` are appended (and, in
-the engine, those its plain decoding runs skipped are computed again: `Sequence.context_gap`); the
+`len(tokens) - 1` positions once the features queued in `pending_context` are appended; the
 last token (the anchor) is fed by the next step with the draft it verifies. Features reach the
 drafter lazily, with the sequence's next draft, so steps that do not draft cost no drafter work.
 """
@@ -51,9 +50,6 @@ EMA = 0.2  # weight of the newest call in the running estimates of a call's fixe
 class Timed(Generic[T]):
     value: T
     ms: float  # the forward's time where it ran (no transport): what the cost model learns from
-    # Of a draft's `ms`, the time its sequences' skipped features took to compute again (`LocalBackend.flush_context`):
-    # paid once after a stretch of plain decoding, not by the drafts the cost model prices, so it learns without it.
-    refill_ms: float = 0.0
 
 
 class BackendError(RuntimeError):
@@ -310,7 +306,7 @@ class Scheduler:
             return {}
         self._forwards_ms += timed.ms
         if self.cost is not None and self._timed_alone():
-            self.cost.observe_draft(len(seqs), plan.block_length, timed.ms - timed.refill_ms)
+            self.cost.observe_draft(len(seqs), plan.block_length, timed.ms)
         ks = self.planner.cut(plan.drafts, timed.value, plan.load_besides_drafts())
         tokens = timed.value.tokens.tolist()
         return {r.key: tokens[i][:k] for i, (r, k) in enumerate(zip(plan.drafts, ks))}

@@ -53,9 +53,6 @@ class Sequence:
     policy: PolicyState | None = None
     can_draft: bool = True  # False without a drafter for its mode, or after the drafter failed it
     pending_context: list[torch.Tensor] = field(default_factory=list)  # target features not yet in the drafter
-    # The first position whose target features a plain decoding run did not capture, none since (None: nothing
-    # missing); the engine computes them again before the sequence drafts (`LocalBackend.flush_context`).
-    context_gap: int | None = None
     submitted_at: float = 0.0  # time.perf_counter() stamps
     admitted_at: float | None = None  # when it left the queue for a slot
     finished_at: float | None = None

@@ -370,11 +370,10 @@ class Transformer(nn.Module):
         """The last layer's output x [R, D] through the final norm and the LM head."""
         return self.lm_head_weight.linear(self, self.model.norm(x))
 
-    def forward_layers(self, fb: ForwardBatch, ids: Tensor, cache: KVCache, capture_layers: list[int] | None = None,
-                       depth: int | None = None) -> tuple[Tensor, Tensor | None]:
+    def forward_layers(self, fb: ForwardBatch, ids: Tensor, cache: KVCache,
+                       capture_layers: list[int] | None = None) -> tuple[Tensor, Tensor | None]:
         """The embedding and the decoder layers: the last layer's output [T, D], and the captured layers' outputs
-        [T, len(capture_layers) * D] (None when none are asked). `depth`: only the first `depth` layers run (all when
-        None), the first output then being that layer's."""
+        [T, len(capture_layers) * D] (None when none are asked)."""
         x = self.model.embed_tokens(ids)
         cos, sin = rope_cos_sin(self.inv_freq, fb.positions)
         cos, sin = cos.to(x.dtype), sin.to(x.dtype)
@@ -382,9 +381,9 @@ class Transformer(nn.Module):
         wanted = set(asked)
         fused = self._fused_layers(fb)
         if fused is not None and len(wanted) == len(asked):  # the native layers write a column per layer
-            return self._decode_natively(x, cos, sin, fb, cache, fused, asked, depth)
+            return self._decode_natively(x, cos, sin, fb, cache, fused, asked)
         captured: dict[int, Tensor] = {}
-        for i, layer in enumerate(self.model.layers[:depth]):
+        for i, layer in enumerate(self.model.layers):
             x = layer(x, cos, sin, fb, cache.k[i], cache.v[i])
             if i in wanted:
                 captured[i] = x
@@ -425,8 +424,7 @@ class Transformer(nn.Module):
         return native.Layers(weights) if all(w.usable() for w in weights) else None
 
     def _decode_natively(self, x: Tensor, cos: Tensor, sin: Tensor, fb: ForwardBatch, cache: KVCache,
-                         layers: native.Layers, capture_layers: list[int],
-                         depth: int | None = None) -> tuple[Tensor, Tensor | None]:
+                         layers: native.Layers, capture_layers: list[int]) -> tuple[Tensor, Tensor | None]:
         """`forward_layers`'s decoder layers in one C call (the same kernels `DecoderLayer` reaches through Python, in
         its order; about sixty calls fewer per layer). The captured layers are written side by side into one tensor:
         a concatenation after the forward copied them all once more, every step of every sequence that may draft."""
@@ -435,30 +433,8 @@ class Transformer(nn.Module):
         hidden = x.new_empty(x.shape[0], len(capture_layers) * x.shape[1]) if capture_layers else None
         native.decode_layers(x, layers, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim,
                              cfg.rms_norm_eps, cos, sin, cache.k, cache.v, fb.native, cfg.head_dim**-0.5, hidden,
-                             capture_layers, depth)
+                             capture_layers)
         return x, hidden
-
-    @torch.inference_mode()
-    def features(self, cache: KVCache, slots: list[int], starts: list[int], tokens: list[list[int]],
-                 capture_layers: list[int]) -> Tensor:
-        """The captured layers' outputs [T, len(capture_layers) * D] of positions already in `cache`: tokens[b] from
-        position starts[b] of slots[b], packed in order, computed again through the layers up to the last captured
-        one. The cache is left bitwise as it was: the forward writes those positions' keys and values again, and
-        they are put back, so the target's later steps read what plain decoding wrote.
-
-        Why: a step that no sequence drafts after captures for nothing, so plain decoding's runs capture nothing
-        (`engine.LocalBackend`), and a sequence that drafts later has the features of their positions computed
-        then, in one forward for every sequence drafting."""
-        counts = [len(t) for t in tokens]
-        device = self.inv_freq.device
-        _, pages, offsets = cache.locate(slots, starts, counts, device)
-        depth = max(capture_layers) + 1
-        kept = cache.k[:depth, pages, :, offsets].clone(), cache.v[:depth, pages, :, offsets].clone()
-        fb = ForwardBatch.build(cache, slots, starts, counts, device)
-        _, hidden = self.forward_layers(fb, indices([t for seq in tokens for t in seq], device), cache,
-                                        capture_layers, depth)
-        cache.k[:depth, pages, :, offsets], cache.v[:depth, pages, :, offsets] = kept
-        return hidden
 
 
 class TokenHeads(nn.Module):

@@ -186,21 +186,21 @@ class LayerScratch:
 
 def decode_layers(x: Tensor, layers: Layers, heads: int, kv_heads: int, dim: int, eps: float, cos: Tensor,
                   sin: Tensor, k_cache: Tensor, v_cache: Tensor, batch: AttentionBatch, scale: float,
-                  captured: Tensor | None, capture_layers: list[int], depth: int | None = None) -> None:
+                  captured: Tensor | None, capture_layers: list[int]) -> None:
     """Every Qwen3 decoder layer over the new tokens x [T, hidden] (contiguous, updated in place), storing their keys
     and values in the caches [layers, ...]: the native kernels in the order `target.DecoderLayer` calls them, in one
     call. captured[:, j * hidden : (j + 1) * hidden] (captured [T, len(capture_layers) * hidden], contiguous)
-    receives x after layer capture_layers[j]. `depth`: only the first `depth` layers run (all when None)."""
+    receives x after layer capture_layers[j]."""
     tokens, hidden = x.shape
     scratch = LayerScratch(tokens, hidden, layers.inter, heads, kv_heads, dim)
-    columns = dict.fromkeys(range(len(layers.weights) if depth is None else depth), 0)
+    columns = dict.fromkeys(range(len(layers.weights)), 0)
     if captured is not None:
         base, width = captured.data_ptr(), hidden * captured.element_size()
         columns.update((layer, base + j * width) for j, layer in enumerate(capture_layers))
     wanted = torch.tensor(list(columns.values()), dtype=torch.int64)
     capture_stride = len(capture_layers) * hidden
     _library().decode_layers(
-        x.data_ptr(), tokens, hidden, layers.inter, heads, kv_heads, dim, eps, len(columns),
+        x.data_ptr(), tokens, hidden, layers.inter, heads, kv_heads, dim, eps, len(layers.weights),
         layers.addresses.data_ptr(), wanted.data_ptr(), capture_stride, cos.data_ptr(), sin.data_ptr(),
         k_cache.data_ptr(), v_cache.data_ptr(), k_cache.stride(0), batch.table.data_ptr(), batch.table.shape[1],
         batch.first.data_ptr(), batch.starts.data_ptr(), batch.counts.data_ptr(), batch.counts.shape[0],
