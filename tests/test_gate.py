@@ -6,10 +6,15 @@ import random
 
 import pytest
 
+from helpers import fixed_costs, random_prompts
+
 from adaflash.decoding import gate as gate_module
+from adaflash.decoding.costs import CostModel
+from adaflash.decoding.engine import Engine
+from adaflash.decoding.sequence import Request
 from adaflash.decoding.gate import (ARMS, CLEARLY_BEHIND, EXPLORE_BACKOFF, BLOCK_CALLS, BLOCK_SEQUENCE_STEPS, CONFIRM_BLOCKS, EXPLORE_AFTER_FEWEST,
                                    EXPLORE_REGRET, FULL_PREFERENCE_FROM, PLAIN_BLOCK_SEQUENCE_STEPS, PLAIN_PREFERENCE,
-                                   SMALL_PLAIN_PREFERENCE, SWITCH_MARGIN, WARMUP_CALLS, WEIGHT, Arm, PlanGate,
+                                   SMALL_PLAIN_PREFERENCE, SWITCH_MARGIN, DRAIN_MARGINAL_SHARE, WARMUP_CALLS, WEIGHT, Arm, PlanGate,
                                    arms_for, block_calls, plain_preference)
 
 TWO = (Arm.PLAN, Arm.PLAIN)  # a gate without the copy arm: what the rules do between two arms
@@ -406,3 +411,60 @@ def test_the_preference_for_plain_decoding_is_the_full_one_from_64_sequences():
     for sequences in (2, 40, 64, 100):
         gate.choose(sequences)
     assert [load.plain_preference for load in gate.loads.values()] == [SMALL_PLAIN_PREFERENCE] * 2 + [PLAIN_PREFERENCE]
+
+
+def _compute_bound_costs(num_slots: int) -> CostModel:
+    """A verify costs 0.5 ms plus 0.2 ms a token: from 4 sequences a verified token costs most of what a plain step
+    costs a sequence (`CostModel.marginal_share` 0.62 at 4, 0.55 at 3, 0.44 at 2); the drafter costs next to nothing."""
+    sizes = [b for b in (1, 2, 4, 8) if b <= num_slots]
+    verify = {b: [(b * k, 0.5 + 0.2 * b * k) for k in (1, 2, 4, 8, 16)] for b in sizes}
+    return CostModel(verify=verify, draft={b: [(n, 0.001) for n in (2, 4, 8, 16)] for b in sizes})
+
+
+def test_the_marginal_share_is_high_where_the_forward_is_compute_bound_and_low_where_it_is_not():
+    bound = _compute_bound_costs(8)
+    assert bound.marginal_share(4) == pytest.approx(0.8 / 1.3)
+    assert bound.marginal_share(2) < DRAIN_MARGINAL_SHARE <= bound.marginal_share(4) < bound.marginal_share(8)
+    assert fixed_costs(16).marginal_share(16) < 0.1  # a fixed cost that dwarfs each token's, as on a GPU
+
+
+@pytest.mark.parametrize("compute_bound", [True, False])
+def test_a_draining_batch_decodes_plainly_where_a_token_costs_most_of_a_step(trained_tiny, compute_bound):
+    """Where no request waits and a verified token costs most of a plain step's share (`gate.DRAIN_MARGINAL_SHARE`:
+    from 4 sequences on this table), adaflash's calls decode plainly, neither asking the gate nor teaching it, and
+    propose nothing; while requests wait, at fewer sequences, or where the table says a token costs little, the gate
+    chooses. The output is plain decoding's either way."""
+    prompts = random_prompts(7, seed=41)
+    cost = _compute_bound_costs(4) if compute_bound else fixed_costs(4)
+    engine = Engine(trained_tiny.target, trained_tiny.drafter, num_slots=4, max_len=96, cost_model=cost, run_steps=2)
+    sched = engine.scheduler
+    asked, proposed, observed = [], [], []
+    choose, plan, observe = sched.gate.choose, engine.planner.plan, sched.gate.observe
+
+    def planned(*args, **kwargs):
+        out = plan(*args, **kwargs)
+        proposed.append(bool(out.drafts) or any(out.proposals.values()))
+        return out
+
+    sched.gate.choose = lambda n: asked.append(n) or choose(n)
+    engine.planner.plan = planned
+    sched.gate.observe = lambda *a, **k: observed.append(1) or observe(*a, **k)
+    seqs = [engine.submit(Request(p, 24 + 4 * i, mode="adaflash", stop_ids=())) for i, p in enumerate(prompts)]
+    drained = chosen = 0
+    while engine.has_work:
+        running, waiting = len(sched.running), len(sched.waiting)
+        admits = min(waiting, 4 - running)
+        before = len(asked), len(proposed), len(observed)
+        engine.step()
+        if not running:
+            continue
+        if compute_bound and waiting == admits and running + admits >= 4:
+            assert (len(asked), len(observed)) == (before[0], before[2]) and not any(proposed[before[1]:])
+            drained += 1
+        else:
+            assert len(asked) == before[0] + 1
+            chosen += 1
+    ar = Engine(trained_tiny.target, None, num_slots=4, max_len=96)
+    reference = ar.generate([Request(p, 24 + 4 * i, stop_ids=()) for i, p in enumerate(prompts)])
+    assert [s.output for s in seqs] == [s.output for s in reference]
+    assert chosen > 0 and (drained > 0 if compute_bound else drained == 0)

@@ -106,6 +106,16 @@ class CostModel:
         table = self._table_padded_ms(batch, 1) if self.padded else self._table_verify_ms(batch, batch)
         return batch / float(table)
 
+    def marginal_share(self, batch: int) -> float:
+        """What one more verified token a sequence costs a plain decoding step of `batch` sequences, as a share of
+        what the step costs a sequence, by the table: near 1 where the forward's arithmetic bounds it (a CPU under
+        load), near 0 where it reads the weights once whatever it verifies (a GPU at small batches)."""
+        if self.padded:
+            one, two = self._table_padded_ms(batch, 1), self._table_padded_ms(batch, 2)
+        else:
+            one, two = float(self._table_verify_ms(batch, batch)), float(self._table_verify_ms(batch, 2 * batch))
+        return (two - one) / one
+
     def verify_ms_run(self, batch: int, first: int, count: int) -> list[float]:
         """`verify_ms` of `batch` sequences at `first` tokens in all and at each of the `count` totals after, in Python
         floats: the figures `_whole_totals` keeps, kept as a list too. A plan at one sequence reads such a run at every

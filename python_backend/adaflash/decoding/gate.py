@@ -92,6 +92,15 @@ CONFIRM_BLOCKS = 2
 # cell where planning every step ran 0.91 of `ar` (docs/results.md, engine speed round 32).
 CONFIRM_WEIGHT = 0.5
 SERVED_MIN_SEQUENCES = 8  # the orchestrator's `PlanGate(min_sequences)`
+# Where no request waits, the running sequences only drain. A token that a speculative step commits early is then one
+# its sequence would have committed later anyway, in a step that runs whether or not (unless it shortens the longest
+# sequence), so it saves only what one more token of that later step costs, while the gate's rates credit each token
+# at what a step costs a sequence. From this `CostModel.marginal_share` (a forward bound by its arithmetic: a CPU under
+# load) such calls decode plainly, and the gate is neither asked nor taught (`Scheduler._drains`). On the CPU, with
+# the batch draining from 16 sequences on, math and chat at 64 sequences ran 0.997 and 0.992 of `ar` against the
+# gate's 0.972 and 0.977, and chat and math at 32 and the broad mix at 32 and 64 as before (docs/results.md, engine
+# speed round 40). Where a verified token costs little more than the step (a GPU), the gate decides as before.
+DRAIN_MARGINAL_SHARE = 0.55
 
 
 def plain_preference(sequences: int) -> float:

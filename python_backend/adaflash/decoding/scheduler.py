@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
 from adaflash.decoding.costs import CostModel
-from adaflash.decoding.gate import Arm, PlanGate
+from adaflash.decoding.gate import DRAIN_MARGINAL_SHARE, Arm, PlanGate
 from adaflash.decoding.modes import REFERENCE_MODE, Length, Mode, get_mode
 from adaflash.decoding.planner import Candidate, Plan, Planner
 from adaflash.decoding.sequence import Request, Sequence, StepRecord, draft_cap
@@ -162,7 +162,9 @@ class Scheduler:
         started, self._forwards_ms, self._recorded = time.perf_counter(), 0.0, graphs.recordings()
         active = [s for s in self.running.values() if not s.finished]
         admitted = self._admit()
-        arm = self._arm(active, admitted)
+        sequences = len(active) + len(admitted)
+        drains = self._drains(active, sequences)
+        arm = Arm.PLAIN if drains else self._arm(active, sequences)
         committed = 0 if arm is None else sum(len(s.output) for s in active)  # what the gate is told the call added
         runs = self._runs(active, arm) if active and not admitted else None
         if runs is not None:
@@ -177,7 +179,7 @@ class Scheduler:
             # paid per call too, so plain decoding's runs and the gate weigh it.
             ms = (time.perf_counter() - (self._mark or started)) * 1000
             self._observe_overhead(ms - self._forwards_ms, runs)
-            if arm is not None:
+            if arm is not None and not drains:
                 tokens = sum(len(s.output) for s in active) - committed
                 self.gate.observe(arm, tokens, ms, self._plain_rate(len(active)))
         await self._retire([s for s in self.running.values() if s.finished])
@@ -193,14 +195,21 @@ class Scheduler:
         """What plain decoding commits a ms at `sequences` by the cost table, the gate's yardstick (1 without one)."""
         return self.cost.plain_rate(sequences) if self.cost is not None and self.cost.verify else 1.0
 
-    def _arm(self, active: list[Sequence], admitted: list[Sequence]) -> Arm | None:
+    def _arm(self, active: list[Sequence], sequences: int) -> Arm | None:
         """The gate's arm for the cost-aware sequences of this call; None when there is no gate or no such
-        sequence runs. The load is the call's sequences, those it admits included: counted without them, each
+        sequence runs. The load is the call's `sequences`, those it admits included: counted without them, each
         admission to a full batch (one sequence ended, another joins) read as a load of its own, whose arm the
         call took and whose change of load dropped the block under way."""
         if self.gate is None or not any(_gated(get_mode(s.request.mode)) for s in active):
             return None
-        return self.gate.choose(len(active) + len(admitted))
+        return self.gate.choose(sequences)
+
+    def _drains(self, active: list[Sequence], sequences: int) -> bool:
+        """Whether this call's cost-aware sequences decode plainly because the batch only drains (no request waits)
+        where a verified token costs most of what a plain step costs a sequence (`gate.DRAIN_MARGINAL_SHARE`)."""
+        return (self.gate is not None and self.cost is not None and not self.waiting
+                and any(_gated(get_mode(s.request.mode)) for s in active)
+                and self.cost.marginal_share(sequences) >= DRAIN_MARGINAL_SHARE)
 
     def _runs(self, active: list[Sequence], arm: Arm | None) -> list[int] | None:
         """Each sequence's plain decoding steps in this call, when every one decodes plainly (None otherwise):
