@@ -1,4 +1,7 @@
-"""Round 40: does the plan arm cost whole runs where nothing waits (the batch drains)? `ar`, adaflash with the engine's
+"""Round 40, run before the rule was built (on 5322b84, where the engine's gate decides every call; with the rule built,
+its `gate` side has it too: `drain_built_ab.py` compares the rule as built against it switched off).
+
+Does the plan arm cost whole runs where nothing waits (the batch drains)? `ar`, adaflash with the engine's
 gate, and adaflash whose calls decode plainly whenever no request waits and DRAIN_FROM or more sequences run
 (`drain`), in separate runs taking turns (order reversed every round), each in an engine of its own that keeps its
 gate over the rounds (after WARM runs of each). Medians of the per-round ratios over `ar`; outputs held equal.
