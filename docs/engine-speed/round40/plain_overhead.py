@@ -1,5 +1,5 @@
-"""Round 40: adaflash held to plain decoding against `ar`, step by step, now that plain decoding runs capture no
-features (`engine._skip_capture`). Round 38's method (`../round38/plain_overhead.py`, `../round38/lockstep.py`): sides
+"""Round 40: adaflash held to plain decoding against `ar`, step by step, with plain decoding runs capturing no features
+(`engine._skip_capture`). Runs against commit 47e88bf (the lazy capture, reverted after: `lazy-capture.diff`). Round 38's method (`../round38/plain_overhead.py`, `../round38/lockstep.py`): sides
 stepped in lockstep, one plain decoding step a call, each step's least time over the rounds, summed. Sides:
   ar, ar2    `ar` twice: what two identical sides differ by;
   plain      adaflash held plain, as built: its runs capture nothing;

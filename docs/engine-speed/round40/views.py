@@ -1,7 +1,7 @@
-"""Round 40: the views of a verify's features made in one `split` (`steps._with_features`) against a slice per
-sequence (as before), adaflash held to plain decoding, against `ar`. Round 38's method (`../round38/lockstep.py`,
-`../round38/plain_overhead.py`): sides stepped in lockstep, one plain decoding step a call, each step's least time
-over the rounds, summed. Sides:
+"""Round 40: the views of a verify's features made in one `split` (`steps._with_features`, from `views-split.diff`,
+applied for the run and not kept) against a slice per sequence (as before), adaflash held to plain decoding, against
+`ar`. Round 38's method (`../round38/lockstep.py`, `../round38/plain_overhead.py`): sides stepped in lockstep, one
+plain decoding step a call, each step's least time over the rounds, summed. Sides:
   ar, ar2   `ar` twice: what two identical sides differ by;
   plain     adaflash held plain, as built: features captured and kept as views made by one split;
   slices    the same with a slice per sequence, as before this round.
