@@ -96,10 +96,10 @@ SERVED_MIN_SEQUENCES = 8  # the orchestrator's `PlanGate(min_sequences)`
 # its sequence would have committed later anyway, in a step that runs whether or not (unless it shortens the longest
 # sequence), so it saves only what one more token of that later step costs, while the gate's rates credit each token
 # at what a step costs a sequence. From this `CostModel.marginal_share` (a forward bound by its arithmetic: a CPU under
-# load) such calls decode plainly, and the gate is neither asked nor taught (`Scheduler._drains`). On the CPU, with
-# the batch draining from 16 sequences on, math and chat at 64 sequences ran 0.997 and 0.992 of `ar` against the
-# gate's 0.972 and 0.977, and chat and math at 32 and the broad mix at 32 and 64 as before (docs/results.md, engine
-# speed round 40). Where a verified token costs little more than the step (a GPU), the gate decides as before.
+# load) such calls decode plainly, and the gate is neither asked nor taught (`Scheduler._drains`). On the CPU that
+# gained where the gate had missed the bar (math and chat at 64 sequences) and cost multilingual about a point
+# (docs/results.md, engine speed round 40). Where a verified token costs little more than the step (a GPU's small
+# batches), the gate decides as before.
 DRAIN_MARGINAL_SHARE = 0.55
 
 
