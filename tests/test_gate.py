@@ -11,10 +11,11 @@ from helpers import fixed_costs, random_prompts
 from adaflash.decoding import gate as gate_module
 from adaflash.decoding.costs import CostModel
 from adaflash.decoding.engine import Engine
-from adaflash.decoding.gate import (ARMS, CLEARLY_BEHIND, EXPLORE_BACKOFF, BLOCK_CALLS, BLOCK_SEQUENCE_STEPS, CONFIRM_BLOCKS, EXPLORE_AFTER_FEWEST,
-                                   DRAIN_MARGINAL_SHARE, EXPLORE_REGRET, FULL_PREFERENCE_FROM, PLAIN_BLOCK_SEQUENCE_STEPS,
-                                   PLAIN_PREFERENCE, SMALL_PLAIN_PREFERENCE, SWITCH_MARGIN, WARMUP_CALLS, WEIGHT, Arm,
-                                   PlanGate, arms_for, block_calls, plain_preference)
+from adaflash.decoding.gate import (ARMS, BLOCK_CALLS, BLOCK_SEQUENCE_STEPS, CLEARLY_BEHIND, CONFIRM_BLOCKS,
+                                   DRAIN_MARGINAL_SHARE, EXPLORE_AFTER_FEWEST, EXPLORE_BACKOFF, EXPLORE_REGRET,
+                                   FULL_PREFERENCE_FROM, PLAIN_BLOCK_SEQUENCE_STEPS, PLAIN_PREFERENCE,
+                                   SMALL_PLAIN_PREFERENCE, SWITCH_MARGIN, WARMUP_CALLS, WEIGHT, Arm, PlanGate, arms_for,
+                                   block_calls, plain_preference)
 from adaflash.decoding.sequence import Request
 
 TWO = (Arm.PLAN, Arm.PLAIN)  # a gate without the copy arm: what the rules do between two arms
@@ -415,7 +416,7 @@ def test_the_preference_for_plain_decoding_is_the_full_one_from_64_sequences():
 
 def _compute_bound_costs(num_slots: int) -> CostModel:
     """A verify costs 0.5 ms plus 0.2 ms a token: from 4 sequences a verified token costs most of what a plain step
-    costs a sequence (`CostModel.marginal_share` 0.615 at 4, 0.545 at 3, 0.444 at 2); the drafter costs next to nothing."""
+    costs a sequence (`CostModel.marginal_share` 0.615 at 4, 0.545 at 3, 0.444 at 2); the drafter next to nothing."""
     sizes = [b for b in (1, 2, 4, 8) if b <= num_slots]
     verify = {b: [(b * k, 0.5 + 0.2 * b * k) for k in (1, 2, 4, 8, 16)] for b in sizes}
     return CostModel(verify=verify, draft={b: [(n, 0.001) for n in (2, 4, 8, 16)] for b in sizes})
