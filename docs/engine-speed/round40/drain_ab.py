@@ -61,15 +61,10 @@ def whole_broad_mix() -> Cell:
     return Cell(bundle, ids, context_length([len(i) for i in ids], MAX_TOKENS, block_size_of(bundle.drafter)))
 
 
-def main() -> None:
-    domain, concurrency, rounds = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-    cell = whole_broad_mix() if domain == "broad" else load(domain)
-    first = cell.engine()
-    engines = {"ar": (first, "ar"),
-               "gate": (Engine(cell.bundle.target, cell.bundle.drafter, num_slots=64, max_len=cell.max_len,
-                               cost_model=copy.deepcopy(first.cost)), "adaflash"),
-               "drain": (drained(Engine(cell.bundle.target, cell.bundle.drafter, num_slots=64, max_len=cell.max_len,
-                                        cost_model=copy.deepcopy(first.cost))), "adaflash")}
+def take_turns(cell: Cell, engines: dict[str, tuple[Engine, str]], concurrency: int, rounds: int) -> dict:
+    """`engines` (`ar` first, as name -> (engine, mode)) in separate runs of the cell taking turns, order reversed every
+    round, after WARM runs of each; each other side's per-round ratios over `ar`, printed as they come, and their
+    medians. Outputs held equal to `ar`'s."""
 
     def run(name: str) -> tuple[float, list[list[int]]]:
         engine, mode = engines[name]
@@ -80,7 +75,7 @@ def main() -> None:
     for _ in range(WARM):
         for name in engines:
             run(name)
-    ratios: dict[str, list[float]] = {"gate": [], "drain": []}
+    ratios: dict[str, list[float]] = {name: [] for name in list(engines)[1:]}
     for r in range(rounds):
         order = list(engines) if r % 2 == 0 else list(engines)[::-1]
         got = {name: run(name) for name in order}
@@ -88,8 +83,21 @@ def main() -> None:
         for name in ratios:
             ratios[name].append(round(got[name][0] / got["ar"][0], 3))
         print(r, {name: round(got[name][0], 1) for name in engines}, {n: v[-1] for n, v in ratios.items()}, flush=True)
-    print(json.dumps({"domain": domain, "concurrency": concurrency, "rounds": rounds, "drain_from": DRAIN_FROM,
-                      "median_over_ar": {n: statistics.median(v) for n, v in ratios.items()}, "by_round": ratios}))
+    return {"rounds": rounds, "median_over_ar": {n: statistics.median(v) for n, v in ratios.items()},
+            "by_round": ratios}
+
+
+def main() -> None:
+    domain, concurrency, rounds = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+    cell = whole_broad_mix() if domain == "broad" else load(domain)
+    first = cell.engine()
+    engines = {"ar": (first, "ar"),
+               "gate": (Engine(cell.bundle.target, cell.bundle.drafter, num_slots=64, max_len=cell.max_len,
+                               cost_model=copy.deepcopy(first.cost)), "adaflash"),
+               "drain": (drained(Engine(cell.bundle.target, cell.bundle.drafter, num_slots=64, max_len=cell.max_len,
+                                        cost_model=copy.deepcopy(first.cost))), "adaflash")}
+    result = take_turns(cell, engines, concurrency, rounds)
+    print(json.dumps({"domain": domain, "concurrency": concurrency, "drain_from": DRAIN_FROM, **result}))
 
 
 if __name__ == "__main__":

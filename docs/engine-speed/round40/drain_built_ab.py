@@ -11,22 +11,19 @@ from __future__ import annotations
 
 import copy
 import json
-import statistics
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 sys.path.insert(0, str(Path(__file__).parents[1] / "round30"))
-from cells import MAX_TOKENS, load  # noqa: E402
-from drain_ab import WARM, whole_broad_mix  # noqa: E402
+from cells import load  # noqa: E402
+from drain_ab import take_turns, whole_broad_mix  # noqa: E402
 
 from adaflash.decoding.engine import Engine  # noqa: E402
-from adaflash.decoding.sequence import Request  # noqa: E402
 
 
 def rule_off(engine: Engine) -> Engine:
-    engine.scheduler._drains = lambda active, sequences: False
+    engine.scheduler._drains = lambda sequences: False
     return engine
 
 
@@ -40,26 +37,7 @@ def main() -> None:
                       cost_model=copy.deepcopy(first.cost))
 
     engines = {"ar": (first, "ar"), "off": (rule_off(adaflash()), "adaflash"), "built": (adaflash(), "adaflash")}
-
-    def run(name: str) -> tuple[float, list[list[int]]]:
-        engine, mode = engines[name]
-        t0 = time.perf_counter()
-        seqs = engine.generate([Request(i, MAX_TOKENS, mode=mode) for i in cell.ids], concurrency=concurrency)
-        return sum(len(s.output) for s in seqs) / (time.perf_counter() - t0), [s.output for s in seqs]
-
-    for _ in range(WARM):
-        for name in engines:
-            run(name)
-    ratios: dict[str, list[float]] = {"off": [], "built": []}
-    for r in range(rounds):
-        order = list(engines) if r % 2 == 0 else list(engines)[::-1]
-        got = {name: run(name) for name in order}
-        assert all(got[name][1] == got["ar"][1] for name in got), "an output differs from ar's"
-        for name in ratios:
-            ratios[name].append(round(got[name][0] / got["ar"][0], 3))
-        print(r, {name: round(got[name][0], 1) for name in engines}, {n: v[-1] for n, v in ratios.items()}, flush=True)
-    print(json.dumps({"domain": domain, "concurrency": concurrency, "rounds": rounds,
-                      "median_over_ar": {n: statistics.median(v) for n, v in ratios.items()}, "by_round": ratios}))
+    print(json.dumps({"domain": domain, "concurrency": concurrency, **take_turns(cell, engines, concurrency, rounds)}))
 
 
 if __name__ == "__main__":

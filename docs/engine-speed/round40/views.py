@@ -14,11 +14,13 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).parent))
 sys.path.insert(0, str(Path(__file__).parents[1] / "round38"))
 sys.path.insert(0, str(Path(__file__).parents[1] / "round30"))
 from cells import load  # noqa: E402
+from least_times import report  # noqa: E402
 from lockstep import Lockstep, Side  # noqa: E402
-from plain_overhead import LONG_STEP_S, held, one_step, step_times  # noqa: E402
+from plain_overhead import held, one_step, step_times  # noqa: E402
 
 from adaflash.decoding import steps  # noqa: E402
 from adaflash.decoding.engine import Engine  # noqa: E402
@@ -55,18 +57,7 @@ def main() -> None:
              "slices": Side("adaflash", slicing)}
     lock = Lockstep(load(domain), sides, concurrency)
     runs = [step_times(lock) for _ in range(rounds)]
-    n = len(runs[0]["ar"])
-    assert all(len(r[name]) == n for r in runs for name in sides), "the sides' steps differ"
-    least = {name: [min(r[name][i] for r in runs) for i in range(n)] for name in sides}
-    long = [i for i in range(n) if least["ar"][i] > LONG_STEP_S]
-    short = [i for i in range(n) if i not in set(long)]
-    print(f"{domain} c={concurrency}, {rounds} rounds, {n} steps ({len(long)} long: "
-          f"{sum(least['ar'][i] for i in long):.3f} s of ar's {sum(least['ar']):.3f} s); each step's least time over "
-          "ar's:")
-    for name in list(sides)[1:]:
-        over = {part: sum(least[name][i] for i in idx) / sum(least["ar"][i] for i in idx) - 1
-                for part, idx in (("long", long), ("short", short), ("all", range(n)))}
-        print(f"  {name:9s}" + "  ".join(f"{part} {100 * v:+.2f}%" for part, v in over.items()), flush=True)
+    report(domain, concurrency, runs, list(sides))
 
 
 if __name__ == "__main__":

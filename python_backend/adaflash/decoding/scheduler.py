@@ -162,9 +162,10 @@ class Scheduler:
         started, self._forwards_ms, self._recorded = time.perf_counter(), 0.0, graphs.recordings()
         active = [s for s in self.running.values() if not s.finished]
         admitted = self._admit()
-        sequences = len(active) + len(admitted)
-        drains = self._drains(active, sequences)
-        arm = Arm.PLAIN if drains else self._arm(active, sequences)
+        sequences = len(active) + len(admitted)  # the gate's load (`_gate_decides`)
+        gated = self._gate_decides(active)
+        drains = gated and self._drains(sequences)
+        arm = None if not gated else Arm.PLAIN if drains else self.gate.choose(sequences)
         committed = 0 if arm is None else sum(len(s.output) for s in active)  # what the gate is told the call added
         runs = self._runs(active, arm) if active and not admitted else None
         if runs is not None:
@@ -195,20 +196,17 @@ class Scheduler:
         """What plain decoding commits a ms at `sequences` by the cost table, the gate's yardstick (1 without one)."""
         return self.cost.plain_rate(sequences) if self.cost is not None and self.cost.verify else 1.0
 
-    def _arm(self, active: list[Sequence], sequences: int) -> Arm | None:
-        """The gate's arm for the cost-aware sequences of this call; None when there is no gate or no such
-        sequence runs. The load is the call's `sequences`, those it admits included: counted without them, each
-        admission to a full batch (one sequence ended, another joins) read as a load of its own, whose arm the
-        call took and whose change of load dropped the block under way."""
-        if self.gate is None or not any(_gated(get_mode(s.request.mode)) for s in active):
-            return None
-        return self.gate.choose(sequences)
+    def _gate_decides(self, active: list[Sequence]) -> bool:
+        """Whether the gate sets the arm of this call's cost-aware sequences: there is a gate and such a sequence runs.
+        Its load is the call's sequences, those it admits included: counted without them, each admission to a full
+        batch (one sequence ended, another joins) read as a load of its own, whose arm the call took and whose change
+        of load dropped the block under way."""
+        return self.gate is not None and any(_gated(get_mode(s.request.mode)) for s in active)
 
-    def _drains(self, active: list[Sequence], sequences: int) -> bool:
-        """Whether this call's cost-aware sequences decode plainly because the batch only drains (no request waits)
+    def _drains(self, sequences: int) -> bool:
+        """Whether the call's cost-aware sequences decode plainly because the batch only drains (no request waits)
         where a verified token costs most of what a plain step costs a sequence (`gate.DRAIN_MARGINAL_SHARE`)."""
-        return (self.gate is not None and self.cost is not None and not self.waiting
-                and any(_gated(get_mode(s.request.mode)) for s in active)
+        return (self.cost is not None and not self.waiting
                 and self.cost.marginal_share(sequences) >= DRAIN_MARGINAL_SHARE)
 
     def _runs(self, active: list[Sequence], arm: Arm | None) -> list[int] | None:
