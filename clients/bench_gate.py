@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import dataclasses
 import json
 import statistics
 import sys
@@ -44,6 +45,7 @@ RUN_ORDER = ("dflash", "ngram", "ar", "adaflash", "adaflash-no-gate")
 # engine speed rounds 31-33); the interval says whether a cell's miss is its own or the machine's.
 INTERVAL = 0.90
 RESAMPLES = 10_000
+POOLED = "pooled"  # the one cell of --pooled
 LOW_LOAD_PROMPTS = 16  # at concurrency 1 a cell runs this many prompts (a pass over 64 would take minutes)
 
 
@@ -55,6 +57,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--prompts", type=Path, help="instead of --eval-data: JSON lines with prompt and domain")
     p.add_argument("--split", choices=("tune", "holdout"), help="with --prompts: only this split")
     p.add_argument("--domains", type=csv_list(str), help="only these domains (default: every one)")
+    p.add_argument("--pooled", action="store_true",
+                   help="every prompt (after --domains) in one cell, domain 'pooled': mixed traffic under load")
     p.add_argument("--concurrency", type=csv_list(int), default=[1, 8, 32, 64])
     p.add_argument("--max-tokens", type=int, default=96)
     p.add_argument("--max-prompt-tokens", type=int, default=400)
@@ -71,9 +75,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def load(args: argparse.Namespace) -> list[Prompt]:
+    """The prompts, each labelled with the cell it runs in."""
     if args.prompts:
-        return load_prompts(args.prompts, None, args.split)
-    return eval_set_prompts(args.eval_data, args.per_domain, training_template=True)
+        prompts = load_prompts(args.prompts, None, args.split)
+    else:
+        prompts = eval_set_prompts(args.eval_data, args.per_domain, training_template=True)
+    prompts = [p for p in prompts if not args.domains or p.domain in args.domains]
+    return [dataclasses.replace(p, domain=POOLED) for p in prompts] if args.pooled else prompts
 
 
 def summarise(rows: list[dict]) -> list[dict]:
@@ -164,7 +172,7 @@ def main(argv: list[str] | None = None) -> int:
     engines = {**{m: (fixed, m) for m in FIXED}, "adaflash": (gated, "adaflash"),
                "adaflash-no-gate": (plain, "adaflash")}
     rows, ok = [], True
-    for domain in sorted({p.domain for p in prompts if not args.domains or p.domain in args.domains}):
+    for domain in sorted({p.domain for p in prompts}):
         mine = [i for i, p in zip(ids, prompts) if p.domain == domain]
         for c in args.concurrency:
             cell = mine[:LOW_LOAD_PROMPTS] if c == 1 else mine

@@ -13,6 +13,7 @@ from adaflash.decoding.engine import Engine
 from adaflash.decoding.sampling import SamplingParams
 from adaflash.decoding.sequence import Request, Sequence
 from adaflash.evaluation.bench import Contender, compare, departure_gap, rounds, run_bench
+from adaflash.evaluation.prompts import load_prompts
 from adaflash.models.bundle import tiny_random_bundle
 
 
@@ -185,3 +186,14 @@ def test_bench_gate_gives_each_cell_the_median_of_its_rounds_ratios_and_an_inter
     assert 0.95 <= swinging["low"] <= 0.97 <= swinging["high"] <= 1.01 and swinging["low"] < swinging["high"]
     assert summary["steady"]["adaflash_round_median_interval"] == {"median": 1.05, "low": 1.05, "high": 1.05}
     assert bench_gate.summarise(rows) == list(summary.values())  # resampled alike every time: reproducible
+
+
+@pytest.mark.parametrize("pooled", [False, True])
+def test_bench_gate_pools_the_chosen_domains_into_one_cell_only_when_asked(pooled):
+    bench_gate = _bench_gate()
+    mix = Path(__file__).parents[1] / "python_backend" / "adaflash" / "data" / "broad_mix.jsonl"
+    argv = ["--model-dir", "m", "--json", "j", "--prompts", str(mix), "--split", "holdout", "--domains", "qa,rag"]
+    prompts = bench_gate.load(bench_gate.parse_args(argv + ["--pooled"] * pooled))
+    chosen = [p for p in load_prompts(mix, None, "holdout") if p.domain in ("qa", "rag")]
+    assert [p.id for p in prompts] == [p.id for p in chosen] and chosen
+    assert {p.domain for p in prompts} == ({"pooled"} if pooled else {"qa", "rag"})
