@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import random
 
 import pytest
@@ -12,7 +13,7 @@ from adaflash.decoding import gate as gate_module
 from adaflash.decoding.costs import CostModel
 from adaflash.decoding.engine import Engine
 from adaflash.decoding.gate import (ARMS, BLOCK_CALLS, BLOCK_SEQUENCE_STEPS, CLEARLY_BEHIND, CONFIRM_BLOCKS,
-                                   DRAIN_MARGINAL_SHARE, EXPLORE_AFTER_FEWEST, EXPLORE_BACKOFF, EXPLORE_REGRET,
+                                   DRAIN_MARGINAL_SHARE, EAGER_MIN_SEQUENCES, EXPLORE_AFTER_FEWEST, EXPLORE_BACKOFF, EXPLORE_REGRET,
                                    FULL_PREFERENCE_FROM, PLAIN_BLOCK_SEQUENCE_STEPS, PLAIN_PREFERENCE,
                                    SMALL_PLAIN_PREFERENCE, SWITCH_MARGIN, WARMUP_CALLS, WEIGHT, Arm, PlanGate, arms_for,
                                    block_calls, plain_preference)
@@ -235,6 +236,25 @@ def test_below_its_minimum_load_every_call_plans_and_nothing_is_learnt():
     gate.observe(Arm.PLAN, 1, 100.0)
     assert gate.loads[8 .bit_length()].blocks == {Arm.PLAN: 2, Arm.PLAIN: 2}
     assert gate.choose(8) is Arm.PLAIN
+
+
+def test_an_eager_engine_plans_every_call_up_to_eight_sequences_and_a_graphed_one_s_gate_decides_from_one(
+        trained_tiny):
+    """Where steps are eager the gate's blocks and tries cost more than they save at low loads (`EAGER_MIN_SEQUENCES`):
+    a batch of eight plans every call and teaches the gate nothing, with plain decoding's output. Where steps are graphed
+    the gate decides from one sequence (its copy arm)."""
+    bundle = trained_tiny
+    prompts = random_prompts(10, seed=43)
+    eager = Engine(bundle.target, bundle.drafter, num_slots=8, max_len=96, cost_model=fixed_costs(8))
+    seqs = eager.generate([Request(p, 16, mode="adaflash", stop_ids=()) for p in prompts], concurrency=8)
+    assert eager.scheduler.gate.loads == {} and eager.scheduler.gate.tally[Arm.PLAN].calls == 0
+    assert eager.scheduler.gate.min_sequences == EAGER_MIN_SEQUENCES
+    assert any(st.draft_len for s in seqs for st in s.steps)
+    ar = Engine(bundle.target, None, num_slots=8, max_len=96)
+    assert [s.output for s in seqs] == [s.output for s in ar.generate([Request(p, 16, stop_ids=()) for p in prompts])]
+    graphed = dataclasses.replace(fixed_costs(8), padded=True)
+    assert Engine(bundle.target, bundle.drafter, num_slots=8, max_len=96,
+                  cost_model=graphed).scheduler.gate.min_sequences == 1
 
 
 def test_an_arm_run_again_after_many_leader_blocks_catches_up_with_its_new_rate_at_once():

@@ -15,7 +15,7 @@ from itertools import count
 import torch
 
 from adaflash.decoding.costs import CostModel, measure_costs
-from adaflash.decoding.gate import PlanGate, arms_for
+from adaflash.decoding.gate import PlanGate, arms_for, engine_min_sequences
 from adaflash.decoding.planner import Planner
 from adaflash.decoding.policy import LengthController
 from adaflash.decoding.scheduler import Scheduler, Timed, run_now
@@ -119,7 +119,8 @@ class Engine:
         self.cost = cost_model
         self.backend = LocalBackend(target, drafter, num_slots, max_len, paging)
         self.planner = Planner(LengthController(cost_model, block_size_of(drafter), prior_weight, probe_every), copies)
-        gate = PlanGate(arms=arms_for(copies, cost_model is not None and cost_model.padded)) if plan_gate else None
+        padded = cost_model is not None and cost_model.padded
+        gate = PlanGate(engine_min_sequences(padded), arms_for(copies, padded)) if plan_gate else None
         self.scheduler = Scheduler(self.backend, self.planner, cost_model, num_slots, max_len, drafter is not None,
                                    prefill_tokens, paging, run_steps, gate)
         self._ids = count()

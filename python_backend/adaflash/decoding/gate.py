@@ -12,8 +12,9 @@ its arms in blocks of calls, follows the one that commits the most tokens per mi
 keeps trying the others now and then, more often the closer they are. Its arms are the fixed modes a cost-aware
 sequence could have been (`Arm`): the plan itself, prompt lookup (where steps are graphed: `arms_for`), plain
 decoding. The output does not depend on the arm (each verifies losslessly), so greedy decoding stays equal to plain
-decoding whatever the gate chooses. The engine uses it at every load; the orchestrator from SERVED_MIN_SEQUENCES
-running sequences, below which served planning every step was measured faster (docs/results.md, rounds 13 and 14).
+decoding whatever the gate chooses. The engine uses it at every load where its steps are graphed, from
+EAGER_MIN_SEQUENCES running sequences where they are eager; the orchestrator from SERVED_MIN_SEQUENCES: below these,
+planning every step was measured faster (docs/results.md, rounds 13, 14 and 41).
 """
 
 from __future__ import annotations
@@ -92,6 +93,14 @@ CONFIRM_BLOCKS = 2
 # cell where planning every step ran 0.91 of `ar` (docs/results.md, engine speed round 32).
 CONFIRM_WEIGHT = 0.5
 SERVED_MIN_SEQUENCES = 8  # the orchestrator's `PlanGate(min_sequences)`
+# The engine's `PlanGate(min_sequences)` where its steps are eager (a CPU): up to 8 sequences every call plans. Why:
+# there the plan arm's calls cost little more than plain decoding's, and the gate's blocks, tries and switches cost
+# more than it saves: paired with planning every step in the same rounds of the CPU's gate benchmarks, the gate was
+# behind at one and at eight sequences, and at eight it missed the 0.97 bar in more cells. Where it held a code load
+# on plain decoding, whose calls there commit less a ms than the plan arm's, whole runs lost to planning every step
+# (docs/results.md, engine speed round 41). Where steps are graphed the copy arm is the gate's lever at low loads (GPU
+# round 25), so there it decides from one sequence.
+EAGER_MIN_SEQUENCES = 9
 # Where no request waits, the running sequences only drain. A token that a speculative step commits early is then one
 # its sequence would have committed later anyway, in a step that runs whether or not (unless it shortens the longest
 # sequence), so it saves only what one more token of that later step costs, while the gate's rates credit each token
@@ -118,6 +127,12 @@ class Arm(Enum):
 
 
 ARMS = (Arm.PLAN, Arm.COPY, Arm.PLAIN)  # in the order a load first measures them
+
+
+def engine_min_sequences(padded: bool) -> int:
+    """The fewest running sequences at which the engine's gate decides: every load where steps are `padded`
+    (graphed), else EAGER_MIN_SEQUENCES."""
+    return 1 if padded else EAGER_MIN_SEQUENCES
 
 
 def arms_for(copies: bool, padded: bool) -> tuple[Arm, ...]:
