@@ -224,8 +224,9 @@ def test_the_first_call_after_a_switch_is_not_measured():
 
 
 def test_below_its_minimum_load_every_call_plans_and_nothing_is_learnt():
-    """The orchestrator's gate (`min_sequences`): fewer running sequences plan every call, however fast plain
-    decoding looked at a higher load, and their calls teach nothing; from the minimum on it decides as before."""
+    """A gate with a minimum load (`min_sequences`: the orchestrator's, an eager engine's): fewer running sequences plan
+    every call, however fast plain decoding looked at a higher load, and their calls teach nothing; from the minimum
+    on it decides as before."""
     gate = PlanGate(min_sequences=8, arms=TWO)
     for _ in range(3 * (block_calls(7) + WARMUP_CALLS)):
         assert gate.choose(7) is Arm.PLAN
