@@ -72,7 +72,7 @@ def main(domain: str, concurrency: int, rounds: int) -> None:
             row["rest"] = wall - sum(row[k] for k in ("plan", "cut", "draft", "forward"))
             for kind in ("none", "copy", "draft"):
                 mine = [st for st in steps if ("copy" if st.copied else "draft" if st.draft_len else "none") == kind]
-                row[kind] = (kinds[kind], sum(st.draft_len for st in mine), sum(st.accepted for st in mine))
+                row[f"{kind} steps"] = (kinds[kind], sum(st.draft_len for st in mine), sum(st.accepted for st in mine))
             if r:
                 rows[name].append(row)
         assert outputs["plan"] == outputs["ar"], "an output departs from ar's"
@@ -81,9 +81,10 @@ def main(domain: str, concurrency: int, rounds: int) -> None:
     print(f"{domain} c={concurrency}, {rounds} rounds, medians:")
     for name, rs in rows.items():
         med = {k: statistics.median(r[k] for r in rs) for k in ("wall", "plan", "cut", "draft", "forward", "rest")}
-        kinds = "  ".join(f"{k} steps {statistics.median(r[k][0] for r in rs):.0f} "
+        kinds = "  ".join(f"{k} {statistics.median(r[k][0] for r in rs):.0f} "
                           f"(proposed {statistics.median(r[k][1] for r in rs):.0f}, "
-                          f"accepted {statistics.median(r[k][2] for r in rs):.0f})" for k in ("none", "copy", "draft"))
+                          f"accepted {statistics.median(r[k][2] for r in rs):.0f})"
+                          for k in ("none steps", "copy steps", "draft steps"))
         print(f"  {name:4s} wall {1000 * med['wall']:.0f} ms: " + ", ".join(
             f"{k} {1000 * med[k]:.0f}" for k in ("forward", "draft", "plan", "cut", "rest")) + f"; {kinds}", flush=True)
     print(f"  plan over ar, median of rounds: "
