@@ -94,12 +94,11 @@ CONFIRM_BLOCKS = 2
 CONFIRM_WEIGHT = 0.5
 SERVED_MIN_SEQUENCES = 8  # the orchestrator's `PlanGate(min_sequences)`
 # The engine's `PlanGate(min_sequences)` where its steps are eager (a CPU): up to 8 sequences every call plans. Why:
-# there the plan arm's calls cost little more than plain decoding's, and the gate's blocks, tries and switches cost
-# more than it saves: paired with planning every step in the same rounds of the CPU's gate benchmarks, the gate was
-# behind at one and at eight sequences, and at eight it missed the 0.97 bar in more cells. Where it held a code load
-# on plain decoding, whose calls there commit less a ms than the plan arm's, whole runs lost to planning every step
-# (docs/results.md, engine speed round 41). Where steps are graphed the copy arm is the gate's lever at low loads (GPU
-# round 25), so there it decides from one sequence.
+# there the gate's blocks, tries and switches cost more than it saved. Paired with planning every step in the same
+# rounds of the CPU's gate benchmarks, the gate was behind at one and at eight sequences, and at eight it missed the
+# 0.97 bar in more cells. Where it held a code load on plain decoding, whose calls there commit less a ms than the
+# plan arm's, whole runs lost to planning every step (docs/results.md, engine speed round 41). Where steps are graphed
+# the copy arm is the gate's lever at low loads (GPU round 25), so there it decides from one sequence.
 EAGER_MIN_SEQUENCES = 9
 # Where no request waits, the running sequences only drain. A token that a speculative step commits early is then one
 # its sequence would have committed later anyway, in a step that runs whether or not (unless it shortens the longest
