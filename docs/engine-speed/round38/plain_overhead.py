@@ -107,6 +107,22 @@ def step_times(lock: Lockstep) -> dict[str, list[float]]:
     return times
 
 
+def report(domain: str, concurrency: int, runs: list[dict[str, list[float]]], sides: list[str], note: str = "") -> None:
+    """Print each side's least step times over `ar`'s (`sides[0]`), from `runs` (`plain_overhead.step_times` each)."""
+    n = len(runs[0]["ar"])
+    assert all(len(r[name]) == n for r in runs for name in sides), "the sides' steps differ"
+    least = {name: [min(r[name][i] for r in runs) for i in range(n)] for name in sides}
+    long = [i for i in range(n) if least["ar"][i] > LONG_STEP_S]
+    short = [i for i in range(n) if i not in set(long)]
+    print(f"{domain} c={concurrency}, {note}{len(runs)} rounds, {n} steps ({len(long)} long: "
+          f"{sum(least['ar'][i] for i in long):.3f} s of ar's {sum(least['ar']):.3f} s); each step's least time over "
+          "ar's:")
+    for name in sides[1:]:
+        over = {part: sum(least[name][i] for i in idx) / sum(least["ar"][i] for i in idx) - 1
+                for part, idx in (("long", long), ("short", short), ("all", range(n)))}
+        print(f"  {name:9s}" + "  ".join(f"{part} {100 * v:+.2f}%" for part, v in over.items()), flush=True)
+
+
 def main() -> None:
     domain, concurrency, rounds = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
     steps._judged = patched_judged
@@ -115,18 +131,7 @@ def main() -> None:
              "nocap": Side("adaflash", uncaptured)}
     lock = Lockstep(load(domain), sides, concurrency)
     runs = [step_times(lock) for _ in range(rounds)]
-    n = len(runs[0]["ar"])
-    assert all(len(r[name]) == n for r in runs for name in sides), "the sides' steps differ"
-    least = {name: [min(r[name][i] for r in runs) for i in range(n)] for name in sides}
-    long = [i for i in range(n) if least["ar"][i] > LONG_STEP_S]
-    short = [i for i in range(n) if i not in set(long)]
-    print(f"{domain} c={concurrency}, {rounds} rounds, {n} steps ({len(long)} long: "
-          f"{sum(least['ar'][i] for i in long):.3f} s of ar's {sum(least['ar']):.3f} s); each step's least time over "
-          "ar's:")
-    for name in list(sides)[1:]:
-        over = {part: sum(least[name][i] for i in idx) / sum(least["ar"][i] for i in idx) - 1
-                for part, idx in (("long", long), ("short", short), ("all", range(n)))}
-        print(f"  {name:8s}" + "  ".join(f"{part} {100 * v:+.2f}%" for part, v in over.items()), flush=True)
+    report(domain, concurrency, runs, list(sides))
 
 
 if __name__ == "__main__":
