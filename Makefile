@@ -64,9 +64,9 @@ $(VENV)/.onnx: pyproject.toml | venv
 
 # On a host with an NVIDIA GPU (docs/gpu.md): the GPU tests, a step profile, the plan gate's benchmark in fp32
 # and `adaflash bench` in bf16 (real checkpoints too when ADAFLASH_GPU_MODEL_DIR names a model folder), each part
-# bounded; clients/gpu_check.sh says what and in which order. Output under bench-out/gpu/.
+# bounded; benchmarks/gpu_check.sh says what and in which order. Output under bench-out/gpu/.
 gpu-check: venv
-	PYTHON=$(BIN)/python clients/gpu_check.sh bench-out/gpu
+	PYTHON=$(BIN)/python benchmarks/gpu_check.sh bench-out/gpu
 
 # Benchmarks write JSON under bench-out/; speed claims live here, never in tests.
 bench: venv
@@ -75,7 +75,7 @@ bench: venv
 		--per-domain 16 --modes ar,ngram,dflash,adaflash-published,adaflash --concurrency 1,8,32,64 \
 		--max-tokens 128 --json bench-out/engine-copy.json
 	$(BIN)/adaflash bench --tiny-random --modes ar,ngram,dflash,adaflash,adaflash-published --concurrency 1,4,16 --json bench-out/engine-tiny.json
-	$(BIN)/python clients/bench_runner.py --json bench-out/runner-vs-transformers.json
+	$(BIN)/python benchmarks/bench_runner.py --json bench-out/runner-vs-transformers.json
 
 # Peer rows next to ours (ar, ngram, dflash, adaflash): transformers' generate (greedy, prompt lookup) and
 # llama.cpp (f32 and f16: plain, prompt lookup, DFlash with drafter-dflash) on models/default and 16 code
@@ -88,7 +88,7 @@ $(PEERS_STAMP): $(STAMP)
 
 .PHONY: bench-peers
 bench-peers: $(PEERS_STAMP)
-	$(BIN)/python clients/bench_peers.py --json bench-out/peers.json
+	$(BIN)/python benchmarks/bench_peers.py --json bench-out/peers.json
 
 # Capacity sweep: Locust per spec_mode and concurrency against a server it starts (models/default, else
 # the tiny random models); CSVs, plots and report.md in bench-out/sweep/. SWEEP_ARGS adds options, e.g.
@@ -102,7 +102,7 @@ sweep: venv
 # tiny random models unless SOAK_ARGS="--model-dir models/default". `make test` runs its short scale.
 SOAK_ARGS ?=
 soak: venv
-	$(BIN)/python -m adaflash_client.reliability --json bench-out/reliability.json $(SOAK_ARGS)
+	$(BIN)/python -m adaflash_tools.reliability --json bench-out/reliability.json $(SOAK_ARGS)
 
 clean:
 	rm -rf $(VENV) bench-out .serve work

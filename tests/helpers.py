@@ -108,7 +108,7 @@ def modes_equal_up_to_ties(target: Transformer, drafter, prompts: list[list[int]
                            tolerance: float) -> int:
     """Run every mode on `prompts` and check each output equals plain decoding's, or first departs from it at a
     near-tie (`departure_gap` at most `tolerance`). Returns how many outputs were equal."""
-    from adaflash.decoding.modes import MODE_NAMES
+    from adaflash_contract.modes import MODE_NAMES
 
     engine = Engine(target, drafter, num_slots=len(prompts), max_len=max(map(len, prompts)) + max_tokens + 20,
                     cost_model=fixed_costs(len(prompts)))

@@ -11,7 +11,7 @@ import pytest
 import torch
 from helpers import fixed_costs
 
-from adaflash.decoding.modes import MODE_NAMES
+from adaflash_contract.modes import MODES
 from adaflash.decoding.sampling import SamplingParams
 from adaflash.decoding.sequence import Request, Sequence, StepRecord
 from adaflash.decoding.steps import StepResult
@@ -21,11 +21,23 @@ from adaflash.models.chat_template import ChatTemplate, load_chat_template
 from adaflash.models.tokenizer import byte_tokenizer, load_tokenizer
 from adaflash.serving import protocol
 from adaflash.serving.api import DETOKENIZE_CONTEXT, Detokenizer, encode
-from adaflash.serving.protocol import RequestLimits, parse_request
+from adaflash_contract.errors import RequestError
+from adaflash.decoding.limits import Limits
+from adaflash.serving.protocol import RequestDefaults, parse_request
 
 QWEN3_CHAT = Path(__file__).parent / "fixtures" / "qwen3_chat"
-LIMITS = RequestLimits(max_output_tokens=100, modes=MODE_NAMES, default_mode="adaflash")
-AR = RequestLimits(max_output_tokens=100, modes=MODE_NAMES, default_mode="ar")
+LIMITS = RequestDefaults(default_mode="adaflash")
+AR = RequestDefaults(default_mode="ar")
+SERVER = Limits(vocab_size=300, max_len=200, block_size=16, max_output_tokens=100, max_prompt_tokens=64)
+
+
+def _checked(tensors, tok=None, limits: Limits = SERVER, chat=None):
+    """A request as the server takes it: parsed, tokenised (a byte tokenizer), then checked once (`Limits.check`)."""
+    tok = tok or byte_tokenizer()
+    values = parse_request(tensors, AR)
+    served = protocol.served_request(encode(tok, values, tok.get_vocab_size(), [256], chat), values)
+    limits.check(served.request)
+    return served
 
 
 def _tensors(**kw):
@@ -44,12 +56,12 @@ def test_defaults_and_overrides():
                    "frequency_penalty": 0.0, "min_tokens": 0, "return_log_probs": False, "end_id": None,
                    "pad_id": None, "stop_words": (), "bad_words": (), "exclude_input_in_output": True,
                    "return_num_input_tokens": False, "return_num_output_tokens": False, "return_perf_metrics": False,
-                   "spec_mode": "adaflash", "max_draft": None, "apply_chat_template": False, "messages": (),
+                   "spec_mode": MODES["adaflash"], "max_draft": None, "apply_chat_template": False, "messages": (),
                    "chat_template_kwargs": {}, "num_return_sequences": 1, "beam_width": 1, "length_penalty": 1.0,
                    "return_context_logits": False, "return_generation_logits": False, **dict.fromkeys(refused)}
     got = parse_request(_tensors(spec_mode=np.array([[b"ngram"]], dtype=object), top_k=np.array([[5]]),
                                  random_seed=np.array([[7]], dtype=np.uint64)), LIMITS)
-    assert (got["spec_mode"], got["top_k"], got["seed"]) == ("ngram", 5, 7)  # random_seed: seed's old name
+    assert (got["spec_mode"], got["top_k"], got["seed"]) == (MODES["ngram"], 5, 7)  # random_seed: seed's old name
     with pytest.raises(ValueError, match="^random_seed: an alias of seed"):
         parse_request(_tensors(seed=np.array([[1]], dtype=np.uint64), random_seed=np.array([[7]], dtype=np.uint64)),
                       LIMITS)
@@ -85,28 +97,28 @@ def test_tensorrt_llm_inputs_this_server_does_not_do_are_refused_by_name(field, 
     ("chat_template_kwargs", np.array([[b'["enable_thinking"]']], dtype=object)),
 ])
 def test_bad_values_name_their_field(field, value):
-    with pytest.raises(ValueError, match=f"^{field}:"):
-        parse_request(_tensors(**{field: value}), LIMITS)
+    with pytest.raises(RequestError, match=f"^{field}:") as refused:
+        _checked(_tensors(**{field: value}))
+    assert refused.value.field == field
 
 
 def test_stop_words_and_end_id():
     tok = byte_tokenizer()
     inputs = parse_request(_tensors(stop_words=np.array([[b"\n", b"."]], dtype=object)), AR)
-    got = encode(tok, inputs, 64, tok.get_vocab_size(), [256])
+    got = encode(tok, inputs, tok.get_vocab_size(), [256])
     assert got.stop_ids == [256, tok.encode("\n").ids[0], tok.encode(".").ids[0]]
     assert got.prompt_ids == tok.encode("hello").ids and got.stop_texts == []
     # a word of several tokens is a text stop; bad words become their token ids
     words = parse_request(_tensors(stop_words=np.array([[b"\xc3\xa9", b"."]], dtype=object),
                                    bad_words=np.array([[b"ab", b"c"]], dtype=object)), AR)
-    got = encode(tok, words, 64, tok.get_vocab_size(), [256])
+    got = encode(tok, words, tok.get_vocab_size(), [256])
     assert got.stop_texts == ["é"] and got.stop_ids == [256, tok.encode(".").ids[0]]
     assert got.bad_words == [tok.encode("ab").ids, tok.encode("c").ids] and len(got.bad_words[0]) == 2
     with pytest.raises(ValueError, match="^pad_id:"):
-        encode(tok, parse_request(_tensors(pad_id=np.array([[100000]], dtype=np.int32)), AR), 64, tok.get_vocab_size(),
+        encode(tok, parse_request(_tensors(pad_id=np.array([[100000]], dtype=np.int32)), AR), tok.get_vocab_size(),
                [256])
     with pytest.raises(ValueError, match="^text_input:"):
-        encode(tok, parse_request(_tensors(text_input=np.array([[b"x" * 65]], dtype=object)), AR),
-               64, tok.get_vocab_size(), [256])
+        _checked(_tensors(text_input=np.array([[b"x" * 65]], dtype=object)), tok)
 
 
 def _bytes(text: str) -> np.ndarray:
@@ -119,14 +131,15 @@ def test_a_chat_request_is_its_conversation_in_the_target_template_with_the_answ
     values = parse_request(_tensors(apply_chat_template=np.array([[True]]),
                                     messages=_bytes('[{"role": "system", "content": "Be brief."}]'),
                                     chat_template_kwargs=_bytes('{"enable_thinking": false}')), AR)
-    ids = encode(tok, values, 200, tok.get_vocab_size(), [256], chat).prompt_ids
+    ids = encode(tok, values, tok.get_vocab_size(), [256], chat).prompt_ids
     expected = ("<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nhello<|im_end|>\n"
                 "<|im_start|>assistant\n<think>\n\n</think>\n\n")
     assert tok.decode(ids) == expected and ids == tok.encode(expected).ids
-    plain = encode(tok, parse_request(_tensors(), AR), 200, tok.get_vocab_size(), [256], chat).prompt_ids
+    plain = encode(tok, parse_request(_tensors(), AR), tok.get_vocab_size(), [256], chat).prompt_ids
     assert plain == tok.encode("hello").ids  # the template applies only when asked for
     with pytest.raises(ValueError, match="^text_input: prompt of"):  # the limit counts the rendered prompt
-        encode(tok, values, len(ids) - 1, tok.get_vocab_size(), [256], chat)
+        limits = Limits(vocab_size=300, max_len=400, block_size=16, max_prompt_tokens=len(ids) - 1)
+        limits.check(protocol.served_request(encode(tok, values, tok.get_vocab_size(), [256], chat), values).request)
 
 
 @pytest.mark.parametrize("field,sent,chat", [
@@ -141,7 +154,7 @@ def test_chat_requests_the_target_cannot_render_name_their_field(field, sent, ch
     """No template, conversation fields without the flag, a conversation the template refuses."""
     tok = byte_tokenizer()
     with pytest.raises(ValueError, match=f"^{field}:"):
-        encode(tok, parse_request(_tensors(**sent), AR), 200, tok.get_vocab_size(), [256], chat)
+        encode(tok, parse_request(_tensors(**sent), AR), tok.get_vocab_size(), [256], chat)
 
 
 def test_streamed_deltas_never_split_a_character_and_add_up_to_the_text():
@@ -212,12 +225,12 @@ def test_a_parsed_request_reaches_the_step_loop_as_the_engine_request():
     values = parse_request(_tensors(temperature=np.array([[0.5]], dtype=np.float32), top_k=np.array([[3]]),
                                     random_seed=np.array([[9]], dtype=np.uint64),
                                     stream=np.array([[True]]), max_draft=np.array([[2]])), LIMITS)
-    got = protocol.generation_of(protocol.Encoded([5, 6], [0, 7], [[4]], ["stop here"]), values)
+    got = protocol.served_request(protocol.Encoded([5, 6], [0, 7], [[4]], ["stop here"]), values)
     assert (got.request.prompt_ids, got.request.max_tokens, got.request.mode, got.request.max_draft) == ([5, 6], 8,
-                                                                                                        "adaflash", 2)
+                                                                                                        MODES["adaflash"], 2)
     assert got.request.sampling == SamplingParams(temperature=0.5, top_k=3, top_p=1.0, seed=9, bad_words=((4,),))
     assert got.stop_ids == {0, 7} and got.stream is True and got.stop_texts == ("stop here",)
-    unset = protocol.generation_of(protocol.Encoded([5], [0]), parse_request(_tensors(), LIMITS))
+    unset = protocol.served_request(protocol.Encoded([5], [0]), parse_request(_tensors(), LIMITS))
     assert unset.request.max_draft is None and unset.request.sampling == SamplingParams()
 
 
@@ -291,8 +304,8 @@ def test_draft_calls_and_drafts_round_trip():
 def test_responses_carry_the_text_and_the_statistics():
     seq = Sequence(id=42, request=Request([1], 4), tokens=[1, 2, 3], generator=None, stop_ids=frozenset(),
                    output=[2, 3], steps=[StepRecord(2, 1, 2)], finish_reason="length")
-    generation = protocol.Generation(seq.request, frozenset(), stream=True)
-    out = protocol.encode_response(seq, "hé", sent_len=1, steps_from=0, final=True, generation=generation)
+    generation = protocol.ServedRequest(seq.request, frozenset(), stream=True)
+    out = protocol.encode_response(seq, "hé", sent_len=1, steps_from=0, final=True, served=generation)
     assert list(out) == protocol.names((protocol.TEXT_OUTPUT, *protocol.STATS))
     assert out["text_output"].reshape(-1)[0].decode() == "hé" and out["num_output_tokens"].tolist() == [[2]]
     assert out["finish_reason"].reshape(-1)[0] == b"length" and out["accepted_per_step"].tolist() == [[1]]
@@ -305,20 +318,20 @@ def test_what_a_client_asks_for_by_name_is_in_its_responses_only():
     values = parse_request(_tensors(return_log_probs=np.array([[True]]), return_num_input_tokens=np.array([[True]]),
                                     return_perf_metrics=np.array([[True]]),
                                     exclude_input_in_output=np.array([[False]])), LIMITS)
-    generation = protocol.generation_of(protocol.Encoded([1, 5], [0]), values)
+    generation = protocol.served_request(protocol.Encoded([1, 5], [0]), values)
     assert generation.echo and generation.request.sampling.log_probs
     seq = Sequence(id=7, request=generation.request, tokens=[1, 5, 2, 3], generator=None, stop_ids=frozenset(),
                    output=[2, 3], log_probs=[-0.5, -0.25], steps=[StepRecord(4, 1, 2), StepRecord(2, 0, 1)],
                    finish_reason="length")
     assert generation.text_ids(seq, final=True) == [1, 5, 2, 3]  # the one response of a request not streamed
     assert generation.text_ids(seq, final=False) == [2, 3]
-    out = protocol.encode_response(seq, "x", sent_len=1, steps_from=0, final=True, generation=generation)
+    out = protocol.encode_response(seq, "x", sent_len=1, steps_from=0, final=True, served=generation)
     assert out["cum_log_probs"].tolist() == [[-0.75]] and out["output_log_probs"].tolist() == [[[-0.25]]]
     assert out["output_token_ids"].tolist() == [[[3]]]
     assert out["num_input_tokens"].tolist() == [[2]] and out["total_draft_tokens"].tolist() == [[6]]
     assert out["total_accepted_draft_tokens"].tolist() == [[1]]
     assert out["acceptance_rate"].tolist() == [[np.float32(1 / 6)]]
-    asked_nothing = protocol.encode_response(seq, "x", 1, 0, True, protocol.Generation(seq.request, frozenset(), True))
+    asked_nothing = protocol.encode_response(seq, "x", 1, 0, True, protocol.ServedRequest(seq.request, frozenset(), True))
     assert set(asked_nothing) == set(protocol.names((protocol.TEXT_OUTPUT, *protocol.STATS))) | {
         "cum_log_probs", "output_log_probs", "output_token_ids"}
 
@@ -328,7 +341,7 @@ def test_every_encoded_payload_matches_its_declaration():
     values = parse_request(_tensors(return_num_input_tokens=np.array([[True]]),
                                     return_perf_metrics=np.array([[True]]),
                                     return_log_probs=np.array([[True]])), LIMITS)
-    generation = protocol.generation_of(protocol.Encoded([1], [0]), values)
+    generation = protocol.served_request(protocol.Encoded([1], [0]), values)
     seq = Sequence(id=1, request=generation.request, tokens=[1, 2], generator=None, stop_ids=frozenset(), output=[2],
                    log_probs=[-0.5])
     payloads = {

@@ -71,8 +71,8 @@ def test_contenders_take_turns_on_each_round_and_outputs_stay_in_prompt_order():
     contenders = [Contender(m, m, engine) for m in ("ar", "ngram", "adaflash")]
     rows, ok = compare(contenders, prompts, [None] * 8, [1], 8, SamplingParams(), progress=False)
     assert ok and [r["mode"] for r in rows] == ["ar", "ngram", "adaflash"]
-    assert [reqs[0].mode for reqs, _ in calls] == ["ar", "ngram", "adaflash", "ar", "adaflash", "ngram"]
-    assert [r.prompt_ids for reqs, _ in calls if reqs[0].mode == "ngram" for r in reqs] == prompts
+    assert [reqs[0].mode.name for reqs, _ in calls] == ["ar", "ngram", "adaflash", "ar", "adaflash", "ngram"]
+    assert [r.prompt_ids for reqs, _ in calls if reqs[0].mode.name == "ngram" for r in reqs] == prompts
     assert all(r["output_tokens"] == rows[0]["output_tokens"] for r in rows)
 
 
@@ -85,8 +85,8 @@ def test_passes_repeat_every_round_check_each_and_sum_them():
     calls = record_generate(engine)
     contenders = [Contender(m, m, engine) for m in ("ar", "ngram")]
     rows, ok = compare(contenders, prompts, ["a", "a", "b", "b"], [1], 8, SamplingParams(), progress=False, passes=2)
-    assert ok and [reqs[0].mode for reqs, _ in calls] == ["ar", "ngram"] * 2
-    ar_tokens = [len(s.output) for reqs, done in calls if reqs[0].mode == "ar" for s in done]
+    assert ok and [reqs[0].mode.name for reqs, _ in calls] == ["ar", "ngram"] * 2
+    ar_tokens = [len(s.output) for reqs, done in calls if reqs[0].mode.name == "ar" for s in done]
     assert len(ar_tokens) == 8 and ar_tokens[:4] == ar_tokens[4:]  # greedy: each pass decodes the same
     for row in rows:
         assert row["num_requests"] == 8 and row["output_tokens"] == sum(ar_tokens)
@@ -113,7 +113,7 @@ def test_each_domain_runs_as_a_workload_of_its_own():
     assert all(r["num_requests"] == 3 and "per_domain" not in r for r in rows)
     by_workload = {w: [p for p, d in zip(prompts, domains) if d == w] for w in ("a", "b")}
     for w, mine in by_workload.items():
-        ran = [r.prompt_ids for reqs, _ in calls if reqs[0].mode == "ar"
+        ran = [r.prompt_ids for reqs, _ in calls if reqs[0].mode.name == "ar"
                and domains[prompts.index(reqs[0].prompt_ids)] == w for r in reqs]
         assert ran == mine * 2  # once per concurrency, in order
 
@@ -147,7 +147,7 @@ def test_a_departing_contender_keeps_its_speed_only_within_the_tie_tolerance(tol
 
     def departing(requests: list[Request], concurrency: int | None = None) -> list[Sequence]:
         seqs = generate(requests, concurrency)
-        for s in seqs if requests[0].mode == "ngram" else []:
+        for s in seqs if requests[0].mode.name == "ngram" else []:
             s.output[-1] = (s.output[-1] + 1) % bundle.target.config.vocab_size
         return seqs
 
@@ -162,8 +162,8 @@ def test_a_departing_contender_keeps_its_speed_only_within_the_tie_tolerance(tol
 
 
 def _bench_gate():
-    """clients/bench_gate.py (a script, not a package), loaded from its file."""
-    path = Path(__file__).parents[1] / "clients" / "bench_gate.py"
+    """benchmarks/bench_gate.py (a script, not a package), loaded from its file."""
+    path = Path(__file__).parents[1] / "benchmarks" / "bench_gate.py"
     spec = importlib.util.spec_from_file_location("bench_gate_under_test", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

@@ -19,7 +19,7 @@ from adaflash.evaluation.prompts import eval_prompts
 from adaflash.models.bundle import load_bundle
 from adaflash.models.drafter import DFlashDrafter
 from adaflash.models.target import Transformer
-from adaflash_build.repository import RepositoryConfig, build_repository
+from adaflash_server.repository import RepositoryConfig, build_repository
 from adaflash_client import AdaFlashClient, GenerationParams
 from adaflash_server.launcher import ServerConfig, TritonServer
 

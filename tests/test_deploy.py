@@ -22,7 +22,7 @@ from dockerfile_parse import DockerfileParser
 from helpers import echo_repository
 
 from adaflash.cli import build_parser
-from adaflash_client import sweep
+from adaflash_tools import sweep
 from adaflash_server import serve
 from adaflash_server.launcher import ServerConfig, TritonServer, server_command
 
@@ -245,7 +245,7 @@ def test_images_have_the_python_the_makefile_asks_for() -> None:
 def test_build_context_keeps_the_sources_and_models_and_leaves_local_state_out() -> None:
     patterns = dockerignore_patterns()
     package_dirs = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"]
-    kept_roots = ["Makefile", "pyproject.toml", "model_repository", "models/default", "clients/locust",
+    kept_roots = ["Makefile", "pyproject.toml", "model_repository", "models/default", "tools/locust",
                   *package_dirs.values()]
     kept = [path.relative_to(ROOT).as_posix() for root in kept_roots for path in [ROOT / root, *(ROOT / root).rglob("*")]
             if not any(part == "__pycache__" or part.endswith(".egg-info") for part in path.parts)]

@@ -8,7 +8,7 @@ from pathlib import Path
 from adaflash.cli import main
 from adaflash.evaluation.evaluate import MARK_BEGIN, MARK_END, is_repetitive
 from adaflash.models.bundle import save_bundle
-from adaflash.training.corpus import DOMAINS
+from adaflash.corpus import DOMAINS
 
 CORPUS = Path(__file__).parent / "fixtures" / "corpus"
 

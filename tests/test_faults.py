@@ -10,9 +10,9 @@ import pytest
 from helpers import fixed_costs, kill_mid_stream, wait_until
 
 from adaflash.models.bundle import save_bundle, tiny_random_bundle
-from adaflash_build.repository import RepositoryConfig, build_repository
+from adaflash_server.repository import RepositoryConfig, build_repository
 from adaflash_client import AdaFlashClient, GenerationParams
-from adaflash_client.reliability import ready
+from adaflash_tools.reliability import ready
 from adaflash_server.launcher import ServerConfig, TritonServer
 
 

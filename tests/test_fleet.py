@@ -1,6 +1,6 @@
 """Beyond one server: the Helm chart (linted by Helm's own code, its manifests checked against Kubernetes' schemas
 without a cluster), docker-compose.yml's `fleet` profile, and the NGINX balancer template both use, run for real:
-two `adaflash serve` replicas behind it on loopback, one killed mid-load (adaflash_client.failover)."""
+two `adaflash serve` replicas behind it on loopback, one killed mid-load (adaflash_tools.failover)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import pytest
 import yaml
 from dockerfile_parse import DockerfileParser
 
-from adaflash_client import failover
+from adaflash_tools import failover
 from adaflash_server.launcher import free_ports
 
 ROOT = Path(__file__).resolve().parents[1]

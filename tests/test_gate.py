@@ -248,14 +248,14 @@ def test_an_eager_engine_plans_every_call_up_to_eight_sequences_and_a_graphed_on
     prompts = random_prompts(10, seed=43)
     eager = Engine(bundle.target, bundle.drafter, num_slots=8, max_len=96, cost_model=fixed_costs(8))
     seqs = eager.generate([Request(p, 16, mode="adaflash", stop_ids=()) for p in prompts], concurrency=8)
-    assert eager.scheduler.gate.loads == {} and eager.scheduler.gate.tally[Arm.PLAN].calls == 0
-    assert eager.scheduler.gate.min_sequences == EAGER_MIN_SEQUENCES
+    assert eager.speculation.gate.loads == {} and eager.speculation.gate.totals[Arm.PLAN].calls == 0
+    assert eager.speculation.gate.min_sequences == EAGER_MIN_SEQUENCES
     assert any(st.draft_len for s in seqs for st in s.steps)
     ar = Engine(bundle.target, None, num_slots=8, max_len=96)
     assert [s.output for s in seqs] == [s.output for s in ar.generate([Request(p, 16, stop_ids=()) for p in prompts])]
     graphed = dataclasses.replace(fixed_costs(8), padded=True)
     assert Engine(bundle.target, bundle.drafter, num_slots=8, max_len=96,
-                  cost_model=graphed).scheduler.gate.min_sequences == 1
+                  cost_model=graphed).speculation.gate.min_sequences == 1
 
 
 def test_an_arm_run_again_after_many_leader_blocks_catches_up_with_its_new_rate_at_once():
@@ -459,9 +459,9 @@ def test_a_draining_batch_decodes_plainly_where_a_token_costs_most_of_a_step(tra
     prompts = random_prompts(7, seed=41)
     cost = _compute_bound_costs(4) if compute_bound else fixed_costs(4)
     engine = Engine(trained_tiny.target, trained_tiny.drafter, num_slots=4, max_len=96, cost_model=cost, run_steps=2)
-    sched = engine.scheduler
+    sched = engine.speculation
     asked, proposed, observed = [], [], []
-    choose, plan, observe = sched.gate.choose, engine.planner.plan, sched.gate.observe
+    choose, plan, observe = sched.gate.choose, engine.speculation.planner.plan, sched.gate.observe
 
     def planned(*args, **kwargs):
         out = plan(*args, **kwargs)
@@ -469,12 +469,12 @@ def test_a_draining_batch_decodes_plainly_where_a_token_costs_most_of_a_step(tra
         return out
 
     sched.gate.choose = lambda n: asked.append(n) or choose(n)
-    engine.planner.plan = planned
+    engine.speculation.planner.plan = planned
     sched.gate.observe = lambda *a, **k: observed.append(1) or observe(*a, **k)
     seqs = [engine.submit(Request(p, 24 + 4 * i, mode="adaflash", stop_ids=())) for i, p in enumerate(prompts)]
     drained = chosen = 0
     while engine.has_work:
-        running, waiting = len(sched.running), len(sched.waiting)
+        running, waiting = len(engine.running), len(engine.waiting)
         admits = min(waiting, 4 - running)
         before = len(asked), len(proposed), len(observed)
         engine.step()

@@ -14,13 +14,13 @@ from test_graphs import PAGING_IDS, PAGINGS, check_padded_drafts, check_padded_s
 
 from adaflash.cli_args import DEFAULT_MODEL_DIR
 from adaflash.decoding.engine import Engine
-from adaflash.decoding.modes import MODE_NAMES
+from adaflash_contract.modes import MODE_NAMES
 from adaflash.decoding.sampling import SamplingParams
 from adaflash.decoding.policy import VECTOR_ROWS
 from adaflash.decoding.sequence import Request
 from adaflash.models.bundle import load_bundle, save_bundle, tiny_random_bundle
 from adaflash.models.placement import move_to, placement
-from adaflash_build.repository import RepositoryConfig, build_repository
+from adaflash_server.repository import RepositoryConfig, build_repository
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (make gpu-check)")
 CUDA = placement("cuda", "bfloat16") if torch.cuda.is_available() else None

@@ -19,7 +19,7 @@ from test_lossless import MAX_LEN, MAX_TOKENS, greedy_reference
 
 from adaflash.decoding.costs import CostModel, measure_costs
 from adaflash.decoding.engine import Engine
-from adaflash.decoding.modes import MODE_NAMES
+from adaflash_contract.modes import MODE_NAMES
 from adaflash.decoding.sequence import Request
 from adaflash.models import graphs
 from adaflash.models.cache import Paging
@@ -258,7 +258,7 @@ def test_the_gate_and_the_cost_model_learn_nothing_from_a_step_that_recorded_a_s
 
     monkeypatch.setattr(graphs.Recorder, "_record", recording)
     monkeypatch.setattr(engine.scheduler, "step", stepping)
-    watched(engine.scheduler.gate, "observe")
+    watched(engine.speculation.gate, "observe")
     for name in ("observe_verify", "observe_draft", "observe_step"):
         watched(engine.cost, name)
     prompts = random_prompts(16, seed=12)

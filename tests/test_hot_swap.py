@@ -16,7 +16,7 @@ from adaflash.decoding.engine import Engine, Request
 from adaflash.evaluation.prompts import load_prompts
 from adaflash.models.bundle import load_bundle, save_bundle
 from adaflash.models.drafter import DFlashDrafter
-from adaflash_build.repository import RepositoryConfig, build_repository, drafter_models, publish_drafter
+from adaflash_server.repository import RepositoryConfig, build_repository, drafter_models, publish_drafter
 from adaflash_client import AdaFlashClient, GenerationParams
 from adaflash_server.launcher import ServerConfig, TritonServer
 

@@ -10,7 +10,7 @@ from helpers import cheap_drafter_costs, clone_target, fixed_costs, random_promp
 
 from adaflash.decoding.engine import Engine
 from adaflash.decoding import gate
-from adaflash.decoding.modes import DRAFTER_MODE_NAMES, MODE_NAMES
+from adaflash_contract.modes import DRAFTER_MODE_NAMES, MODE_NAMES
 from adaflash.decoding.sampling import SamplingParams
 from adaflash.decoding.sequence import Request
 from adaflash.models.bundle import tiny_random_bundle
@@ -433,9 +433,8 @@ def test_bad_requests_raise_value_error_naming_the_field(trained_tiny, prompts, 
     engine = Engine(bundle.target, bundle.drafter, num_slots=4, max_len=MAX_LEN,
                     cost_model=fixed_costs(4), plan_gate=False)
     for field, change in BAD_REQUESTS:
-        req = Request(**{**dict(prompt_ids=prompts[0], max_tokens=10, mode="ar"), **change})
-        with pytest.raises(ValueError, match=field):
-            engine.submit(req)
+        with pytest.raises(ValueError, match=field):  # a mode is resolved as the request is made, the rest on submit
+            engine.submit(Request(**{**dict(prompt_ids=prompts[0], max_tokens=10, mode="ar"), **change}))
     assert not engine.has_work
     plain = Engine(bundle.target, None, num_slots=4, max_len=MAX_LEN)
     for mode in DRAFTER_MODE_NAMES:
@@ -500,7 +499,7 @@ def test_engine_caches_follow_the_committed_tokens(trained_tiny, prompts):
         for seq in engine.running.values():
             slot = seq.slot
             assert engine.cache.lengths[slot] == len(seq.tokens) - 1
-            if seq.request.mode not in ("dflash", "adaflash", "adaflash-published"):
+            if seq.request.mode.name not in ("dflash", "adaflash", "adaflash-published"):
                 continue
             engine.flush_context([seq])  # features reach the drafter lazily, before it drafts
             assert engine.context.lengths[slot] == len(seq.tokens) - 1
@@ -526,14 +525,14 @@ def test_the_plan_gate_s_arms_keep_the_drafter_context_and_the_output(trained_ti
     drafter = bundle.drafter
     engine = Engine(bundle.target, drafter, num_slots=6, max_len=MAX_LEN, cost_model=cheap_drafter_costs(6),
                     run_steps=3)
-    engine.scheduler.gate = gate.PlanGate(arms=gate.ARMS)  # the copy arm too (an eager table's gate has none)
+    engine.speculation.gate = gate.PlanGate(arms=gate.ARMS)  # the copy arm too (an eager table's gate has none)
     seqs = [engine.submit(Request(prompts[i], MAX_TOKENS, mode="adaflash" if i % 4 else "ar", stop_ids=()))
             for i in range(8)]
     while engine.has_work:
         engine.step()
         for seq in engine.running.values():
             assert engine.cache.lengths[seq.slot] == len(seq.tokens) - 1
-            if seq.request.mode != "adaflash":
+            if seq.request.mode.name != "adaflash":
                 continue
             engine.flush_context([seq])
             assert engine.context.lengths[seq.slot] == len(seq.tokens) - 1
@@ -542,7 +541,7 @@ def test_the_plan_gate_s_arms_keep_the_drafter_context_and_the_output(trained_ti
             assert torch.equal(drafter.draft(bundle.target, engine.context, [seq.slot], [seq.tokens[-1]]).tokens,
                                ref.tokens)
     assert [s.output for s in seqs] == reference[:8]
-    measured = [load.rates for load in engine.scheduler.gate.loads.values()]
+    measured = [load.rates for load in engine.speculation.gate.loads.values()]
     assert any(None not in r.values() for r in measured)  # every arm ran
     assert any(st.draft_len for s in seqs for st in s.steps)
 
@@ -574,8 +573,8 @@ def test_the_gate_reads_a_call_s_load_with_the_sequences_it_admits(trained_tiny,
     bundle = trained_tiny
     engine = Engine(bundle.target, bundle.drafter, num_slots=3, max_len=MAX_LEN, cost_model=cheap_drafter_costs(3))
     loads = []
-    choose = engine.scheduler.gate.choose
-    engine.scheduler.gate.choose = lambda n: loads.append((n, len(engine.running))) or choose(n)
+    choose = engine.speculation.gate.choose
+    engine.speculation.gate.choose = lambda n: loads.append((n, len(engine.running))) or choose(n)
     seqs = [engine.submit(Request(p, MAX_TOKENS - 3 * (i % 3), mode="adaflash", stop_ids=()))
             for i, p in enumerate(prompts[:9])]
     while engine.has_work:

@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from adaflash.decoding.ngram import lookup
+from adaflash.decoding.proposers.copy import lookup
 
 
 def reference_propose(tokens: list[int], k: int, max_n: int = 3, min_n: int = 1) -> list[int]:

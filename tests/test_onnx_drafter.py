@@ -14,7 +14,8 @@ from helpers import fixed_costs, random_prompts
 from adaflash.decoding.engine import Engine
 from adaflash.decoding.sequence import Request
 from adaflash.models.bundle import tiny_random_bundle
-from adaflash.models.drafter import DFlashDrafter, on_backend
+from adaflash.models.backends import on_backend
+from adaflash.models.drafter import DFlashDrafter
 from adaflash.models.placement import placement
 from adaflash.serving.protocol import DraftCall
 from adaflash.serving.slots import DrafterSlots

@@ -18,7 +18,7 @@ from helpers import fixed_costs, metric_total, scrape, wait_until
 
 from adaflash.models.bundle import load_bundle, save_bundle, tiny_random_bundle
 from adaflash.models.chat_template import CONFIG_FILE
-from adaflash_build.repository import RepositoryConfig, build_repository
+from adaflash_server.repository import RepositoryConfig, build_repository
 from adaflash_client import AdaFlashClient, GenerationParams
 from adaflash_client.client import GenerationError
 from adaflash_server.launcher import ServerConfig, TritonServer, free_ports

@@ -8,7 +8,7 @@ import pytest
 from helpers import fixed_costs, random_prompts
 
 from adaflash.decoding.engine import Engine
-from adaflash.decoding.modes import MODE_NAMES
+from adaflash_contract.modes import MODE_NAMES
 from adaflash.decoding.sequence import Request
 from adaflash.models.cache import CacheFull, KVCache, Paging
 from adaflash.models.placement import CPU

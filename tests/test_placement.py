@@ -10,7 +10,7 @@ import tritonclient.grpc as grpcclient
 from helpers import DeviceLog, modes_equal_up_to_ties, random_prompts
 
 from adaflash.decoding.engine import Engine
-from adaflash.decoding.modes import MODE_NAMES
+from adaflash_contract.modes import MODE_NAMES
 from adaflash.decoding.sequence import Request
 from adaflash.decoding.steps import StepResult
 from adaflash.models.layers import rope_cos_sin
@@ -19,7 +19,7 @@ from adaflash.models.bundle import load_bundle, save_bundle, tiny_random_bundle
 from adaflash.models.placement import CPU, Placement, move_to, place_of, placement
 from adaflash.models.target import ForwardBatch
 from adaflash.serving import protocol
-from adaflash_build.repository import RepositoryConfig, build_repository
+from adaflash_server.repository import RepositoryConfig, build_repository
 from adaflash_client import AdaFlashClient, GenerationParams
 from adaflash_server.launcher import ServerConfig, TritonServer
 

@@ -11,10 +11,12 @@ import pytest
 import torch
 from helpers import fixed_costs
 
-from adaflash.decoding.costs import ROUND_LEAD_IN, CostModel, _typical_ms, block_lengths
+from adaflash.decoding.costs import ROUND_LEAD_IN, CostModel, block_lengths, typical_ms
 from adaflash.decoding.engine import Engine
-from adaflash.decoding.modes import get_mode
-from adaflash.decoding.planner import COPY_MATCH, Candidate, Load, Planner
+from adaflash_contract.modes import MODES
+from adaflash.decoding.plan import Candidate, Load
+from adaflash.decoding.planner import Planner
+from adaflash.decoding.proposers.copy import COPY_MATCH
 from adaflash.decoding.sequence import Request
 from adaflash.models.placement import CPU
 from adaflash.decoding import policy
@@ -307,7 +309,7 @@ def test_the_cost_table_is_timed_in_rounds_over_all_its_points_quickest_first(mo
         return run
 
     monkeypatch.setattr(time, "perf_counter", lambda: now[0])
-    assert _typical_ms([point(n) for n in own], 4, CPU) == pytest.approx(list(own.values()))
+    assert typical_ms([point(n) for n in own], 4, CPU) == pytest.approx(list(own.values()))
     assert calls[len(own):] == (["small"] * ROUND_LEAD_IN + ["small", "mid", "big"]) * 4
 
 
@@ -635,9 +637,9 @@ def test_the_planner_copies_what_followed_the_longest_match_not_the_latest_short
         controller.observe(state, draft_len=15, accepted=15, matched=COPY_MATCH)
     phrase = list(range(1, 21))
     tokens = phrase + [100, 101, 102] + [7, 8] + phrase[-3:] + [200, 201] + phrase
-    plan = Planner(controller).plan([Candidate("s", get_mode("adaflash"), tokens, 15, state, can_draft=False)])
+    plan = Planner(controller).plan([Candidate("s", MODES["adaflash"], tokens, 15, state, can_draft=False)])
     assert plan.proposals["s"][:3] == [100, 101, 102] and plan.copied["s"] == COPY_MATCH
-    prompt_lookup = Planner(controller).plan([Candidate("s", get_mode("ngram"), tokens, 15, state)])
+    prompt_lookup = Planner(controller).plan([Candidate("s", MODES["ngram"], tokens, 15, state)])
     assert prompt_lookup.proposals["s"][:2] == [200, 201] and prompt_lookup.copied["s"] == 3
 
 
@@ -739,9 +741,9 @@ def test_one_sequence_is_planned_as_the_general_path_plans_it_beside_a_plain_one
         for p, s in zip(planners, states):
             p.controller.observe(s, draft_len, accepted, matched)
         tokens, cap, can_draft = text[: int(rng.integers(2, 41))], int(rng.integers(1, 16)), bool(rng.random() < 0.8)
-        lone = Candidate("s", get_mode("adaflash"), tokens, cap, states[0], can_draft)
-        besides = [Candidate("s", get_mode("adaflash"), tokens, cap, states[1], can_draft),
-                   Candidate("plain", get_mode("ar"), tokens, 0, planners[1].controller.new_sequence())]
+        lone = Candidate("s", MODES["adaflash"], tokens, cap, states[0], can_draft)
+        besides = [Candidate("s", MODES["adaflash"], tokens, cap, states[1], can_draft),
+                   Candidate("plain", MODES["ar"], tokens, 0, planners[1].controller.new_sequence())]
         one, general = planners[0].plan([lone], Load(1, 1, 1.0, 0)), planners[1].plan(besides)
         assert (one.proposals["s"], one.copied, one.expected, one.block_length) == \
             (general.proposals["s"], general.copied, general.expected, general.block_length)

@@ -13,7 +13,7 @@ from adaflash.decoding.engine import Engine, Request
 from adaflash.models.bundle import load_bundle, tiny_random_bundle
 from adaflash.models.target import Transformer
 from adaflash.models.tokenizer import BYTE_SPECIALS
-from adaflash.training.corpus import DOMAINS
+from adaflash.corpus import DOMAINS
 from adaflash.training.dflash import fit_drafter
 from adaflash.training.dflash import main as train_drafter_main
 from adaflash.training.pretrain import PretrainConfig, main, pretrain, tokenize_corpus, train_tokenizer

@@ -14,7 +14,7 @@ import pytest
 
 from adaflash.cli_args import DEFAULT_MODEL_DIR
 from adaflash.evaluation.prompts import BROAD_MIX, SPLITS, load_prompts, read_jsonl
-from adaflash_build.broad_mix import BENCHED_ROWS, BLANK, DOMAINS, build, to_jsonl
+from adaflash.evaluation.broad_mix import BENCHED_ROWS, BLANK, DOMAINS, build, to_jsonl
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT.parent / "shared" / "data"  # ../shared/data from the repository root; `make test` must not need it

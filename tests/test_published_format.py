@@ -23,7 +23,7 @@ from adaflash.decoding.engine import Engine
 from adaflash.decoding.sequence import Request
 from adaflash.models.bundle import load_bundle
 from adaflash.models.tokenizer import BYTE_SPECIALS, byte_tokenizer
-from adaflash_build.repository import RepositoryConfig, build_repository
+from adaflash_server.repository import RepositoryConfig, build_repository
 from adaflash_client import AdaFlashClient, GenerationParams
 from adaflash_server.launcher import ServerConfig, TritonServer
 

@@ -19,7 +19,7 @@ import pytest
 from helpers import fixed_costs, metric_total, scrape, wait_until
 
 from adaflash.models.bundle import save_bundle, tiny_random_bundle
-from adaflash_build.repository import RepositoryConfig, build_repository
+from adaflash_server.repository import RepositoryConfig, build_repository
 from adaflash_client import AdaFlashClient, GenerationError, GenerationParams
 from adaflash_server.launcher import ServerConfig, TritonServer, free_ports
 

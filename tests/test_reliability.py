@@ -8,8 +8,8 @@ import math
 
 import pytest
 
-from adaflash_client import reliability
-from adaflash_client.reliability import Malformed
+from adaflash_tools import reliability
+from adaflash_tools.reliability import Malformed
 
 
 @pytest.fixture(scope="module")

@@ -13,10 +13,11 @@ from helpers import clone_target, fixed_costs, random_prompts
 from adaflash.decoding.engine import Engine
 from adaflash.decoding import gate as gate_rules
 from adaflash.decoding.gate import PlanGate
-from adaflash.decoding.modes import MODE_NAMES
-from adaflash.decoding.planner import Planner
-from adaflash.decoding.policy import LengthController
-from adaflash.decoding.scheduler import BackendError, Scheduler
+from adaflash_contract.modes import MODE_NAMES
+from adaflash.decoding.backend import BackendError
+from adaflash.decoding.limits import Limits
+from adaflash.decoding.scheduler import Scheduler
+from adaflash.decoding.speculation import build_speculation
 from adaflash.decoding.sequence import Request, Sequence
 from adaflash.serving import protocol
 from adaflash.serving.protocol import Op
@@ -25,6 +26,15 @@ from adaflash.serving.slots import DrafterSlots, TargetSlots
 
 MAX_TOKENS = 32
 MAX_LEN = 30 + MAX_TOKENS + 16 + 10
+
+
+def loop(backend, bundle, max_active: int, run_steps: int | None = None, gate: PlanGate | None = None) -> Scheduler:
+    """The served step loop over `backend` with the test's fixed cost table and the given gate (None: none)."""
+    block_size = bundle.drafter.config.block_size
+    policy = build_speculation(fixed_costs(), block_size, MAX_LEN, True, served=True, plan_gate=False,
+                               run_steps=run_steps)
+    policy.gate = gate
+    return Scheduler(backend, policy, Limits(bundle.target.config.vocab_size, MAX_LEN, block_size), max_active)
 
 
 class Models:
@@ -74,9 +84,7 @@ def serve(bundle, requests: list[Request], models: Models, before_step=None,
     `run_steps`: plain decoding steps per target call (1: a call per step; None: the live choice). `target`: the
     target in process instead of `models.target` behind the wire; `called`: told of every model call."""
     backend = RemoteBackend(models.call, lambda: models.newest, target=target, called=called)
-    scheduler = Scheduler(backend, Planner(LengthController(fixed_costs(), bundle.drafter.config.block_size)),
-                          fixed_costs(), max_active or len(requests), MAX_LEN, has_drafter=True, run_steps=run_steps,
-                          gate=gate)
+    scheduler = loop(backend, bundle, max_active or len(requests), run_steps, gate)
     seqs = [Sequence(id=1000 + i, request=r, tokens=list(r.prompt_ids), generator=None, stop_ids=frozenset())
             for i, r in enumerate(requests)]
     for s in seqs:
@@ -251,9 +259,7 @@ def test_failing_everything_ends_and_releases_every_sequence(trained_tiny):
     """What the orchestrator does when a step itself raised: no request is left waiting, no slot held."""
     prompts = random_prompts(4, seed=16)
     models = Models(trained_tiny, 2)
-    scheduler = Scheduler(RemoteBackend(models.call, lambda: models.newest),
-                          Planner(LengthController(fixed_costs(), trained_tiny.drafter.config.block_size)),
-                          fixed_costs(), 2, MAX_LEN, has_drafter=True)
+    scheduler = loop(RemoteBackend(models.call, lambda: models.newest), trained_tiny, 2)
     seqs = [Sequence(id=i, request=Request(p, MAX_TOKENS, mode="dflash", stop_ids=()), tokens=list(p), generator=None,
                      stop_ids=frozenset()) for i, p in enumerate(prompts)]
     for s in seqs:
@@ -352,9 +358,8 @@ def test_a_request_arriving_during_a_plain_run_ends_it_after_the_current_step(tr
     later = [seqs[1]]
     target = ArrivalDuringRuns(_target_in_process(trained_tiny, 2),
                                lambda: later and scheduler.add(later.pop()))
-    scheduler = Scheduler(RemoteBackend(models.call, lambda: models.newest, target=target),
-                          Planner(LengthController(fixed_costs(), trained_tiny.drafter.config.block_size)),
-                          fixed_costs(), 2 if room else 1, MAX_LEN, has_drafter=True, run_steps=8)
+    scheduler = loop(RemoteBackend(models.call, lambda: models.newest, target=target), trained_tiny, 2 if room else 1,
+                     run_steps=8)
     scheduler.add(seqs[0])
     first_seen: dict[int, int] = {}  # sequence -> runs done when a step first returned it
 

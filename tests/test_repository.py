@@ -13,7 +13,7 @@ import pytest
 from helpers import fixed_costs
 
 from adaflash.models.bundle import save_bundle, tiny_random_bundle
-from adaflash_build.repository import RepositoryConfig, add_config_arguments, build_repository, config_from_arguments
+from adaflash_server.repository import RepositoryConfig, add_config_arguments, build_repository, config_from_arguments
 
 CFG = RepositoryConfig(max_active=4, max_batch_size=8, max_len=512, max_prompt_tokens=64, max_output_tokens=256)
 

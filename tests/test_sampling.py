@@ -10,7 +10,7 @@ from scipy.stats import chisquare
 
 from adaflash.decoding.costs import CostModel
 from adaflash.decoding.engine import Engine
-from adaflash.decoding.modes import MODE_NAMES
+from adaflash_contract.modes import MODE_NAMES
 from adaflash.decoding.sampling import (
     History,
     SamplingParams,

@@ -20,7 +20,7 @@ import tritonclient.grpc as grpcclient
 from helpers import fixed_costs, metric_by, metric_total, scrape, wait_until
 
 from adaflash.decoding.engine import Engine
-from adaflash.decoding.modes import MODE_NAMES
+from adaflash_contract.modes import MODE_NAMES
 from adaflash.decoding.sampling import SamplingParams
 from adaflash.decoding.sequence import Request
 from adaflash.evaluation.prompts import load_prompts
@@ -28,11 +28,11 @@ from adaflash.models.bundle import load_bundle, save_bundle, tiny_random_bundle
 from adaflash.models.chat_template import CONFIG_FILE, load_chat_template
 from adaflash.serving.api import TextStops
 from adaflash.serving.protocol import OWN_INPUTS, OWN_OUTPUTS, STOCK_CONTRACT, names
-from adaflash_build.repository import RepositoryConfig, build_repository
+from adaflash_server.repository import RepositoryConfig, build_repository
 from adaflash_client import AdaFlashClient, GenerationParams
 from adaflash_client.client import build_inputs
-from adaflash_client.reliability import send_grpc, send_http
-from adaflash_client.sweep import completion_record, summarize_level, write_tidy_csv
+from adaflash_tools.reliability import send_grpc, send_http
+from adaflash_tools.sweep import completion_record, summarize_level, write_tidy_csv
 from adaflash_server.launcher import ServerConfig, TritonServer
 
 MAX_TOKENS = 24

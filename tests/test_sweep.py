@@ -1,4 +1,4 @@
-"""`adaflash sweep` and its load generators (Locust in clients/locust/, NVIDIA's aiperf) against a real tritonserver,
+"""`adaflash sweep` and its load generators (Locust in tools/locust/, NVIDIA's aiperf) against a real tritonserver,
 plus their pure parts.
 
 The server serves the seeded tiny random models (their text is noise; the load and the figures are
@@ -30,9 +30,9 @@ pytest.importorskip("matplotlib")
 from helpers import fixed_costs  # noqa: E402
 
 from adaflash.models.tokenizer import byte_tokenizer, load_tokenizer  # noqa: E402
-from adaflash_build.repository import RepositoryConfig, build_repository, tiny_model_dir  # noqa: E402
-from adaflash_client import aiperf_runs  # noqa: E402
-from adaflash_client.sweep import (  # noqa: E402
+from adaflash_server.repository import RepositoryConfig, build_repository, tiny_model_dir  # noqa: E402
+from adaflash_tools import aiperf_runs  # noqa: E402
+from adaflash_tools.sweep import (  # noqa: E402
     TIDY_FIELDS,
     read_records,
     slo_capacity,
@@ -42,7 +42,7 @@ from adaflash_client.sweep import (  # noqa: E402
 from adaflash_server.launcher import ServerConfig, TritonServer, free_ports  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
-LOCUST_DIR = ROOT / "clients" / "locust"
+LOCUST_DIR = ROOT / "tools" / "locust"
 AIPERF_EXPORT = Path(__file__).parent / "fixtures" / "aiperf"
 MODES = ["ar", "adaflash"]
 LEVELS = [1, 3]
@@ -54,7 +54,7 @@ PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 
 def _locust_module(name: str):
-    """A plain-Python module of clients/locust/ (not a package), loaded from its file."""
+    """A plain-Python module of tools/locust/ (not a package), loaded from its file."""
     spec = importlib.util.spec_from_file_location(f"{name}_under_test", LOCUST_DIR / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module

@@ -15,9 +15,9 @@ from helpers import fixed_costs, kill_mid_stream, metric_total, scrape, wait_unt
 from adaflash.decoding.engine import Engine
 from adaflash.decoding.sequence import Request
 from adaflash.models.bundle import load_bundle, save_bundle
-from adaflash_build.repository import RepositoryConfig, build_repository
+from adaflash_server.repository import RepositoryConfig, build_repository
 from adaflash_client import AdaFlashClient, GenerationParams
-from adaflash_client.reliability import ready
+from adaflash_tools.reliability import ready
 from adaflash_server.launcher import ServerConfig, TritonServer, stub_pids
 
 MAX_TOKENS = 24

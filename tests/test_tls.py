@@ -21,7 +21,7 @@ import pytest
 from helpers import fixed_costs
 
 from adaflash.models.bundle import save_bundle, tiny_random_bundle
-from adaflash_build.repository import RepositoryConfig, build_repository
+from adaflash_server.repository import RepositoryConfig, build_repository
 from adaflash_client import AdaFlashClient, GenerationError, GenerationParams, Tls
 from adaflash_client import cli as client_cli
 from adaflash_server import serve

@@ -23,7 +23,7 @@ from adaflash.serving.trtllm import (
     load_cost_table,
     policy_length,
 )
-from adaflash_build.trtllm import export_trtllm, register
+from adaflash_server.export_trtllm import export_trtllm, register
 
 FIELDS = json.loads((Path(__file__).parent / "fixtures" / "trtllm_fields.json").read_text())
 BLOCK = 16

@@ -15,7 +15,6 @@ import argparse
 import json
 import sys
 
-from adaflash.cli_args import existing_file, json_object
 from adaflash_client.client import (
     SPEC_MODES,
     AdaFlashClient,
@@ -23,7 +22,13 @@ from adaflash_client.client import (
     Completion,
     GenerationError,
     GenerationParams,
-    Tls,
+)
+from adaflash_contract.cli_args import json_object
+from adaflash_contract.connection import (
+    add_connection_arguments,
+    connection_argv,  # noqa: F401 - importable from here as before (the sweep)
+    headers_from_args,
+    tls_from_args,
 )
 
 
@@ -51,56 +56,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--chat-kwargs", type=json_object, help="with --chat: the template's switches, a JSON object")
     p.add_argument("--json", action="store_true", help="print one JSON object with text and statistics instead")
     return p.parse_args(argv)
-
-
-def add_connection_arguments(p: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
-    """How to reach a server beyond its address, for every command that is a gRPC client of it (this CLI,
-    `adaflash sweep` and its Locust users, `adaflash publish-drafter`, `adaflash openai-front`)."""
-    p.add_argument("--ssl", action="store_true", help="connect with TLS (implied by the four options below)")
-    p.add_argument("--root-cert", type=existing_file,
-                   help="PEM CA certificate(s) to verify the server with (default: gRPC's public roots)")
-    p.add_argument("--client-cert", type=existing_file,
-                   help="PEM certificate of this client, for a server that requires one (mutual TLS); with --client-key")
-    p.add_argument("--client-key", type=existing_file, help="PEM key of --client-cert")
-    p.add_argument("--server-name", help="the name to check the server's certificate against when the URL's host "
-                                         "is not in it (an IP address, a port forward)")
-    p.add_argument("--header", type=_header, action="append", metavar="NAME=VALUE",
-                   help="gRPC metadata sent with every call (repeatable)")
-
-
-def _header(text: str) -> tuple[str, str]:
-    name, sep, value = text.partition("=")
-    if not sep or not name:
-        raise argparse.ArgumentTypeError(f"expected NAME=VALUE, got {text!r}")
-    return name, value
-
-
-def tls_from_args(args: argparse.Namespace) -> Tls | None:
-    """The TLS of `add_connection_arguments`' options, None without any of them; an incomplete client identity
-    exits with status 2, as argparse does for an invalid argument."""
-    if not (args.ssl or args.root_cert or args.client_cert or args.client_key or args.server_name):
-        return None
-    try:
-        return Tls(args.root_cert, args.client_cert, args.client_key, args.server_name)
-    except ValueError as error:
-        print(f"error: {error}", file=sys.stderr)
-        raise SystemExit(2) from None
-
-
-def headers_from_args(args: argparse.Namespace) -> dict[str, str]:
-    return dict(args.header or [])
-
-
-def connection_argv(args: argparse.Namespace) -> list[str]:
-    """`add_connection_arguments`' options as given, for a child process that takes them too (the sweep's Locust)."""
-    argv = ["--ssl"] if args.ssl else []
-    for flag, value in (("--root-cert", args.root_cert), ("--client-cert", args.client_cert),
-                        ("--client-key", args.client_key), ("--server-name", args.server_name)):
-        if value is not None:
-            argv += [flag, str(value)]
-    for name, value in args.header or []:
-        argv += ["--header", f"{name}={value}"]
-    return argv
 
 
 def params_from_args(args: argparse.Namespace) -> GenerationParams:

@@ -10,47 +10,45 @@ that consecutive requests reuse the gRPC connection.
 The same client works against a stock TensorRT-LLM ensemble: it asks the model's metadata once which inputs and
 outputs the model has (`ModelContract`), sends only inputs the model takes (refusing, by name, a field the caller set
 that it lacks, such as `spec_mode`) and reads what it sends; this server's statistics are then None.
+
+The request's arrays, the responses' reading, `GenerationParams`, `Chunk`, `Completion`, `GenerationError` and `Tls`
+are the contract's (`adaflash_contract.wire`, `adaflash_contract.connection`), shared with the server's OpenAI front;
+this module is the transport (tritonclient's sync gRPC client) and re-exports them under their old names.
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
 import queue
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass, field
-from functools import partial
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import tritonclient.grpc as grpcclient
-from tritonclient.utils import InferenceServerException, triton_to_np_dtype
+from tritonclient.utils import InferenceServerException, np_to_triton_dtype
 
-from adaflash.decoding.modes import MODE_NAMES
-
-SPEC_MODES = MODE_NAMES  # what `spec_mode` may name: the core's registry, so the client offers exactly its modes
-
-# (GenerationParams field, input tensor, Triton datatype) of the optional scalar inputs.
-_OPTIONAL_SCALARS = (
-    ("temperature", "temperature", "FP32"),
-    ("top_k", "top_k", "INT32"),
-    ("top_p", "top_p", "FP32"),
-    ("seed", "seed", "UINT64"),
-    ("repetition_penalty", "repetition_penalty", "FP32"),
-    ("presence_penalty", "presence_penalty", "FP32"),
-    ("frequency_penalty", "frequency_penalty", "FP32"),
-    ("min_tokens", "min_tokens", "INT32"),
-    ("end_id", "end_id", "INT32"),
-    ("max_draft", "max_draft", "INT32"),
-    ("apply_chat_template", "apply_chat_template", "BOOL"),
-    ("return_log_probs", "return_log_probs", "BOOL"),
-    ("return_num_input_tokens", "return_num_input_tokens", "BOOL"),
+from adaflash_contract.connection import Tls, grpc_metadata, grpc_options
+from adaflash_contract.errors import RequestError
+from adaflash_contract.modes import MODE_NAMES
+from adaflash_contract.wire import (
+    FINAL_RESPONSE,
+    Chunk,
+    Completion,
+    GenerationError,
+    GenerationParams,
+    field_array,
+    request_arrays,
+    response_chunk,
 )
-_WORD_LISTS = ("stop_words", "bad_words")  # [1, n] text inputs, not sent when empty
-_OPTIONAL_JSON = ("messages", "chat_template_kwargs")  # sent as JSON text, each in the input of its name
+
+__all__ = ["SPEC_MODES", "AdaFlashClient", "Chunk", "Completion", "GenerationError", "GenerationParams",
+           "ModelContract", "Tls", "build_inputs", "connect", "fit_inputs", "infer_inputs", "is_final", "parse_chunk"]
+
+SPEC_MODES = MODE_NAMES  # what `spec_mode` may name: the contract's registry, so the client offers exactly its modes
+
 # What the client asks of a model without this server's statistics (a TensorRT-LLM ensemble), where the model takes
 # the input: (the flag set true, the output it makes the model send; None: no output). TensorRT-LLM's default
 # exclude_input_in_output (false) would start a non-streaming text with the prompt.
@@ -89,295 +87,58 @@ class ModelContract:
 
 
 def fit_inputs(inputs: list[grpcclient.InferInput], contract: ModelContract) -> list[grpcclient.InferInput]:
-    """The request for this model: ValueError naming the first input the caller set that the model lacks (never
-    dropped silently: the caller asked for its effect); from a model without this server's statistics, also
-    TensorRT-LLM's figures (`_STOCK_ASKS`)."""
+    """The request for this model: RequestError (a ValueError) naming the first input the caller set that the model
+    lacks (never dropped silently: the caller asked for its effect); from a model without this server's statistics,
+    also TensorRT-LLM's figures (`_STOCK_ASKS`)."""
     missing = next((t.name() for t in inputs if t.name() not in contract.inputs), None)
     if missing is not None:
-        raise ValueError(f"{missing}: model {contract.name!r} has no such input (a TensorRT-LLM ensemble has none "
-                         "of this server's own, such as spec_mode and max_draft); leave it unset")
+        raise RequestError(missing, f"model {contract.name!r} has no such input (a TensorRT-LLM ensemble has none "
+                           "of this server's own, such as spec_mode and max_draft); leave it unset")
     if contract.reports_steps:
         return inputs
-    return inputs + [_scalar_tensor(flag, "BOOL", True) for flag, output in _STOCK_ASKS
-                     if flag in contract.inputs and (output is None or output in contract.outputs)]
-
-
-@dataclass(frozen=True)
-class Tls:
-    """TLS for the gRPC connection (PEM files).
-
-    `root_cert`: the CA certificate(s) to verify the server with (None: gRPC's bundled public roots); the
-    server's own certificate works too, as gRPC accepts a trusted leaf. `client_cert` and `client_key`: this
-    client's identity, for a server that asks for one (mutual TLS). `server_name`: the name the server's
-    certificate is checked against when the URL's host is not in it (an IP address, a port forward).
-    """
-
-    root_cert: str | Path | None = None
-    client_cert: str | Path | None = None
-    client_key: str | Path | None = None
-    server_name: str | None = None
-
-    def __post_init__(self) -> None:
-        if (self.client_cert is None) != (self.client_key is None):
-            raise ValueError("a client certificate needs its key and a key its certificate")
+    return inputs + infer_inputs({flag: field_array(flag, True) for flag, output in _STOCK_ASKS
+                                  if flag in contract.inputs and (output is None or output in contract.outputs)})
 
 
 def connect(url: str, tls: Tls | None = None) -> grpcclient.InferenceServerClient:
-    """A tritonclient connection to `url` (host:port), over TLS when `tls` is given: the one place a gRPC
-    connection is made, so every client of the server (this library, the OpenAI front, the launcher's own
-    probes) reaches a TLS server alike."""
-    if tls is None:
-        return grpcclient.InferenceServerClient(url)
-    return grpcclient.InferenceServerClient(
-        url, ssl=True, root_certificates=tls.root_cert, private_key=tls.client_key,
-        certificate_chain=tls.client_cert, channel_args=_channel_args(tls.server_name))
-
-
-def _channel_args(server_name: str | None) -> list[tuple[str, Any]] | None:
-    """tritonclient's own channel options plus the name to verify; None keeps its defaults untouched (any
-    channel_args given replace them all, so they are repeated here)."""
-    if server_name is None:
-        return None
-    keepalive = grpcclient.KeepAliveOptions()
-    return [
-        ("grpc.max_send_message_length", grpcclient.MAX_GRPC_MESSAGE_SIZE),
-        ("grpc.max_receive_message_length", grpcclient.MAX_GRPC_MESSAGE_SIZE),
-        ("grpc.keepalive_time_ms", keepalive.keepalive_time_ms),
-        ("grpc.keepalive_timeout_ms", keepalive.keepalive_timeout_ms),
-        ("grpc.keepalive_permit_without_calls", keepalive.keepalive_permit_without_calls),
-        ("grpc.http2.max_pings_without_data", keepalive.http2_max_pings_without_data),
-        ("grpc.ssl_target_name_override", server_name),
-    ]
-
-
-class GenerationError(Exception):
-    """A request failed on the server or on the way to it.
-
-    `status` is the gRPC status as tritonclient spells it ("StatusCode.UNAVAILABLE"); it is None
-    for errors the server reports inside the stream (a model or backend error), where only a
-    message exists.
-    """
-
-    def __init__(self, status: str | None, message: str) -> None:
-        super().__init__(f"[{status}] {message}" if status else message)
-        self.status = status
-        self.message = message
-
-    @classmethod
-    def from_triton(cls, error: InferenceServerException) -> GenerationError:
-        return cls(error.status(), error.message())
-
-
-@dataclass
-class GenerationParams:
-    """Sampling and speculation settings of one request.
-
-    A field left at None is not sent, so the server's default applies. The sampling fields
-    default to greedy decoding, sent explicitly so that results do not depend on the server's
-    defaults; set them to None for a request made of `text_input` and `max_tokens` only.
-    An empty `stop_words` list is not sent either. With `apply_chat_template`, the prompt is the user's
-    message in the target's chat template, after the turns in `messages` (e.g. a system message), with the
-    template's switches in `chat_template_kwargs` (e.g. {"enable_thinking": False} for Qwen3).
-    """
-
-    max_tokens: int = 128
-    temperature: float | None = 0.0
-    top_k: int | None = 0
-    top_p: float | None = 1.0
-    seed: int | None = None
-    repetition_penalty: float | None = None
-    presence_penalty: float | None = None
-    frequency_penalty: float | None = None
-    min_tokens: int | None = None
-    end_id: int | None = None
-    stop_words: list[str] | None = None
-    bad_words: list[str] | None = None
-    spec_mode: str | None = None
-    max_draft: int | None = None
-    apply_chat_template: bool | None = None
-    messages: list[dict[str, str]] | None = None
-    chat_template_kwargs: dict[str, Any] | None = None
-    return_log_probs: bool | None = None  # each output token's log-probability (`Chunk.log_probs`)
-    return_num_input_tokens: bool | None = None  # the prompt's length in tokens (`Chunk.num_input_tokens`)
-
-
-@dataclass
-class Chunk:
-    """One response: the new text and the counters the server reported with it.
-
-    `finish_reason` is None while the request runs. A chunk with finish_reason "cancelled" and
-    no text is made locally when `AdaFlashClient.cancel()` interrupts a request. `num_output_tokens` counts the
-    tokens so far. A model without this server's statistics (a stock TensorRT-LLM ensemble, `ModelContract`) leaves
-    them None: the token count too unless it sends TensorRT-LLM's, and finish_reason until a cancellation.
-    """
-
-    text: str
-    num_output_tokens: int | None
-    target_forwards: int | None
-    accepted_per_step: list[int] | None
-    draft_len_per_step: list[int] | None
-    finish_reason: str | None
-    log_probs: list[float] | None = field(default=None, kw_only=True)  # of its new tokens, when the request asked
-    token_ids: list[int] | None = field(default=None, kw_only=True)  # those tokens (this server's, with log_probs)
-    num_input_tokens: int | None = field(default=None, kw_only=True)  # when the request asked
-    # TensorRT-LLM's acceptance figures so far, from a model without the per-step lists (return_perf_metrics)
-    total_accepted_draft_tokens: int | None = field(default=None, kw_only=True)
-    total_draft_tokens: int | None = field(default=None, kw_only=True)
-
-
-@dataclass
-class Completion(Chunk):
-    """A finished request: the whole text, the per-step lists of all its responses and timings.
-
-    Times run from sending the request: `time_to_first_token_s` until the first response reporting
-    a generated token (None when none came; for a non-streaming request it equals the latency),
-    `latency_s` until the last response carrying outputs (the closing of the gRPC stream is not
-    counted). From a model that reports no token count, `num_output_tokens` is the text re-encoded by the
-    client's tokenizer (`AdaFlashClient(tokenizer=...)`; the model's own count when its tokens are the tokenizer's
-    encoding of the text), else None.
-    """
-
-    time_to_first_token_s: float | None
-    latency_s: float
-
-    @property
-    def tau(self) -> float | None:
-        """Mean tokens committed per verify step, bonus token included (None without steps).
-
-        The first token comes from the prefill forward, every later one from a verify step, so
-        tau = (num_output_tokens - 1) / steps: 1.0 for plain decoding, 1 + mean accepted drafts
-        for speculation (less when a stop word or max_tokens cuts the last step).
-        """
-        if not self.accepted_per_step or self.num_output_tokens is None:
-            return None
-        return (self.num_output_tokens - 1) / len(self.accepted_per_step)
-
-    @property
-    def mean_accepted_per_step(self) -> float | None:
-        """Mean accepted draft tokens per verify step (None without steps)."""
-        if not self.accepted_per_step:
-            return None
-        return sum(self.accepted_per_step) / len(self.accepted_per_step)
-
-    @property
-    def accepted_draft_tokens(self) -> int | None:
-        """Draft tokens accepted in all: this server's per-step counts, else TensorRT-LLM's total, else None."""
-        return sum(self.accepted_per_step) if self.accepted_per_step is not None else self.total_accepted_draft_tokens
-
-    @property
-    def draft_tokens(self) -> int | None:
-        """Draft tokens verified in all: this server's per-step lengths, else TensorRT-LLM's total, else None."""
-        return sum(self.draft_len_per_step) if self.draft_len_per_step is not None else self.total_draft_tokens
-
-    @property
-    def acceptance_rate(self) -> float | None:
-        """Accepted over verified draft tokens (None without any)."""
-        drafted = self.draft_tokens
-        return self.accepted_draft_tokens / drafted if drafted else None
-
-    @property
-    def tokens_per_s(self) -> float | None:
-        """Generated tokens over the whole request latency, prefill included."""
-        if self.num_output_tokens is None or self.latency_s <= 0:
-            return None
-        return self.num_output_tokens / self.latency_s
+    """A tritonclient connection to `url` (host:port), over TLS when `tls` is given: the one place this library
+    makes a gRPC connection, so every request reaches a TLS server alike."""
+    return grpcclient.InferenceServerClient(url, **grpc_options(tls))
 
 
 def build_inputs(prompt: str, params: GenerationParams, stream: bool | None = None) -> list[grpcclient.InferInput]:
-    """The request tensors, each with the leading batch dimension 1 (the model has max_batch_size > 0).
+    """The request tensors (`adaflash_contract.wire.request_arrays`, wrapped for tritonclient): each with the
+    leading batch dimension 1; optional ones only when set (not None), `stream` included. RequestError (a
+    ValueError) naming a field whose value its datatype cannot hold."""
+    return infer_inputs(request_arrays(prompt, params, stream=stream))
 
-    Optional tensors are included only when set (not None), `stream` included.
-    """
-    inputs = [_bytes_tensor("text_input", [prompt]), _scalar_tensor("max_tokens", "INT32", params.max_tokens)]
-    if stream is not None:
-        inputs.append(_scalar_tensor("stream", "BOOL", stream))
-    for attr, name, datatype in _OPTIONAL_SCALARS:
-        value = getattr(params, attr)
-        if value is not None:
-            inputs.append(_scalar_tensor(name, datatype, value))
-    if params.spec_mode is not None:
-        inputs.append(_bytes_tensor("spec_mode", [params.spec_mode]))
-    for name in _WORD_LISTS:
-        if getattr(params, name):
-            inputs.append(_bytes_tensor(name, getattr(params, name)))
-    for name in _OPTIONAL_JSON:
-        value = getattr(params, name)
-        if value is not None:
-            inputs.append(_bytes_tensor(name, [json.dumps(value, ensure_ascii=False)]))
+
+def infer_inputs(arrays: Mapping[str, np.ndarray]) -> list[grpcclient.InferInput]:
+    """Arrays by input name as tritonclient's tensors."""
+    inputs = []
+    for name, value in arrays.items():
+        tensor = grpcclient.InferInput(name, list(value.shape), np_to_triton_dtype(value.dtype))
+        tensor.set_data_from_numpy(value)
+        inputs.append(tensor)
     return inputs
 
 
-def _scalar_tensor(name: str, datatype: str, value: bool | int | float) -> grpcclient.InferInput:
-    """A [1, 1] tensor; integers out of the datatype's range are refused because numpy would wrap them."""
-    dtype = triton_to_np_dtype(datatype)
-    if np.issubdtype(dtype, np.integer):
-        info = np.iinfo(dtype)
-        if not info.min <= value <= info.max:
-            raise ValueError(f"{name}={value} does not fit {datatype}")
-    return _tensor(name, datatype, np.array([[value]], dtype=dtype))
-
-
-def _bytes_tensor(name: str, texts: list[str]) -> grpcclient.InferInput:
-    """A [1, n] BYTES tensor of UTF-8 strings."""
-    return _tensor(name, "BYTES", np.array([[t.encode("utf-8") for t in texts]], dtype=np.object_))
-
-
-def _tensor(name: str, datatype: str, value: np.ndarray) -> grpcclient.InferInput:
-    tensor = grpcclient.InferInput(name, list(value.shape), datatype)
-    tensor.set_data_from_numpy(value)
-    return tensor
-
-
 def parse_chunk(result: grpcclient.InferResult, contract: ModelContract | None = None) -> Chunk | None:
-    """The chunk a response carries, or None for an empty (flags-only) final response.
+    """The chunk a response carries, or None for an empty (flags-only) final response
+    (`adaflash_contract.wire.response_chunk` over the result's arrays).
 
     `contract`: the model's; None for this server's `adaflash` model. Where the model declares this server's statistics,
     a response without them is an error; a model without them (TensorRT-LLM's) leaves them None, and its
     `num_output_tokens`, when sent, counts this response's tokens only (`AdaFlashClient` adds them up).
     """
-    if not result.get_response().outputs:
-        return None
-    statistic = partial(_output, result) if contract is None or contract.reports_steps else result.as_numpy
-    finish_reason = statistic("finish_reason")
-    return Chunk(
-        text=_text(_output(result, "text_output").flat[0]),
-        num_output_tokens=_first(statistic("num_output_tokens")),
-        target_forwards=_first(statistic("target_forwards")),
-        accepted_per_step=_listed(statistic("accepted_per_step")),
-        draft_len_per_step=_listed(statistic("draft_len_per_step")),
-        finish_reason=None if finish_reason is None else _text(finish_reason.flat[0]) or None,
-        log_probs=_listed(result.as_numpy("output_log_probs")),
-        token_ids=_listed(result.as_numpy("output_token_ids")),
-        num_input_tokens=_first(result.as_numpy("num_input_tokens")),
-        total_accepted_draft_tokens=_first(result.as_numpy("total_accepted_draft_tokens")),
-        total_draft_tokens=_first(result.as_numpy("total_draft_tokens")),
-    )
-
-
-def _first(value: np.ndarray | None) -> int | None:
-    return None if value is None else int(value.flat[0])
-
-
-def _listed(value: np.ndarray | None) -> list | None:
-    return None if value is None else value.reshape(-1).tolist()
+    outputs = {o.name: result.as_numpy(o.name) for o in result.get_response().outputs}
+    return response_chunk(outputs, statistics=contract is None or contract.reports_steps)
 
 
 def is_final(result: grpcclient.InferResult) -> bool:
     """Whether the server marked this response as the request's last one."""
     parameters = result.get_response().parameters
-    return "triton_final_response" in parameters and parameters["triton_final_response"].bool_param
-
-
-def _output(result: grpcclient.InferResult, name: str) -> np.ndarray:
-    """An output the model promises in every non-empty response; its absence is a server bug worth surfacing."""
-    value = result.as_numpy(name)
-    if value is None:
-        raise GenerationError(None, f"response lacks output {name!r}")
-    return value
-
-
-def _text(value: bytes | str) -> str:
-    return value.decode("utf-8", errors="replace") if isinstance(value, bytes) else str(value)
+    return FINAL_RESPONSE in parameters and parameters[FINAL_RESPONSE].bool_param
 
 
 _CANCEL = object()  # queued by cancel(): wakes the iterating thread without touching tritonclient
@@ -429,7 +190,7 @@ class AdaFlashClient:
         self.model_name = model_name
         self.timeout_s = timeout_s
         self.tls = tls
-        self.headers = {name.lower(): value for name, value in (headers or {}).items()} or None
+        self.headers = grpc_metadata(headers)
         self.tokenizer = tokenizer
         self._contract: ModelContract | None = None
         self._lock = threading.Lock()

@@ -22,7 +22,7 @@ import torch
 from adaflash.cli_args import DEFAULT_MODEL_DIR, add_placement_args, csv_list, json_object, positive_int
 from adaflash.cli_memory import add_plan_memory
 from adaflash.decoding.engine import Engine
-from adaflash.decoding.modes import MODE_NAMES, get_mode
+from adaflash_contract.modes import MODE_NAMES, parse_mode
 from adaflash.decoding.sampling import SamplingParams
 from adaflash.decoding.sequence import Request, context_length, tau
 from adaflash.evaluation.bench import is_wrong, run_bench
@@ -30,7 +30,8 @@ from adaflash.evaluation.evaluate import Throughput, evaluate, markdown, parse_v
 from adaflash.evaluation.prompts import SPLITS, encode_prompts, eval_set_prompts, load_prompts
 from adaflash.models.bundle import Bundle, load_bundle, tiny_random_bundle
 from adaflash.models.chat_template import ChatTemplate, load_chat_template
-from adaflash.models.drafter import DRAFTER_BACKENDS, block_size_of, on_backend
+from adaflash.models.backends import DRAFTER_BACKENDS, on_backend
+from adaflash.models.drafter import block_size_of
 from adaflash.models.placement import Placement, placement
 
 
@@ -95,7 +96,7 @@ def _chat_template(args: argparse.Namespace) -> ChatTemplate | None:
 
 def cmd_generate(args: argparse.Namespace) -> int:
     chat = _chat_template(args)
-    bundle = _bundle(args, needs_drafter=get_mode(args.mode).drafter)
+    bundle = _bundle(args, needs_drafter=parse_mode(args.mode).drafter is not None)
     ids = bundle.tokenizer.encode(args.prompt).ids if chat is None else chat.encode_user(bundle.tokenizer, args.prompt)
     engine = Engine(bundle.target, bundle.drafter, num_slots=1,
                     max_len=context_length([len(ids)], args.max_tokens, block_size_of(bundle.drafter)))
@@ -120,7 +121,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    needs_drafter = any(get_mode(m).drafter for m in args.modes)
+    needs_drafter = any(parse_mode(m).drafter is not None for m in args.modes)
     chat = _chat_template(args)
     bundle = _bundle(args, needs_drafter)
     if args.eval_data:

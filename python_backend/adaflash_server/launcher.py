@@ -34,12 +34,11 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING
 
 from adaflash.serving.threads import openmp_wait_env
+from adaflash_contract.connection import Tls, grpc_options
 from adaflash_server.security import ServerTls
 
 if TYPE_CHECKING:
     import tritonclient.grpc as grpcclient
-
-    from adaflash_client.client import Tls
 
 LOG_TAIL_LINES = 60
 _POLL_INTERVAL_S = 0.1
@@ -193,11 +192,18 @@ def own_client_tls(config: ServerConfig) -> Tls | None:
     if tls.server_name is None and config.host in _WILDCARD_HOSTS:
         raise TritonServerError(f"TLS on {config.host!r}: name the certificate's host (ServerTls.server_name, "
                                 "`adaflash serve --tls-server-name`) for the server's own clients to check it against")
-    from adaflash_client.client import Tls  # late, as tritonclient: `import adaflash_server` needs no serve extra
-
     if not tls.mutual:
         return Tls(root_cert=tls.cert, server_name=tls.server_name)
     return Tls(root_cert=tls.cert, client_cert=tls.cert, client_key=tls.key, server_name=tls.server_name)
+
+
+def connect(url: str, tls: Tls | None = None) -> grpcclient.InferenceServerClient:
+    """A tritonclient (sync) control connection to a server's gRPC endpoint `url` (host:port), over TLS when `tls`
+    is given: the one place the server's own clients (readiness probe, drain, healer, `adaflash publish-drafter`,
+    the OpenAI front's description of the target) make one."""
+    import tritonclient.grpc as grpcclient  # late: `import adaflash_server` needs no serve extra
+
+    return grpcclient.InferenceServerClient(url, **grpc_options(tls))
 
 
 def server_env(server_root: Path) -> dict[str, str]:
@@ -421,8 +427,6 @@ class TritonServer:
 
     def connect(self) -> grpcclient.InferenceServerClient:
         """A control connection to this server's gRPC endpoint, with its own clients' TLS."""
-        from adaflash_client.client import connect
-
         return connect(self.grpc_url, self.client_tls)
 
     @property

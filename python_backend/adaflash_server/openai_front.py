@@ -8,9 +8,11 @@ front only translates: OpenAI fields to the model's inputs (chat messages throug
 OpenAI's error format. A field the server cannot honour is refused by name with a 400, never ignored, because an
 OpenAI client has no other way to learn that its `n`, `top_logprobs` or penalty had no effect.
 
-Each HTTP request holds an `AdaFlashClient` of its own for its duration (taken from a pool, so connections are
-reused), which makes `AdaFlashClient.cancel()` a per-request cancel: a client that disconnects cancels its gRPC
-request at once, and the server frees the sequence.
+The front is a gRPC client of the server on its own event loop (`Channel`: tritonclient's asyncio client, the
+request's arrays and the responses' reading from the contract, `adaflash_contract.wire`). Every HTTP request is a
+gRPC stream of its own on one shared channel; a client that disconnects cancels its stream's call at once, which
+cancels the request on the server, and the server frees the sequence. A refusal names its request field
+(`RequestError.from_wire`), which becomes the OpenAI parameter the client sent.
 
 Security (`adaflash_server.security`): HTTPS with the server's certificate (client certificates required when it
 requires them on gRPC), the gRPC stream over TLS when the server's is, and an optional API key that every route
@@ -24,17 +26,19 @@ import asyncio
 import contextlib
 import hmac
 import json
-import re
 import ssl
 import threading
 import time
 import uuid
 from collections import deque
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import grpc
+import numpy as np
+import tritonclient.grpc.aio as grpcaio
 import uvicorn
 from starlette.applications import Starlette
 from starlette.datastructures import Headers
@@ -45,14 +49,31 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 from tokenizers import Tokenizer
+from tritonclient.grpc import InferInput
+from tritonclient.utils import InferenceServerException, np_to_triton_dtype
 
 from adaflash.models.chat_template import ChatTemplate, load_chat_template
 from adaflash.models.tokenizer import load_tokenizer
 from adaflash.serving.api import Detokenizer, prompt_ids
 from adaflash.serving.protocol import ENTRY
-from adaflash_client import AdaFlashClient, GenerationParams
-from adaflash_client.cli import add_connection_arguments, headers_from_args, tls_from_args
-from adaflash_client.client import Chunk, GenerationError, Tls, connect
+from adaflash_contract.connection import (
+    Tls,
+    add_connection_arguments,
+    grpc_metadata,
+    grpc_options,
+    headers_from_args,
+    tls_from_args,
+)
+from adaflash_contract.errors import INVALID_ARGUMENT, RequestError
+from adaflash_contract.wire import (
+    Chunk,
+    GenerationError,
+    GenerationParams,
+    openai_param,
+    request_arrays,
+    response_chunk,
+)
+from adaflash_server.launcher import connect
 from adaflash_server.security import (
     ServerTls,
     add_api_key_argument,
@@ -63,14 +84,10 @@ from adaflash_server.security import (
 
 DEFAULT_PORT = 9000  # the port of Triton's own OpenAI frontend
 _COMPLETION_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
-_SERVER_ERROR = re.compile(r"\b(INVALID_ARGUMENT|UNAVAILABLE): (?:(\w+): )?")
-# The model's inputs under the OpenAI field a client sent (text_input depends on the route).
-_PARAM_OF_INPUT = {"max_tokens": "max_tokens", "temperature": "temperature", "top_p": "top_p", "top_k": "top_k",
-                   "seed": "seed", "stop_words": "stop", "presence_penalty": "presence_penalty",
-                   "frequency_penalty": "frequency_penalty", "repetition_penalty": "repetition_penalty",
-                   "min_tokens": "min_tokens", "spec_mode": "spec_mode", "max_draft": "max_draft",
-                   "apply_chat_template": "messages", "messages": "messages",
-                   "chat_template_kwargs": "chat_template_kwargs"}
+_GRPC_UNAVAILABLE = "StatusCode.UNAVAILABLE"  # gRPC's status of a server it cannot reach, as tritonclient spells it
+# gRPC waits up to 2 minutes between reconnection attempts to a server that went away: the front's channel tries
+# again within a second, so that it serves again as soon as a restarted server does.
+_RECONNECT_BACKOFF_MS = 1000
 
 
 class OpenAIError(Exception):
@@ -125,16 +142,14 @@ class Upstream:
     tls: Tls | None = None
     headers: dict[str, str] | None = None
 
-    def client(self) -> AdaFlashClient:
-        return AdaFlashClient(self.url, tls=self.tls, headers=self.headers)
-
 
 def served_parameters(upstream: Upstream) -> dict[str, str]:
     """The running server's `adaflash` model config parameters: among them the target's folder
-    (`target_dir`) and the output limit (`max_output_tokens`)."""
+    (`target_dir`) and the output limit (`max_output_tokens`). Over a control connection of its own (sync), as it
+    is asked before the front's event loop runs."""
     client = connect(upstream.url, upstream.tls)
     try:
-        config = client.get_model_config(ENTRY, as_json=True, headers=upstream.headers)["config"]
+        config = client.get_model_config(ENTRY, as_json=True, headers=grpc_metadata(upstream.headers))["config"]
     finally:
         client.close()
     return {k: v.get("string_value", "") for k, v in config.get("parameters", {}).items()}
@@ -166,6 +181,15 @@ class Generation:
     include_usage: bool
     max_tokens_param: str  # the field the client limited the output with, for the server's errors
     logprobs: bool = False  # each output token's log-probability in the answer (the server's return_log_probs)
+
+    def param_of(self, field: str) -> str | None:
+        """The OpenAI parameter the client sent for the request field `field` (None: none): the contract's, but for
+        the prompt (the route's) and the output limit (the one the client used)."""
+        if field == "text_input":
+            return "messages" if self.chat else "prompt"
+        if field == "max_tokens":
+            return self.max_tokens_param
+        return openai_param(field)
 
     def values(self) -> dict[str, Any]:
         """The request as the server sees it, for counting the prompt's tokens."""
@@ -375,112 +399,96 @@ def _optional_string(body: dict[str, Any], name: str) -> str | None:
 
 
 def server_error(error: GenerationError, generation: Generation) -> OpenAIError:
-    """The server's answer in OpenAI's terms: its INVALID_ARGUMENT names an input, which becomes the OpenAI field
-    the client sent (400); UNAVAILABLE (queue full, model unloaded while draining, server down) is a 503."""
-    match = _SERVER_ERROR.search(error.message)
-    if match and match.group(1) == "INVALID_ARGUMENT":
-        field = match.group(2) or ""
-        if field == "text_input":
-            param = "messages" if generation.chat else "prompt"
-        elif field == "max_tokens":
-            param = generation.max_tokens_param
-        else:
-            param = _PARAM_OF_INPUT.get(field)
-        return OpenAIError(400, error.message[match.end():] if param else error.message, param=param,
+    """The server's answer in OpenAI's terms: a refusal of a request field (`RequestError.from_wire`) is a 400 naming
+    the OpenAI parameter the client sent for it; UNAVAILABLE (queue full, model unloaded while draining, server down)
+    is a 503."""
+    refusal = RequestError.from_wire(error.message)
+    if refusal is not None and refusal.status == INVALID_ARGUMENT:
+        param = generation.param_of(refusal.field) if refusal.field else None
+        return OpenAIError(400, f"{param}: {refusal.message}" if param else error.message, param=param,
                            code="invalid_value")
-    if (match or error.status == "StatusCode.UNAVAILABLE" or "unknown model" in error.message
+    if (refusal is not None or error.status == _GRPC_UNAVAILABLE or "unknown model" in error.message
             or "is not ready" in error.message):
         return OpenAIError(503, f"the server is unavailable: {error.message}", code="service_unavailable")
     return OpenAIError(500, error.message, code="server_error")
 
 
 # ---------------------------------------------------------------------------------------------
-# gRPC chunks on the event loop
+# gRPC streams on the event loop
 
 
-class ClientPool:
-    """Idle `AdaFlashClient`s; each HTTP request holds one alone, so its cancel() cancels only that request."""
+class Channel:
+    """The front's gRPC connection to the server: tritonclient's asyncio client, made on first use in the event loop
+    that serves the requests (a gRPC channel belongs to its loop). Every request is a stream of its own on it (HTTP/2
+    multiplexes them), so cancelling one call cancels that request alone."""
 
     def __init__(self, upstream: Upstream) -> None:
         self.upstream = upstream
-        self._idle: list[AdaFlashClient] = []
-        self._lock = threading.Lock()
+        self.headers = grpc_metadata(upstream.headers)
+        self._client: grpcaio.InferenceServerClient | None = None
 
-    def acquire(self) -> AdaFlashClient:
-        with self._lock:
-            if self._idle:
-                return self._idle.pop()
-        return self.upstream.client()
+    @property
+    def client(self) -> grpcaio.InferenceServerClient:
+        if self._client is None:
+            options = grpc_options(self.upstream.tls, [("grpc.max_reconnect_backoff_ms", _RECONNECT_BACKOFF_MS)])
+            self._client = grpcaio.InferenceServerClient(self.upstream.url, **options)
+        return self._client
 
-    def release(self, client: AdaFlashClient) -> None:
-        with self._lock:
-            self._idle.append(client)
+    async def close(self) -> None:
+        client, self._client = self._client, None
+        if client is not None:
+            await client.close()
 
-    def close(self) -> None:
-        with self._lock:
-            idle, self._idle = self._idle, []
-        for client in idle:
-            client.close()
+    async def chunks(self, arrays: Mapping[str, np.ndarray]) -> AsyncIterator[Chunk]:
+        """One request's chunks, sent as `arrays` (the contract's request), until the server ends its stream;
+        GenerationError when the server reports an error or cannot be reached. The request is the stream's only
+        one, so the stream is half-closed once it is sent, and the server ends the stream after the request's last
+        response. Leaving early (the generator closed, or its task cancelled: the HTTP client left) cancels the
+        call, and with it the request on the server."""
+        inputs = [_infer_input(name, value) for name, value in arrays.items()]
 
+        async def requests() -> AsyncIterator[dict[str, Any]]:
+            yield {"model_name": ENTRY, "inputs": inputs}
 
-_END = object()
-
-
-class _Pump:
-    """Iterates one request's chunks in a thread of its own (the client library blocks) and hands them to the
-    event loop; cancel() from the loop ends the gRPC request at once. The client goes back to the pool only
-    when the thread is done with it, and a late cancel() can then no longer reach the client's next request."""
-
-    def __init__(self, pool: ClientPool, chunks: Iterator[Chunk], client: AdaFlashClient) -> None:
-        self.pool, self.chunks, self.client = pool, chunks, client
-        self.queue: asyncio.Queue = asyncio.Queue()
-        self.loop = asyncio.get_running_loop()
-        self._lock = threading.Lock()
-        self._done = False
-        threading.Thread(target=self._run, name="openai-front-request", daemon=True).start()
-
-    def _run(self) -> None:
-        end: object = _END
         try:
-            with contextlib.closing(self.chunks):
-                for chunk in self.chunks:
-                    self._hand(chunk)
-        except Exception as exc:  # noqa: BLE001 - handed to the request, which answers it
-            end = exc
-        with self._lock:
-            self._done = True
-        self.pool.release(self.client)
-        self._hand(end)
+            call = self.client.stream_infer(requests(), headers=self.headers)
+        except InferenceServerException as error:
+            raise GenerationError.from_triton(error) from None
+        ended = False
+        try:
+            async for result, error in call:
+                if error is not None:
+                    raise GenerationError.from_triton(error)
+                chunk = response_chunk({o.name: result.as_numpy(o.name) for o in result.get_response().outputs})
+                if chunk is not None:
+                    yield chunk
+            ended = True
+        except grpc.aio.AioRpcError as error:  # the stream failed: no connection, TLS, a header the server requires
+            raise GenerationError(str(error.code()), error.details() or "") from None
+        finally:
+            if not ended:
+                call.cancel()
 
-    def _hand(self, item: object) -> None:
-        with contextlib.suppress(RuntimeError):  # the loop closed: the front is shutting down
-            self.loop.call_soon_threadsafe(self.queue.put_nowait, item)
 
-    def cancel(self) -> None:
-        with self._lock:
-            if not self._done:
-                self.client.cancel()
+def _infer_input(name: str, value: np.ndarray) -> InferInput:
+    tensor = InferInput(name, list(value.shape), np_to_triton_dtype(value.dtype))
+    tensor.set_data_from_numpy(value)
+    return tensor
 
 
-async def chunks_of(pool: ClientPool, generation: Generation) -> AsyncIterator[Chunk]:
-    """The request's chunks; leaving early (a closed or cancelled generator: the HTTP client left) cancels it."""
-    client = pool.acquire()
+async def chunks_of(channel: Channel, generation: Generation) -> AsyncIterator[Chunk]:
+    """The request's chunks; leaving early (a closed or cancelled generator: the HTTP client left) cancels it. A
+    refusal, the front's (a value its tensor cannot hold: a seed above 2**64) or the server's, is an OpenAIError."""
     try:
-        chunks = client.stream(generation.prompt, generation.params)
-    except ValueError as exc:  # a value its tensor cannot hold (a seed above 2**64)
-        pool.release(client)
-        field = str(exc).split("=", 1)[0]
-        raise _invalid(_PARAM_OF_INPUT.get(field, field), str(exc)) from None
-    pump = _Pump(pool, chunks, client)
-    try:
-        while (item := await pump.queue.get()) is not _END:
-            if isinstance(item, GenerationError):
-                raise server_error(item, generation)
-            if isinstance(item, Exception):
-                raise item
-            yield item
-    finally:
-        pump.cancel()
+        arrays = request_arrays(generation.prompt, generation.params, stream=True)
+    except RequestError as exc:
+        raise _invalid(generation.param_of(exc.field) or exc.field, exc.message) from None
+    async with contextlib.aclosing(channel.chunks(arrays)) as chunks:
+        try:
+            async for chunk in chunks:
+                yield chunk
+        except GenerationError as error:
+            raise server_error(error, generation) from None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -670,11 +678,11 @@ class TokenLogprobs:
 
 
 class Front:
-    """The routes over one server: the target's description and the client pool."""
+    """The routes over one server: the target's description and the gRPC channel to it."""
 
     def __init__(self, upstream: Upstream, target: Target) -> None:
         self.target = target
-        self.pool = ClientPool(upstream)
+        self.channel = Channel(upstream)
 
     async def models(self, request: Request) -> Response:
         return JSONResponse({"object": "list", "data": [{"id": self.target.name, "object": "model", "created": 0,
@@ -692,7 +700,7 @@ class Front:
         try:
             generation = translate(await _json_body(request), self.target)
             prompt_tokens = self._prompt_tokens(generation)
-            chunks = chunks_of(self.pool, generation)
+            chunks = chunks_of(self.channel, generation)
             first = await _unless_disconnected(request, anext(chunks, None))
             answer = Answer(generation, self.target.name)
             logprobs = TokenLogprobs(self.target.tokenizer) if generation.logprobs else None
@@ -836,7 +844,7 @@ def create_app(upstream: Upstream, target: Target, api_key: str | None = None) -
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         yield
-        front.pool.close()
+        await front.channel.close()
 
     guard = [Middleware(ApiKeyGuard, key=api_key)] if api_key else []
     return Starlette(routes=routes, middleware=guard, exception_handlers={HTTPException: _http_error},

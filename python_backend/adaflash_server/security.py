@@ -14,7 +14,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from adaflash.cli_args import existing_file
+from adaflash_contract.cli_args import existing_file
 
 API_KEY_ENV = "ADAFLASH_API_KEY"
 

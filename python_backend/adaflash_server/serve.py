@@ -14,7 +14,11 @@ import sys
 from pathlib import Path
 
 from adaflash.cli_args import DEFAULT_MODEL_DIR
-from adaflash_build.repository import (
+from adaflash_contract.connection import add_connection_arguments, headers_from_args, tls_from_args
+from adaflash_server.launcher import ServerConfig, TritonServer, connect
+from adaflash_server.openai_front import DEFAULT_PORT as OPENAI_PORT
+from adaflash_server.openai_front import FrontServer
+from adaflash_server.repository import (
     add_config_arguments,
     build_repository,
     config_from_arguments,
@@ -22,11 +26,6 @@ from adaflash_build.repository import (
     publish_drafter,
     tiny_model_dir,
 )
-from adaflash_client.cli import add_connection_arguments, headers_from_args, tls_from_args
-from adaflash_client.client import connect
-from adaflash_server.launcher import ServerConfig, TritonServer
-from adaflash_server.openai_front import DEFAULT_PORT as OPENAI_PORT
-from adaflash_server.openai_front import FrontServer
 from adaflash_server.security import (
     ServerTls,
     add_api_key_argument,

@@ -13,7 +13,8 @@ import os
 
 import triton_python_backend_utils as pb_utils
 
-from adaflash.models.drafter import DFlashDrafter, on_backend
+from adaflash.models.backends import on_backend
+from adaflash.models.drafter import DFlashDrafter
 from adaflash.models.target import TokenHeads
 from adaflash.serving import protocol
 from adaflash.serving.protocol import Op

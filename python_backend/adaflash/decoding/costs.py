@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from adaflash.models.graphs import bucket
+from adaflash.models.shapes import bucket
 from adaflash.models.placement import Placement, place_of
 
 if TYPE_CHECKING:
@@ -262,7 +262,8 @@ def load_or_measure_costs(given: str | Path | None, target: "Transformer", draft
     copy of the target and the figures are those of the device that runs its forwards."""
     if given:
         return CostModel.from_json(json.loads(Path(given).read_text()))
-    from adaflash.models.drafter import DFlashDrafter, on_backend
+    from adaflash.models.backends import on_backend
+    from adaflash.models.drafter import DFlashDrafter
 
     drafter = on_backend(DFlashDrafter.from_pretrained(drafter_dir, place_of(target)), target, drafter_backend)
     return measure_costs(target, drafter, max_batch)
@@ -298,20 +299,21 @@ def measure_costs(
     model = CostModel(padded=cache.scratch is not None)
     points: list[tuple[dict, int, int, Callable[[], None]]] = []  # (its table, batch, tokens or block length, run)
     for b in batches:
-        points += [(model.verify, b, b * k, _verify_fn(target, cache, slots[:b], context, _ragged(b * k, b, vocab, g)))
+        points += [(model.verify, b, b * k,
+                    verify_fn(target, cache, slots[:b], context, ragged_tokens(b * k, b, vocab, g)))
                    for k in tokens_per_seq]
         if drafter is not None:
             points += [(model.draft, b, n, _draft_fn(drafter, target, drafter_cache, slots[:b], n))
                        for n in block_lengths(drafter.config.block_size)]
-    for (table, b, x, _), ms in zip(points, _typical_ms([p[3] for p in points], reps, place)):
+    for (table, b, x, _), ms in zip(points, typical_ms([p[3] for p in points], reps, place)):
         table.setdefault(b, []).append((x, ms))
     for points_of_b in (*model.verify.values(), *model.draft.values()):
         _monotone(points_of_b)
     return model
 
 
-def _verify_fn(target: "Transformer", cache, slots: list[int], context: int,
-               tokens: list[list[int]]) -> Callable[[], None]:
+def verify_fn(target: "Transformer", cache, slots: list[int], context: int,
+              tokens: list[list[int]]) -> Callable[[], None]:
     def verify() -> None:
         target.forward(cache, slots, tokens)
         for s in slots:
@@ -319,7 +321,7 @@ def _verify_fn(target: "Transformer", cache, slots: list[int], context: int,
     return verify
 
 
-def _ragged(total: int, batch: int, vocab: int, g: torch.Generator) -> list[list[int]]:
+def ragged_tokens(total: int, batch: int, vocab: int, g: torch.Generator) -> list[list[int]]:
     """`total` random tokens over `batch` sequences, the first ones one token longer where it does not divide."""
     k, extra = divmod(total, batch)
     return [torch.randint(0, vocab, (k + (i < extra),), generator=g).tolist() for i in range(batch)]
@@ -343,10 +345,10 @@ def block_lengths(block_size: int) -> list[int]:
     return sorted({2**i for i in range(1, 8) if 2**i < block_size} | {block_size})
 
 
-ROUND_LEAD_IN = 4  # untimed runs of the quickest function before each round of `_typical_ms`
+ROUND_LEAD_IN = 4  # untimed runs of the quickest function before each round of `typical_ms`
 
 
-def _typical_ms(fns: list[Callable[[], None]], reps: int, place: Placement) -> list[float]:
+def typical_ms(fns: list[Callable[[], None]], reps: int, place: Placement) -> list[float]:
     """The median of `reps` timed runs of each function after a warm-up. The policy weighs expected tokens
     against expected time, and the machine's slow spells are part of it: a fastest run flatters short forwards
     most (long verifies then look dearer than they are), and the live scale corrects the table's level, not its

@@ -14,18 +14,19 @@ from itertools import count
 
 import torch
 
+from adaflash.decoding.backend import Timed, run_now
 from adaflash.decoding.costs import CostModel, measure_costs
-from adaflash.decoding.gate import PlanGate, arms_for, engine_min_sequences
-from adaflash.decoding.planner import Planner
-from adaflash.decoding.policy import LengthController
-from adaflash.decoding.scheduler import Scheduler, Timed, run_now
-from adaflash.decoding.sequence import Request, Sequence, validate_request
+from adaflash.decoding.limits import Limits
+from adaflash.decoding.scheduler import Scheduler
+from adaflash.decoding.sequence import Request, Sequence
+from adaflash.decoding.speculation import build_speculation
 from adaflash.decoding.steps import StepResult, StopEarly, ms_since, step_batch
 from adaflash.models.cache import KVCache, Paging
 from adaflash.models.drafter import DFlashDrafter, Draft, block_size_of
 from adaflash.models.host import keep_freed_memory
 from adaflash.models.placement import place_of
 from adaflash.models.target import Transformer
+from adaflash_contract.modes import modes_served
 
 
 class LocalBackend:
@@ -116,18 +117,22 @@ class Engine:
             drafter.check_target(target)
         if cost_model is None and drafter is not None:
             cost_model = measure_costs(target, drafter, num_slots, max_len=max_len)
-        self.cost = cost_model
         self.backend = LocalBackend(target, drafter, num_slots, max_len, paging)
-        self.planner = Planner(LengthController(cost_model, block_size_of(drafter), prior_weight, probe_every), copies)
-        padded = cost_model is not None and cost_model.padded
-        gate = PlanGate(engine_min_sequences(padded), arms_for(copies, padded)) if plan_gate else None
-        self.scheduler = Scheduler(self.backend, self.planner, cost_model, num_slots, max_len, drafter is not None,
-                                   prefill_tokens, paging, run_steps, gate)
+        self.limits = Limits(target.config.vocab_size, max_len, block_size_of(drafter), modes_served(drafter is not None),
+                             paging)
+        self.speculation = build_speculation(cost_model, block_size_of(drafter), max_len, drafter is not None,
+                                             served=False, copies=copies, plan_gate=plan_gate,
+                                             prior_weight=prior_weight, probe_every=probe_every, run_steps=run_steps)
+        self.scheduler = Scheduler(self.backend, self.speculation, self.limits, num_slots, prefill_tokens)
         self._ids = count()
 
     @property
+    def cost(self) -> CostModel | None:
+        return self.speculation.cost
+
+    @property
     def block_size(self) -> int:
-        return self.planner.block_size
+        return self.speculation.block_size
 
     @property
     def cache(self) -> KVCache:
@@ -154,10 +159,8 @@ class Engine:
         return self.scheduler.has_work
 
     def submit(self, request: Request) -> Sequence:
-        """Queue a request; raises ValueError naming the offending field."""
-        validate_request(request, self.target.config.vocab_size, self.max_len, self.block_size,
-                         has_drafter=self.drafter is not None)
-        self.scheduler.check_capacity(request)
+        """Queue a request; raises RequestError naming the offending field (`limits.Limits.check`)."""
+        self.limits.check(request)
         stops = self.target.config.eos_token_ids if request.stop_ids is None else request.stop_ids
         seq = Sequence(id=next(self._ids), request=request, tokens=list(request.prompt_ids),
                        generator=torch.Generator().manual_seed(request.sampling.seed), stop_ids=frozenset(stops),

@@ -149,7 +149,7 @@ def block_calls(sequences: int, arm: Arm = Arm.PLAN) -> int:
 
 
 @dataclass
-class Tally:
+class Totals:
     """Calls, the tokens they committed and their milliseconds: a block under way, or the calls observed on one arm
     over the gate's life, warm-ups included (what a benchmark reads of where a run's time went); and the tokens plain
     decoding commits in those milliseconds at those calls' loads (`PlanGate.observe`)."""
@@ -182,7 +182,7 @@ class _Load:
     leading: Arm | None = None  # once every arm is measured
     arm: Arm = field(init=False)  # of the block under way
     warmup: int = 0  # its calls still to pass unmeasured after the load's change of arm
-    block: Tally = field(default_factory=Tally)  # what the block's measured calls committed so far
+    block: Totals = field(default_factory=Totals)  # what the block's measured calls committed so far
     confirming: bool = False  # the block under way is a second try of an arm whose try put it past the leader
 
     def __post_init__(self) -> None:
@@ -207,7 +207,7 @@ class _Load:
         self.rates[self.arm] = rate if old is None else old + weight * (rate - old)
         for arm in self.arms:
             self.since[arm] = 0 if arm is self.arm else self.since[arm] + 1
-        self.block = Tally()
+        self.block = Totals()
         self.confirming = not self.confirming and self._challenges()
         if self.confirming:
             return
@@ -285,7 +285,7 @@ class PlanGate:
         self.min_sequences, self.arms, self.plain_preference = min_sequences, arms, plain_preference
         self.loads: dict[int, _Load] = {}  # by load bucket (`bucket`)
         self._load: _Load | None = None  # of the last call (None: below min_sequences)
-        self.tally = {arm: Tally() for arm in arms}
+        self.totals = {arm: Totals() for arm in arms}
 
     def choose(self, sequences: int) -> Arm:
         """The arm of a call carrying `sequences` running sequences: that load's block's."""
@@ -314,7 +314,7 @@ class PlanGate:
         load = self._load
         if load is None or arm is not load.arm or ms <= 0:
             return
-        self.tally[arm].add(tokens, ms)
+        self.totals[arm].add(tokens, ms)
         if load.warmup:
             load.warmup -= 1
         elif load.add(tokens, ms, plain_rate):

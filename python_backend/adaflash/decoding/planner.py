@@ -1,95 +1,20 @@
-"""One speculation planner for the engine, the served loop and the drafter model.
+"""The plan of a speculative step, for the engine and the served loop alike.
 
-A step has two decisions. Before drafting (`Planner.plan`): for every sequence, what it
-verifies without the drafter (nothing, a copy of its context's continuation) or whether it
-drafts, and the block length the drafter runs. After drafting (`Planner.cut`): how many of
-each drafted block's tokens to verify. Both read a sequence's `Mode` fields, never its name,
-and both count the load of the sequences sharing the verify forward that they do not decide
-(`Load`): a served request plans alone but shares its forwards with every other request.
+A step has two decisions. Before drafting (`Planner.plan`): for every sequence, what it verifies without a
+drafter (nothing, or a copy of its context's continuation: the copy proposer's lookup) or whether it drafts, and
+the block length the drafter runs. After drafting, the drafter proposer cuts each block
+(`proposers.dflash.DFlashProposer.cut`). Both read a sequence's `Mode` fields, never its name, and both count the
+load of the sequences sharing the verify forward that they do not decide (`plan.Load`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Hashable
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
-import numpy as np
-
-from adaflash.decoding import ngram
-from adaflash.decoding.modes import Length, Mode, get_mode
-from adaflash.decoding.policy import LengthController, PolicyState
-
-if TYPE_CHECKING:
-    from adaflash.models.drafter import Draft
-
-# Cost-aware copies look for matches of up to this many tokens, prompt lookup's (`ngram` mode) for ngram.MAX_N: a
-# copy behind a 16-token match is accepted whole far more often than one behind a 3-token match, and the copy
-# estimates tell them apart (`policy.copy_bucket`; docs/results.md, engine speed rounds 35 and 36).
-COPY_MATCH = 16
-
-
-@dataclass(frozen=True)
-class Load:
-    """Sequences in the same verify forward besides the ones being decided: how many, the tokens they feed,
-    the tokens they are expected to commit, how many of them draft, and their longest feed (what a padded verify
-    costs, `CostModel.padded`)."""
-
-    sequences: int = 0
-    tokens: int = 0
-    expected: float = 0.0
-    drafting: int = 0
-    widest: int = 1
-
-    def __add__(self, other: Load) -> Load:
-        return Load(self.sequences + other.sequences, self.tokens + other.tokens, self.expected + other.expected,
-                    self.drafting + other.drafting, max(self.widest, other.widest))
-
-    @classmethod
-    def peers(cls, n: int) -> Load:
-        """n sequences known only by their number (a served request's company): one token each, one expected,
-        each may draft."""
-        return cls(n, n, float(n), n)
-
-
-@dataclass
-class Candidate:
-    """What the planner reads of one sequence."""
-
-    key: Hashable
-    mode: Mode
-    tokens: list[int]  # the context, ending with the anchor
-    cap: int  # see `sequence.draft_cap`
-    policy: PolicyState
-    can_draft: bool = True  # False when no drafter serves the sequence (none loaded, or it failed)
-
-
-@dataclass
-class DraftRequest:
-    """A sequence the drafter drafts this step, and what cutting its block needs."""
-
-    key: Hashable
-    mode: str
-    cap: int  # the cap, lowered to block_length - 1
-    block_length: int  # positions the plan drafts, anchor included
-    rates: np.ndarray  # [block_size - 1] running per-position acceptance estimates
-
-
-@dataclass
-class Plan:
-    proposals: dict[Hashable, list[int]] = field(default_factory=dict)  # what each undrafted sequence verifies
-    copied: dict[Hashable, int] = field(default_factory=dict)  # proposals copied from the context: n-gram matched
-    expected: dict[Hashable, float] = field(default_factory=dict)  # tokens each copy is expected to commit
-    drafts: list[DraftRequest] = field(default_factory=list)
-    block_length: int = 0
-
-    def load_besides_drafts(self) -> Load:
-        """The load of the sequences that do not draft, once their proposals are known."""
-        drafting = {d.key for d in self.drafts}
-        keys = [k for k in self.proposals if k not in drafting]
-        return Load(len(keys), sum(len(self.proposals[k]) + 1 for k in keys),
-                    sum(self.expected.get(k, 1.0) for k in keys),
-                    widest=max((len(self.proposals[k]) + 1 for k in keys), default=1))
+from adaflash.decoding.plan import Candidate, DraftRequest, Load, Plan
+from adaflash.decoding.policy import LengthController
+from adaflash.decoding.proposers.copy import COPY_MATCH, lookup
+from adaflash_contract.modes import Length
 
 
 class Planner:
@@ -124,7 +49,7 @@ class Planner:
         for s in seqs:
             plan.proposals.setdefault(s.key, [])
         rates = self.controller.estimated_rates([s.policy for s in drafting]) if drafting else []
-        plan.drafts = [DraftRequest(s.key, s.mode.name, caps[s.key], plan.block_length, r)
+        plan.drafts = [DraftRequest(s.key, s.mode, caps[s.key], plan.block_length, r)
                        for s, r in zip(drafting, rates)]
         return plan
 
@@ -134,7 +59,7 @@ class Planner:
         (docs/results.md, engine speed round 29)."""
         c, key = self.controller, s.key
         plan = Plan(block_length=self.block_size)
-        proposal, matched = ngram.lookup(s.tokens, s.cap, COPY_MATCH) if self.copies and s.mode.copies else ([], 0)
+        proposal, matched = lookup(s.tokens, s.cap, COPY_MATCH) if self.copies and s.mode.copies else ([], 0)
         if proposal and c.prefers_copy([s.policy], [matched], [len(proposal)], [s.cap])[0] or not s.can_draft:
             self._copy_one(plan, s, proposal, matched, outside)
             return plan
@@ -144,7 +69,7 @@ class Planner:
         if chosen[0]:
             plan.proposals[key] = []
             rates = c.estimated_rates([s.policy])
-            plan.drafts = [DraftRequest(key, s.mode.name, min(s.cap, length - 1), length, rates[0])]
+            plan.drafts = [DraftRequest(key, s.mode, min(s.cap, length - 1), length, rates[0])]
         else:
             self._copy_one(plan, s, proposal, matched, outside)
         return plan
@@ -165,7 +90,7 @@ class Planner:
     def _propose_copy(plan: Plan, s: Candidate) -> None:
         """A mode without a drafter verifies its copy whole (prompt lookup), or nothing. Its copies are marked as
         copies, so that what they teach goes to the copy estimates, not to the drafter's."""
-        proposal, matched = ngram.lookup(s.tokens, s.cap) if s.mode.copies else ([], 0)
+        proposal, matched = lookup(s.tokens, s.cap) if s.mode.copies else ([], 0)
         plan.proposals[s.key] = proposal
         if proposal:
             plan.copied[s.key] = matched
@@ -176,7 +101,7 @@ class Planner:
         whose copy of the context is expected to do as well as the drafter verify it; the others draft if that
         pays and otherwise verify their copy as far as that pays. Returns the block length to draft."""
         c = self.controller
-        proposals = {s.key: ngram.lookup(s.tokens, caps[s.key], COPY_MATCH)
+        proposals = {s.key: lookup(s.tokens, caps[s.key], COPY_MATCH)
                      if self.copies and s.mode.copies else ([], 0) for s in adaptive}
         prefer = c.prefers_copy([s.policy for s in adaptive], [proposals[s.key][1] for s in adaptive],
                                 [len(proposals[s.key][0]) for s in adaptive], [caps[s.key] for s in adaptive])
@@ -229,29 +154,3 @@ class Planner:
         others = [s for s in seqs if s.key not in ids]
         fed = [tokens(s) for s in others]
         return Load(len(others), sum(fed), sum(plan.expected.get(s.key, 1.0) for s in others), widest=max(fed, default=1))
-
-    def draft_block_length(self, requests: list[DraftRequest]) -> int:
-        """The block one drafter forward runs for requests that may come from separate plans: the longest."""
-        return max(r.block_length for r in requests)
-
-    def cut(self, requests: list[DraftRequest], draft: Draft, besides: Load) -> list[int]:
-        """k per drafted sequence: its cap (modes verifying all), the published rule, or the cost-aware choice
-        with the draft's own cost already paid. `besides`: the load of the sequences that did not draft."""
-        c = self.controller
-        ratios = draft.accept_ratio
-        modes = [get_mode(r.mode) for r in requests]
-        ks = [r.cap for r in requests]
-        for i, (r, m) in enumerate(zip(requests, modes)):
-            if m.length is Length.PUBLISHED:
-                ks[i] = c.published(r.rates, None if ratios is None else float(ratios[i]), r.cap)
-        adaptive = [i for i, m in enumerate(modes) if m.length is Length.COST_AWARE]
-        if adaptive:
-            fixed = [i for i in range(len(requests)) if i not in set(adaptive)]
-            load = besides + Load(len(fixed), sum(ks[i] + 1 for i in fixed), float(len(fixed)),
-                                  widest=max((ks[i] + 1 for i in fixed), default=1))
-            rates = c.draft_rates(draft, adaptive, np.stack([requests[i].rates for i in adaptive]))
-            chosen = c.draft_lens(rates, [requests[i].cap for i in adaptive], len(adaptive) + load.sequences,
-                                  load.tokens, len(requests), load.expected, load.widest)
-            for i, k in zip(adaptive, chosen):
-                ks[i] = k
-        return ks

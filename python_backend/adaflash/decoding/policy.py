@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from adaflash.decoding.costs import CostModel, block_lengths
-from adaflash.models.graphs import bucket
+from adaflash.models.shapes import bucket
 
 if TYPE_CHECKING:
     from adaflash.models.drafter import Draft

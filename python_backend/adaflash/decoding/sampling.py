@@ -14,6 +14,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from adaflash_contract.errors import RequestError
+
 
 @dataclass(frozen=True)
 class SamplingParams:
@@ -44,21 +46,22 @@ class SamplingParams:
                 or (self.min_tokens > 0 and bool(self.end_ids)) or bool(self.bad_words))
 
     def validate(self) -> None:
+        """RequestError naming the first field out of range."""
         if not self.temperature >= 0.0:
-            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+            raise RequestError("temperature", f"must be >= 0, got {self.temperature}")
         if self.top_k < 0:
-            raise ValueError(f"top_k must be >= 0, got {self.top_k}")
+            raise RequestError("top_k", f"must be >= 0, got {self.top_k}")
         if not 0.0 < self.top_p <= 1.0:
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+            raise RequestError("top_p", f"must be in (0, 1], got {self.top_p}")
         if not (math.isfinite(self.repetition_penalty) and self.repetition_penalty > 0.0):
-            raise ValueError(f"repetition_penalty must be > 0, got {self.repetition_penalty}")
+            raise RequestError("repetition_penalty", f"must be > 0, got {self.repetition_penalty}")
         for name in ("presence_penalty", "frequency_penalty"):
             if not math.isfinite(getattr(self, name)):
-                raise ValueError(f"{name} must be finite, got {getattr(self, name)}")
+                raise RequestError(name, f"must be finite, got {getattr(self, name)}")
         if self.min_tokens < 0:
-            raise ValueError(f"min_tokens must be >= 0, got {self.min_tokens}")
+            raise RequestError("min_tokens", f"must be >= 0, got {self.min_tokens}")
         if any(not w for w in self.bad_words):
-            raise ValueError("bad_words: an empty word")
+            raise RequestError("bad_words", "an empty word")
 
 
 @dataclass

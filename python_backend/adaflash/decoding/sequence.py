@@ -8,9 +8,9 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
-from adaflash.decoding.modes import get_mode
 from adaflash.decoding.policy import PolicyState
 from adaflash.decoding.sampling import History, SamplingParams
+from adaflash_contract.modes import REFERENCE_MODE, Mode, parse_mode
 
 # Stop strings (`serving/api.py` TextStops): given the output and the index of its first token not yet searched,
 # the output length to keep when a stop string ends in the new tokens, else None.
@@ -19,14 +19,20 @@ StopText = Callable[[list[int], int], "int | None"]
 
 @dataclass
 class Request:
+    """A parsed generation request. `mode` may be given by name: it is resolved here, once, and is a `Mode` from
+    then on (a name outside the registry is a RequestError naming spec_mode)."""
+
     prompt_ids: list[int]
     max_tokens: int
-    mode: str = "ar"
+    mode: Mode = REFERENCE_MODE
     sampling: SamplingParams = field(default_factory=SamplingParams)
     max_draft: int | None = None  # the client's cap on k (draft tokens verified per step); None: no cap
     stop_ids: tuple[int, ...] | None = None  # None: the target's end-of-sequence ids
     stop_text: StopText | None = None  # stop strings of several tokens, matched in the text
     tag: str = ""  # free label carried to the result (a prompt id, a domain)
+
+    def __post_init__(self) -> None:
+        self.mode = parse_mode(self.mode)
 
 
 @dataclass
@@ -116,28 +122,8 @@ def tau(steps: list[StepRecord], digits: int | None = None) -> float | None:
     return value if digits is None else round(value, digits)
 
 
-def validate_request(r: Request, vocab_size: int, max_len: int, block_size: int, has_drafter: bool) -> None:
-    """Raise ValueError naming the offending field."""
-    if get_mode(r.mode).drafter and not has_drafter:
-        raise ValueError(f"mode {r.mode!r} needs a drafter and none is loaded")
-    if not r.prompt_ids:
-        raise ValueError("prompt_ids must not be empty")
-    if any(not 0 <= t < vocab_size for t in r.prompt_ids):
-        raise ValueError("prompt_ids holds ids outside the vocabulary")
-    if r.max_tokens < 1:
-        raise ValueError(f"max_tokens must be >= 1, got {r.max_tokens}")
-    if len(r.prompt_ids) + r.max_tokens + block_size > max_len:
-        raise ValueError(
-            f"prompt length {len(r.prompt_ids)} + max_tokens {r.max_tokens} exceeds the context limit "
-            f"{max_len - block_size}"
-        )
-    if r.max_draft is not None and r.max_draft < 0:
-        raise ValueError(f"max_draft must be >= 0, got {r.max_draft}")
-    r.sampling.validate()
-
-
 def context_length(prompt_lens: list[int], max_tokens: int, block_size: int) -> int:
-    """Cache positions per sequence that the longest prompt needs: what `validate_request` asks of max_len,
+    """Cache positions per sequence that the longest prompt needs: what `limits.Limits.check` asks of max_len,
     plus the anchor's position."""
     return max(prompt_lens) + max_tokens + block_size + 1
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from itertools import cycle
 
 from adaflash.decoding.engine import Engine
-from adaflash.decoding.modes import REFERENCE_MODE
+from adaflash_contract.modes import REFERENCE_MODE
 from adaflash.decoding.sampling import SamplingParams
 from adaflash.decoding.sequence import Request, Sequence, tau
 from adaflash.models.target import Transformer

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from adaflash.cli_args import split_csv
 from adaflash.decoding.engine import Engine
-from adaflash.decoding.modes import REFERENCE_MODE, get_mode
+from adaflash_contract.modes import REFERENCE_MODE, parse_mode
 from adaflash.decoding.sampling import SamplingParams
 from adaflash.decoding.sequence import Request, Sequence, context_length
 from adaflash.evaluation.bench import Contender, compare, summarize
@@ -25,8 +25,8 @@ from adaflash.models.bundle import load_bundle
 from adaflash.models.drafter import DFlashDrafter, block_size_of
 from adaflash.models.placement import CPU, Placement, place_of
 from adaflash.models.target import Transformer
-from adaflash.training.corpus import DOMAINS
-from adaflash.training.pretrain import heldout_loss
+from adaflash.corpus import DOMAINS
+from adaflash.heldout import heldout_loss
 
 MARK_BEGIN, MARK_END = "<!-- adaflash evaluate: begin -->", "<!-- adaflash evaluate: end -->"
 
@@ -228,7 +228,7 @@ def parse_variants(text: str, default_drafter: str) -> list[Variant]:
     for item in split_csv(text):
         head, _, block = item.partition("@")
         mode, _, drafter = head.partition(":")
-        needs = get_mode(mode).drafter
+        needs = parse_mode(mode).drafter is not None
         out.append(Variant(mode, (drafter or default_drafter) if needs else None,
                            int(block) if block and needs else None))
     return out

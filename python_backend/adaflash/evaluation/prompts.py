@@ -14,7 +14,7 @@ from importlib.resources.abc import Traversable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from adaflash.training.corpus import DOMAINS, PROMPT_DOMAINS, as_prompt
+from adaflash.corpus import DOMAINS, PROMPT_DOMAINS, as_prompt
 
 if TYPE_CHECKING:
     from tokenizers import Tokenizer

@@ -11,7 +11,6 @@ per-layer K/V are cached per slot, so each step only projects the newly committe
 from __future__ import annotations
 
 import copy
-import importlib.util
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,7 +27,6 @@ from adaflash.models.target import Transformer
 
 DEFAULT_BLOCK_SIZE = 16  # the published DFlash drafters' block: an anchor and 15 masked positions
 OUR_HEADS = ("position_head.",)  # tensors no published format has: saved apart (`checkpoint.EXTENSION`)
-DRAFTER_BACKENDS = ("torch", "onnx")  # what runs the block forward (`on_backend`)
 
 
 def block_size_of(drafter: "DFlashDrafter | None") -> int:
@@ -504,26 +502,3 @@ class DFlashDrafter(nn.Module):
         return Draft(tokens=argmax(logits), hidden=hidden, accept_ratio=None if head is None else head(hidden),
                      accept_rates=self.position_head(hidden, PositionHead.confidence(logits))
                      if self.config.position_head else None)
-
-
-def check_backend(backend: str, place: Placement) -> None:
-    """Raise ValueError naming what keeps `backend` from running a drafter placed at `place`; the repository builder
-    asks too, so that a wrong choice stops the build instead of the server's drafter model when it loads."""
-    if backend not in DRAFTER_BACKENDS:
-        raise ValueError(f"drafter_backend: {backend!r} is not one of {', '.join(DRAFTER_BACKENDS)}")
-    if backend == "onnx" and (place.device.type != "cpu" or place.dtype != torch.float32):
-        raise ValueError(f"drafter_backend: onnx runs ONNX Runtime's CPU package on float32 weights, not on "
-                         f"{place.device.type} in {place.dtype_name} (use torch there)")
-    if backend == "onnx" and importlib.util.find_spec("onnxruntime") is None:
-        raise ValueError("drafter_backend: onnx needs onnxruntime, the onnx extra (pip install -e '.[onnx]')")
-
-
-def on_backend(drafter: DFlashDrafter, target: Transformer, backend: str) -> DFlashDrafter:
-    """`drafter` with its block forward run by `backend`, one of DRAFTER_BACKENDS: PyTorch as it is, or ONNX Runtime
-    (`onnx_drafter.py`, the optional `onnx` extra: imported only when asked for, so the core runs without it)."""
-    check_backend(backend, place_of(drafter))
-    if backend == "torch":
-        return drafter
-    from adaflash.models.onnx_drafter import OnnxDrafter
-
-    return OnnxDrafter.of(drafter, target)

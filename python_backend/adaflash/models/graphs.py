@@ -32,6 +32,7 @@ from torch import Tensor
 
 from adaflash.models.cache import Gather, KVCache
 from adaflash.models.layers import Ragged
+from adaflash.models.shapes import bucket
 
 MAX_NEW = 16  # new tokens per sequence any graphed step takes: decodes and verifies
 # Padded tokens (sequences x tokens per sequence) a graphed step of longer feeds takes: prefills. An eager prefill on a
@@ -56,11 +57,6 @@ def recordings() -> int:
     tens of milliseconds against a replay's one, so whoever learns from a step's time leaves that step out (the
     scheduler's gate does)."""
     return Recorder.recorded
-
-
-def bucket(n: int) -> int:
-    """The power of two a count is padded to."""
-    return 1 << max(n - 1, 0).bit_length()
 
 
 @dataclass(frozen=True)

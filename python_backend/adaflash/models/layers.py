@@ -52,7 +52,7 @@ class RMSNorm(nn.Module):
 
 
 # On CPU, MKL's product of a weight by up to thousands of rows runs at a third to a half of what the machine can
-# (clients/bench_layout.py, docs/results.md): for a few rows it reads the weight slowly, for many it computes
+# (benchmarks/bench_layout.py, docs/results.md): for a few rows it reads the weight slowly, for many it computes
 # slowly. Small fp32 weights are therefore multiplied by the C product of `adaflash.models.native` where it builds,
 # from a copy laid out in panels: as fast as oneDNN's packed product from one row to thousands, and a row's sums do
 # not depend on the other rows of the call (oneDNN's do). Without it `Joined` keeps a copy that multiplies faster

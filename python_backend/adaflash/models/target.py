@@ -362,7 +362,7 @@ class Transformer(nn.Module):
                       capture_layers: list[int] | None = None) -> ForwardOutput:
         """The device's part of `forward`: tokens `ids` [T], already placed by `fb`, through the layers and the
         LM head; the cache's bookkeeping stays with `forward`. Apart so that this part can be timed or captured
-        on its own (`clients/bench_graph_ceiling.py`). Callers hold inference mode."""
+        on its own (`benchmarks/bench_graph_ceiling.py`). Callers hold inference mode."""
         x, hidden = self.forward_layers(fb, ids, cache, capture_layers)
         return ForwardOutput(self.logits(x if logit_rows is None else x[logit_rows]), hidden)
 

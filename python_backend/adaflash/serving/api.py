@@ -14,22 +14,22 @@ from tokenizers import Tokenizer, decoders
 
 from adaflash.models.chat_template import ChatTemplate
 from adaflash.serving.protocol import Encoded
+from adaflash_contract.errors import RequestError
 
 REPLACEMENT = "\ufffd"
 DETOKENIZE_CONTEXT = 8  # tokens decoded before the sent ones (`Detokenizer._window`)
 
 
-def encode(tokenizer: Tokenizer, values: dict[str, Any], max_prompt_tokens: int, vocab_size: int,
-           eos_ids: list[int], chat: ChatTemplate | None = None) -> Encoded:
+def encode(tokenizer: Tokenizer, values: dict[str, Any], vocab_size: int, eos_ids: list[int],
+           chat: ChatTemplate | None = None) -> Encoded:
     """The token ids of a request parsed by `protocol.parse_request`; `chat` is the target's chat template, if it
     has one. A stop word of one token stops like end_id (the token is not output); a longer one is matched in the
-    text (`TextStops`), since a text has many tokenisations and the model need not choose the tokenizer's."""
+    text (`TextStops`), since a text has many tokenisations and the model need not choose the tokenizer's. The
+    prompt's length is checked with the request's other limits (`decoding.limits.Limits`)."""
     ids = prompt_ids(tokenizer, values, chat)
-    if len(ids) > max_prompt_tokens:
-        raise ValueError(f"text_input: prompt of {len(ids)} tokens exceeds the limit of {max_prompt_tokens}")
     for name in ("end_id", "pad_id"):
         if values[name] is not None and not 0 <= values[name] < vocab_size:
-            raise ValueError(f"{name}: must be a token id in [0, {vocab_size}), got {values[name]}")
+            raise RequestError(name, f"must be a token id in [0, {vocab_size}), got {values[name]}")
     stops = [values["end_id"]] if values["end_id"] is not None else list(eos_ids)
     texts = []
     for word in values["stop_words"]:
@@ -40,7 +40,7 @@ def encode(tokenizer: Tokenizer, values: dict[str, Any], max_prompt_tokens: int,
             texts.append(word)
     bad = [tokenizer.encode(word).ids for word in values["bad_words"]]
     if any(not w for w in bad):
-        raise ValueError("bad_words: a word with no tokens")
+        raise RequestError("bad_words", "a word with no tokens")
     return Encoded(ids, stops, bad, texts)
 
 
@@ -51,16 +51,16 @@ def prompt_ids(tokenizer: Tokenizer, values: dict[str, Any], chat: ChatTemplate 
     if not values["apply_chat_template"]:
         for name in ("messages", "chat_template_kwargs"):
             if values[name]:
-                raise ValueError(f"{name}: only read with apply_chat_template true")
+                raise RequestError(name, "only read with apply_chat_template true")
         return tokenizer.encode(values["text_input"]).ids
     if chat is None:
-        raise ValueError("apply_chat_template: the target has no chat template (chat_template in its "
-                         "tokenizer_config.json, or chat_template.jinja)")
+        raise RequestError("apply_chat_template", "the target has no chat template (chat_template in its "
+                                                  "tokenizer_config.json, or chat_template.jinja)")
     conversation = [*values["messages"], {"role": "user", "content": values["text_input"]}]
     try:
         return chat.encode(tokenizer, conversation, **values["chat_template_kwargs"])
     except ValueError as exc:
-        raise ValueError(f"messages: the target's chat template refused the conversation: {exc}") from None
+        raise RequestError("messages", f"the target's chat template refused the conversation: {exc}") from None
 
 
 class Detokenizer:

@@ -31,6 +31,8 @@ from adaflash.decoding.steps import StepResult
 from adaflash.models.cache import Paging
 from adaflash.models.drafter import Draft
 from adaflash.models.placement import Placement, placement
+from adaflash_contract.errors import RequestError
+from adaflash_contract.modes import Mode, parse_mode
 
 Tensors = dict[str, np.ndarray]
 
@@ -72,11 +74,9 @@ class TensorSpec:
 
 
 @dataclass(frozen=True)
-class RequestLimits:
-    """The server's settings a request is checked against."""
+class RequestDefaults:
+    """The server's settings a field's parse reads (its limits are checked once, by `decoding.limits.Limits`)."""
 
-    max_output_tokens: int
-    modes: tuple[str, ...]
     default_mode: str
 
 
@@ -86,7 +86,7 @@ class Into(Enum):
     PROMPT = "prompt"  # turned into the prompt or stop ids (serving/api.py's `encode`)
     REQUEST = "request"  # an attribute of the engine's Request
     SAMPLING = "sampling"  # an attribute of SamplingParams; also sent with the target's prefill
-    GENERATION = "generation"  # how the entry model answers (`Generation`)
+    GENERATION = "generation"  # how the entry model answers (`ServedRequest`)
     CHECKED = "checked"  # a TensorRT-LLM input checked and dropped: what it asks is what this server does anyway
     ALIAS = "alias"  # another name of the field `attr` names
 
@@ -100,7 +100,7 @@ class RequestField:
     """A field of the public generation request (a TensorRT-LLM ensemble input)."""
 
     spec: TensorSpec
-    parse: Callable[[Any, RequestLimits], Any]  # the sent value (a scalar, or a list for dims [-1]) -> checked value
+    parse: Callable[[Any, RequestDefaults], Any]  # the sent value (a scalar, or a list for dims [-1]) -> checked value
     into: Into
     attr: str = ""  # the consumer's attribute, when it is not the tensor name
     default: Any = _CONSUMER_DEFAULT  # when not sent: a value, a function of the limits, or the consumer's default
@@ -116,7 +116,7 @@ class RequestField:
     def _default(self) -> Any:
         return getattr(CONSUMERS[self.into], self.target) if self.default is _CONSUMER_DEFAULT else self.default
 
-    def default_value(self, limits: RequestLimits) -> Any:
+    def default_value(self, limits: RequestDefaults) -> Any:
         default = self._default()
         return default(limits) if callable(default) else default
 
@@ -129,74 +129,73 @@ def _text(value: Any) -> str:
         raise ValueError(f"not valid UTF-8 ({exc.reason} at byte {exc.start})") from None
 
 
-def _prompt(value: Any, _: RequestLimits) -> str:
+def _prompt(value: Any, _: RequestDefaults) -> str:
     text = _text(value)
     if not text:
         raise ValueError("empty prompt")
     return text
 
 
-def _max_tokens(value: Any, limits: RequestLimits) -> int:
-    if not 1 <= int(value) <= limits.max_output_tokens:
-        raise ValueError(f"must be in [1, {limits.max_output_tokens}], got {int(value)}")
+def _max_tokens(value: Any, _: RequestDefaults) -> int:
+    """Its range is the server's (`Limits.check`)."""
     return int(value)
 
 
-def _temperature(value: Any, _: RequestLimits) -> float:
+def _temperature(value: Any, _: RequestDefaults) -> float:
     if not (math.isfinite(float(value)) and float(value) >= 0.0):
         raise ValueError(f"must be a finite number >= 0, got {float(value)}")
     return float(value)
 
 
-def _top_p(value: Any, _: RequestLimits) -> float:
+def _top_p(value: Any, _: RequestDefaults) -> float:
     if not 0.0 < float(value) <= 1.0:
         raise ValueError(f"must be in (0, 1], got {float(value)}")
     return float(value)
 
 
-def _count(value: Any, _: RequestLimits) -> int:
+def _count(value: Any, _: RequestDefaults) -> int:
     if int(value) < 0:
         raise ValueError(f"must be >= 0, got {int(value)}")
     return int(value)
 
 
-def _integer(value: Any, _: RequestLimits) -> int:
+def _integer(value: Any, _: RequestDefaults) -> int:
     return int(value)
 
 
-def _positive(value: Any, _: RequestLimits) -> float:
+def _positive(value: Any, _: RequestDefaults) -> float:
     if not (math.isfinite(float(value)) and float(value) > 0.0):
         raise ValueError(f"must be a finite number > 0, got {float(value)}")
     return float(value)
 
 
-def _finite(value: Any, _: RequestLimits) -> float:
+def _finite(value: Any, _: RequestDefaults) -> float:
     if not math.isfinite(float(value)):
         raise ValueError(f"must be a finite number, got {float(value)}")
     return float(value)
 
 
-def _only(allowed: Any, why: str) -> Callable[[Any, RequestLimits], Any]:
+def _only(allowed: Any, why: str) -> Callable[[Any, RequestDefaults], Any]:
     """A TensorRT-LLM input this server takes only at one value (its default): any other is refused, by name."""
-    def parse(value: Any, _: RequestLimits) -> Any:
+    def parse(value: Any, _: RequestDefaults) -> Any:
         if type(allowed)(value) != allowed:
             raise ValueError(f"only {allowed!r} is supported ({why}), got {value!r}")
         return allowed
     return parse
 
 
-def _refused(why: str) -> Callable[[Any, RequestLimits], Any]:
+def _refused(why: str) -> Callable[[Any, RequestDefaults], Any]:
     """A TensorRT-LLM input that does not apply to this server: refused whenever it is sent, never ignored."""
-    def parse(value: Any, _: RequestLimits) -> Any:
+    def parse(value: Any, _: RequestDefaults) -> Any:
         raise ValueError(f"not supported: {why}")
     return parse
 
 
-def _flag(value: Any, _: RequestLimits) -> bool:
+def _flag(value: Any, _: RequestDefaults) -> bool:
     return bool(value)
 
 
-def _words(values: list, _: RequestLimits) -> tuple[str, ...]:
+def _words(values: list, _: RequestDefaults) -> tuple[str, ...]:
     return tuple(_text(w) for w in values if len(w))
 
 
@@ -207,7 +206,7 @@ def _json(value: Any) -> Any:
         raise ValueError(f"not JSON ({exc.msg} at character {exc.pos})") from None
 
 
-def _messages(value: Any, _: RequestLimits) -> tuple[dict[str, Any], ...]:
+def _messages(value: Any, _: RequestDefaults) -> tuple[dict[str, Any], ...]:
     """The turns before text_input (a system message, earlier turns), as a JSON list of chat messages."""
     turns = _json(value)
     if not (isinstance(turns, list) and all(isinstance(t, dict) and isinstance(t.get("role"), str)
@@ -216,7 +215,7 @@ def _messages(value: Any, _: RequestLimits) -> tuple[dict[str, Any], ...]:
     return tuple(turns)
 
 
-def _template_kwargs(value: Any, _: RequestLimits) -> dict[str, Any]:
+def _template_kwargs(value: Any, _: RequestDefaults) -> dict[str, Any]:
     """The chat template's switches (Qwen3's enable_thinking), vLLM's field of the same name."""
     kwargs = _json(value)
     if not isinstance(kwargs, dict):
@@ -224,11 +223,9 @@ def _template_kwargs(value: Any, _: RequestLimits) -> dict[str, Any]:
     return kwargs
 
 
-def _mode(value: Any, limits: RequestLimits) -> str:
-    mode = _text(value)
-    if mode not in limits.modes:
-        raise ValueError(f"must be one of {', '.join(limits.modes)}, got {mode!r}")
-    return mode
+def _mode(value: Any, _: RequestDefaults) -> Mode:
+    """The mode, resolved here once (whether this server runs it is `Limits.check`'s)."""
+    return parse_mode(_text(value))
 
 
 REQUEST_FIELDS: tuple[RequestField, ...] = (
@@ -255,7 +252,7 @@ REQUEST_FIELDS: tuple[RequestField, ...] = (
     RequestField(TensorSpec("return_num_output_tokens", BOOL, optional=True), _flag, Into.CHECKED, default=False),
     RequestField(TensorSpec("return_perf_metrics", BOOL, optional=True), _flag, Into.GENERATION, default=False),
     RequestField(TensorSpec("spec_mode", BYTES, optional=True), _mode, Into.REQUEST, attr="mode",
-                 default=lambda limits: limits.default_mode),
+                 default=lambda defaults: parse_mode(defaults.default_mode)),
     RequestField(TensorSpec("max_draft", INT32, optional=True), _count, Into.REQUEST),
     # text_input as the user's message in the target's chat template (serving/api.py renders it).
     RequestField(TensorSpec("apply_chat_template", BOOL, optional=True), _flag, Into.PROMPT, default=False),
@@ -301,8 +298,8 @@ def refuse_parameters(parameters: dict) -> None:
     Refuse the first such field by name, as gRPC refuses an unknown input."""
     unknown = sorted(k for k in parameters if k not in TRITON_PARAMETERS and not k.startswith("triton_"))
     if unknown:
-        raise ValueError(f"{unknown[0]}: not an input of this server (inputs: "
-                         f"{', '.join(f.name for f in REQUEST_FIELDS)})")
+        raise RequestError(unknown[0], f"not an input of this server (inputs: "
+                                       f"{', '.join(f.name for f in REQUEST_FIELDS)})")
 
 SAMPLING_FIELDS = tuple(f for f in REQUEST_FIELDS if f.into is Into.SAMPLING)
 
@@ -506,28 +503,30 @@ def decode_keys(tensors: Tensors) -> list[int]:
 # The generation request
 
 
-def parse_request(tensors: dict[str, np.ndarray | None], limits: RequestLimits) -> dict[str, Any]:
+def parse_request(tensors: dict[str, np.ndarray | None], limits: RequestDefaults) -> dict[str, Any]:
     """The checked value of every request field (its default when not sent), keyed by field name.
 
-    Raises ValueError whose message starts with the field's name.
+    Raises RequestError naming the field.
     """
     values = {}
     for f in REQUEST_FIELDS:
         sent = tensors.get(f.name)
         if sent is None:
             if not f.spec.optional:
-                raise ValueError(f"{f.name}: required")
+                raise RequestError(f.name, "required")
             values[f.name] = f.default_value(limits)
             continue
         try:
             raw = _scalar(tensors, f.name) if f.spec.dims == (1,) else _list(tensors, f.name)
             values[f.name] = f.parse(raw, limits)
+        except RequestError:
+            raise
         except ValueError as exc:
-            raise ValueError(f"{f.name}: {exc}") from None
+            raise RequestError(f.name, str(exc)) from None
     for f in REQUEST_FIELDS:
         if f.into is Into.ALIAS and values[f.name] is not None:
             if tensors.get(f.target) is not None and values[f.target] != values[f.name]:
-                raise ValueError(f"{f.name}: an alias of {f.target}, sent with a different value")
+                raise RequestError(f.name, f"an alias of {f.target}, sent with a different value")
             values[f.target] = values[f.name]
     return values
 
@@ -543,7 +542,7 @@ class Encoded:
 
 
 @dataclass
-class Generation:
+class ServedRequest:
     """What the step loop runs: the engine's request, the ids that stop it, and how the entry model answers."""
 
     request: Request
@@ -562,14 +561,14 @@ class Generation:
 RETURNS = ("return_num_input_tokens", "return_perf_metrics")
 
 
-def generation_of(encoded: Encoded, values: dict[str, Any]) -> Generation:
+def served_request(encoded: Encoded, values: dict[str, Any]) -> ServedRequest:
     """What the step loop runs for a request: its tokenised text (`encoded`) and its checked fields (`values`,
     `parse_request`'s)."""
     sampling = SamplingParams(**{f.target: values[f.name] for f in SAMPLING_FIELDS},
                               bad_words=tuple(tuple(w) for w in encoded.bad_words))
     request = Request(prompt_ids=list(encoded.prompt_ids), sampling=sampling,
                       **{f.target: values[f.name] for f in REQUEST_FIELDS if f.into is Into.REQUEST})
-    return Generation(request, frozenset(encoded.stop_ids), values["stream"], tuple(encoded.stop_texts),
+    return ServedRequest(request, frozenset(encoded.stop_ids), values["stream"], tuple(encoded.stop_texts),
                       echo=not values["exclude_input_in_output"], returns=frozenset(r for r in RETURNS if values[r]))
 
 
@@ -578,7 +577,7 @@ def generation_of(encoded: Encoded, values: dict[str, Any]) -> Generation:
 
 
 def encode_response(seq: Sequence, text: str, sent_len: int, steps_from: int, final: bool,
-                    generation: Generation) -> Tensors:
+                    served: ServedRequest) -> Tensors:
     """One streamed response: `text` (the delta since the last one), the statistics so far, the steps since the last
     response, and what the client asked for by name."""
     steps = seq.steps[steps_from:]
@@ -588,20 +587,20 @@ def encode_response(seq: Sequence, text: str, sent_len: int, steps_from: int, fi
         "finish_reason": seq.finish_reason or "",
     }
     out = {s.name: _array(values[s.name], s.dtype) for s in (TEXT_OUTPUT, *STATS)}
-    out.update(_requested(seq, sent_len, generation))
+    out.update(_requested(seq, sent_len, served))
     return out
 
 
-def _requested(seq: Sequence, sent_len: int, generation: Generation) -> Tensors:
+def _requested(seq: Sequence, sent_len: int, served: ServedRequest) -> Tensors:
     """The return_* outputs, in TensorRT-LLM's shapes ([1, beams] and [1, beams, tokens])."""
     out = {}
     if seq.sampling.log_probs:
         out["cum_log_probs"] = np.asarray([[sum(seq.log_probs)]], dtype=np.float32)
         out["output_log_probs"] = np.asarray([[seq.log_probs[sent_len:]]], dtype=np.float32)
         out["output_token_ids"] = np.asarray([[seq.output[sent_len:]]], dtype=np.int32)
-    if "return_num_input_tokens" in generation.returns:
+    if "return_num_input_tokens" in served.returns:
         out["num_input_tokens"] = _array(len(seq.request.prompt_ids), INT32)
-    if "return_perf_metrics" in generation.returns:
+    if "return_perf_metrics" in served.returns:
         drafted = sum(st.draft_len for st in seq.steps)
         accepted = sum(st.accepted for st in seq.steps)
         out.update(acceptance_rate=_array(accepted / drafted if drafted else 0.0, FP32),

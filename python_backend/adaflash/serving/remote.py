@@ -17,7 +17,7 @@ from typing import Protocol
 import torch
 
 from adaflash.decoding.costs import CostModel
-from adaflash.decoding.scheduler import BackendError, Timed
+from adaflash.decoding.backend import BackendError, Timed
 from adaflash.decoding.sequence import Sequence
 from adaflash.decoding.steps import StepResult, StopEarly
 from adaflash.models.drafter import Draft

@@ -18,7 +18,7 @@ import torch
 
 from adaflash.decoding.costs import CostModel, load_or_measure_costs
 from adaflash.decoding.sampling import History, SamplingParams
-from adaflash.decoding.scheduler import Timed
+from adaflash.decoding.backend import Timed
 from adaflash.decoding.steps import StepResult, StopEarly, ms_since, step_batch
 from adaflash.models.cache import KVCache, Paging
 from adaflash.models.drafter import DFlashDrafter, Draft, DrafterConfig

@@ -32,7 +32,7 @@ from adaflash.models.drafter import DFlashDrafter, DrafterConfig, block_size_of
 from adaflash.models.placement import move_to, place_of, placement
 from adaflash.models.target import Transformer
 from adaflash.models.tokenizer import BYTE_SPECIALS
-from adaflash.training.corpus import DOMAINS, PROMPT_DOMAINS, as_prompt, documents
+from adaflash.corpus import DOMAINS, PROMPT_DOMAINS, as_prompt, documents
 from adaflash.training.precision import autocast, check_master, master_place
 
 PUBLISHED_GAMMA = {16: 7.0, 10: 5.0, 8: 4.0}

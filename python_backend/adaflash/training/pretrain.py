@@ -24,10 +24,11 @@ from tqdm import tqdm
 
 from adaflash.cli_args import DEFAULT_MODEL_DIR, add_placement_args
 from adaflash.models.layers import RopeConfig
-from adaflash.models.placement import CPU, Placement, move_to, place_of, placement
+from adaflash.models.placement import CPU, Placement, move_to, placement
 from adaflash.models.target import TargetConfig, Transformer
 from adaflash.models.tokenizer import BYTE_SPECIALS
-from adaflash.training.corpus import DOMAINS, documents
+from adaflash.corpus import DOMAINS, documents
+from adaflash.heldout import heldout_loss
 from adaflash.training.precision import autocast, master_place
 
 
@@ -187,29 +188,6 @@ def save_target(model: Transformer, tokenizer_path: str | Path, out: str | Path)
     Tokenizer.from_file(str(tokenizer_path)).save(str(out / "tokenizer.json"))
     eos = model.config.eos_token_ids[0]
     (out / "generation_config.json").write_text(json.dumps({"eos_token_id": eos, "do_sample": False}, indent=1))
-
-
-def heldout_loss(model: Transformer, tokenizer: Tokenizer, data_dir: str | Path, max_rows: int = 50,
-                 context: int = 512) -> dict[str, float]:
-    """Mean next-token loss (nats) on the reference continuations of eval/heldout_<domain>.jsonl, taken in fp32
-    whatever the model's dtype, on its device."""
-    device = place_of(model).device
-    out = {}
-    for domain in DOMAINS:
-        rows = [json.loads(x) for x in (Path(data_dir) / "eval" / f"heldout_{domain}.jsonl").read_text().splitlines()]
-        total, count = 0.0, 0
-        for r in rows[:max_rows]:
-            prompt = tokenizer.encode(r["prompt"]).ids[-context // 2:]
-            ref = tokenizer.encode(r["reference"]).ids[: context - len(prompt)]
-            if not ref:
-                continue
-            ids = torch.tensor([prompt + ref], device=device)
-            with torch.no_grad():
-                logits = model.train_logits(ids[:, :-1])[0, len(prompt) - 1 :].float()
-            total += F.cross_entropy(logits, ids[0, len(prompt) :], reduction="sum").item()
-            count += len(ref)
-        out[domain] = round(total / max(count, 1), 4)
-    return out
 
 
 def main(argv: list[str] | None = None) -> int:
