@@ -212,10 +212,7 @@ class GenerationError(Exception):
 # ---------------------------------------------------------------------------------------------
 # Request -> arrays
 
-# Triton's response parameter that marks a request's last response; and the request parameter that asks for a last
-# response even when it carries nothing but that mark (a decoupled model's flags-only final).
-FINAL_RESPONSE = "triton_final_response"
-EMPTY_FINAL_RESPONSE = "triton_enable_empty_final_response"
+FINAL_RESPONSE = "triton_final_response"  # Triton's response parameter that marks a request's last response
 
 
 def request_arrays(prompt: str, params: GenerationParams, stream: bool | None = None) -> dict[str, np.ndarray]:
