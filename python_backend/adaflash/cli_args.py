@@ -7,11 +7,9 @@ from __future__ import annotations
 import argparse
 import re
 from pathlib import Path
-from typing import TypeVar
 
 from adaflash_contract.cli_args import csv_list, existing_file, json_object, split_csv
 
-T = TypeVar("T")
 
 __all__ = ["DEFAULT_MODEL_DIR", "csv_list", "existing_file", "json_object", "split_csv"]
 
