@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: venv test gpu-check bench serve sweep soak models models-smoke evaluate clean
+.PHONY: venv test test-unit test-integration test-deploy gpu-check bench serve sweep soak models models-smoke evaluate clean
 
 venv: $(STAMP)
 
@@ -53,11 +53,22 @@ models-smoke: venv
 test: venv $(VENV)/.chart $(VENV)/.onnx
 	$(BIN)/python -m pytest tests
 
+# The suite by kind (tests/conftest.py marks each by its folder): unit (no server, no subprocess; about two minutes
+# of one core), integration (real servers, the project's commands in subprocesses), deploy (containers, chart).
+test-unit: venv $(VENV)/.onnx
+	$(BIN)/python -m pytest tests/unit
+
+test-integration: venv
+	$(BIN)/python -m pytest tests/integration
+
+test-deploy: venv $(VENV)/.chart
+	$(BIN)/python -m pytest tests/deploy
+
 $(VENV)/.chart: pyproject.toml | venv
 	$(BIN)/pip install -q -e '.[chart]'
 	touch $@
 
-# The ONNX drafter backend's parity tests (tests/test_onnx_drafter.py); `--drafter-backend onnx` needs the same extra.
+# The ONNX drafter backend's parity tests (tests/unit/test_onnx_drafter.py); `--drafter-backend onnx` needs the same extra.
 $(VENV)/.onnx: pyproject.toml | venv
 	$(BIN)/pip install -q -e '.[onnx]'
 	touch $@

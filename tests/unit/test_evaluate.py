@@ -1,0 +1,53 @@
+"""`adaflash evaluate`: per-domain quality figures from one command, with greedy equality checked."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from adaflash.cli import main
+from adaflash.evaluation.evaluate import MARK_BEGIN, MARK_END, is_repetitive
+from adaflash.models.bundle import save_bundle
+from adaflash.corpus import DOMAINS
+
+CORPUS = Path(__file__).parents[1] / "fixtures" / "corpus"
+
+
+def test_repetition_measure_finds_short_periods_only():
+    fresh = list(range(256))
+    assert not is_repetitive(fresh)
+    assert is_repetitive(fresh[:128] + [7, 8, 9] * 43)
+    assert is_repetitive(fresh[:100] + list(range(16)) * 10)
+    assert not is_repetitive(fresh[:100] + list(range(17)) * 10)  # period 17 is beyond the measure
+    assert not is_repetitive([5] * 100)  # too short to judge: the window is 128 tokens
+
+
+def test_evaluate_writes_json_and_replaces_the_results_section(trained_tiny, tmp_path):
+    model_dir = save_bundle(trained_tiny, tmp_path / "models")
+    results = tmp_path / "results.md"
+    results.write_text(f"# Results\n\nbefore\n\n{MARK_BEGIN}\nstale\n{MARK_END}\n\nafter\n")
+    out = tmp_path / "eval.json"
+    assert main(["evaluate", "--model-dir", str(model_dir), "--data", str(CORPUS), "--per-domain", "2",
+                 "--max-tokens", "24", "--variants", "ngram,dflash,dflash@8", "--json", str(out),
+                 "--results", str(results), "--throughput-variants", "ngram,adaflash",
+                 "--throughput-concurrency", "1,4", "--throughput-max-tokens", "16",
+                 "--throughput-per-domain", "1"]) == 0
+    report = json.loads(out.read_text())
+    names = [(r["variant"], r["temperature"]) for r in report["runs"]]
+    assert names == [("ar", 0.0), ("ngram", 0.0), ("dflash:drafter", 0.0), ("dflash:drafter@8", 0.0),
+                     ("ngram", 1.0), ("dflash:drafter", 1.0), ("dflash:drafter@8", 1.0)]
+    for run in report["runs"]:
+        assert set(run["per_domain"]) == set(DOMAINS)
+        assert all(d["num_requests"] == 2 for d in run["per_domain"].values())
+        assert run["greedy_equal_to_ar"] is (True if run["temperature"] == 0 else None)
+    b8 = next(r for r in report["runs"] if r["variant"] == "dflash:drafter@8")
+    assert 0 < b8["mean_draft_len"] <= 7
+    text = results.read_text()
+    assert "stale" not in text and text.startswith("# Results\n\nbefore") and text.endswith("after\n")
+    assert "adaflash evaluate" in text and "| math |" in text and set(report["heldout_loss_nats"]) == set(DOMAINS)
+    rows = report["throughput"]["rows"]
+    assert [(r["variant"], r["concurrency"]) for r in rows] == [
+        (v, c) for c in (1, 4) for v in ("ar", "ngram", "adaflash:drafter")]
+    assert all(r["greedy_equal_to_ar"] is True and r["output_tokens_per_s"] > 0 for r in rows)
+    assert all(r["output_tokens"] == rows[0]["output_tokens"] for r in rows)
+    assert "| adaflash:drafter | " in text and "x) |" in text

@@ -1,0 +1,47 @@
+"""The checks the reliability suite applies, each shown failing on the outcome it must catch (its short scale
+against a real server: tests/integration/test_reliability_served.py)."""
+
+from __future__ import annotations
+
+import math
+
+from adaflash_tools import reliability
+from adaflash_tools.reliability import Malformed
+
+
+def test_the_malformed_corpus_has_thirty_kinds_on_both_protocols():
+    corpus = reliability.malformed_corpus(reliability.repository_config(reliability.SHORT))
+    assert len({c.kind for c in corpus}) >= 30
+    assert sum(c.grpc is not None for c in corpus) >= 30 and sum(c.http is not None for c in corpus) >= 30
+
+
+def test_a_refusal_by_our_models_must_be_a_client_error_naming_the_field():
+    case = Malformed("top_p 0", "top_p")
+    row = reliability._malformed_row
+    assert row(case, "http", True, 400, "INVALID_ARGUMENT: top_p: must be in (0, 1]")["passed"]
+    assert not row(case, "http", True, 500, "INVALID_ARGUMENT: top_p: must be in (0, 1]")["passed"]
+    assert not row(case, "grpc", True, None, "INVALID_ARGUMENT: temperature: bad")["passed"]
+    assert not row(case, "http", False, 200, '{"text_output": "accepted"}')["passed"]
+    assert row(case, "http", True, 500, "Unable to parse 'data'")["refused_by"] == "triton"
+
+
+def test_ready_while_failing_counts_failures_the_server_said_it_was_ready_for():
+    polls = [(0.0, True), (1.0, True), (2.0, False), (5.0, False), (6.0, True), (9.0, True)]
+    assert reliability.ready_while_failing_s(polls, [0.5, 1.9, 3.0], since=0.5) == 1.4
+    assert reliability.ready_while_failing_s(polls, [3.0, 4.0], since=0.0) == 0.0
+    assert reliability.ready_while_failing_s(polls, [8.0], since=0.0) == 2.0
+
+
+def test_histogram_quantile_is_the_bucket_holding_it():
+    before = {0.1: 5, 1.0: 5, math.inf: 5}
+    after = {0.1: 95, 1.0: 104, math.inf: 105}
+    assert reliability.histogram_quantile(before, after, 0.5) == 0.1
+    assert reliability.histogram_quantile(before, after, 0.99) == 1.0
+    assert reliability.histogram_quantile(before, after, 0.995) == math.inf
+    assert reliability.histogram_quantile(after, after, 0.5) is None
+
+
+def test_memory_growth_is_measured_after_the_warmup():
+    samples = [(0.0, {"target": 100}), (10.0, {"target": 200}), (20.0, {"target": 204}), (30.0, {"target": 212})]
+    growth = reliability.memory_growth(samples, warmup_s=10.0)
+    assert growth == {"target": {"after_warmup": 200, "end": 212, "growth": 0.06}}
