@@ -1,6 +1,6 @@
 # syntax=docker/dockerfile:1
 # Two images, both built with the README's own commands (`make venv`, then `adaflash serve` as `make serve` runs it,
-# bound to every interface so that a published port reaches it); tests/test_deploy.py holds them to that.
+# bound to every interface so that a published port reaches it); tests/deploy/test_deploy.py holds them to that.
 #   docker build -t adaflash:cpu .                  the default (last) stage: CPU, Python 3.11, models/default inside
 #   docker build --target gpu -t adaflash:gpu .     on NVIDIA's Triton TensorRT-LLM image, for `--device cuda`
 # docker-compose.yml builds and runs both; README.md "Containers" and docs/architecture.md "Deployment" say how.

@@ -45,18 +45,20 @@ evaluate: venv
 		--throughput-variants ngram,dflash:drafter-dflash,adaflash-published:drafter,adaflash:drafter \
 		--json bench-out/evaluate.json
 
-# The same pipeline at toy scale on the committed corpus fixture (tests/test_pretrain.py runs it too).
+# The same pipeline at toy scale on the committed corpus fixture (tests/unit/test_pretrain.py runs it too).
 models-smoke: venv
 	$(BIN)/adaflash-pretrain all --data tests/fixtures/corpus --work work/smoke --out work/smoke/target \
 		--vocab-size 400 --config tests/fixtures/pretrain-toy.json
 
-test: venv $(VENV)/.chart $(VENV)/.onnx
-	$(BIN)/python -m pytest tests
+# Everything: the unit tests on every core, then the tests that start servers one at a time (a server's tests
+# share the machine with nothing else).
+test: test-unit $(VENV)/.chart
+	$(BIN)/python -m pytest tests/integration tests/deploy
 
-# The suite by kind (tests/conftest.py marks each by its folder): unit (no server, no subprocess; about two minutes
-# of one core), integration (real servers, the project's commands in subprocesses), deploy (containers, chart).
+# The suite by kind (tests/conftest.py marks each by its folder): unit (no server, no subprocess; about a minute on
+# two cores), integration (real servers, the project's commands in subprocesses), deploy (containers, chart).
 test-unit: venv $(VENV)/.onnx
-	$(BIN)/python -m pytest tests/unit
+	$(BIN)/python -m pytest -n auto tests/unit
 
 test-integration: venv
 	$(BIN)/python -m pytest tests/integration

@@ -15,7 +15,7 @@ cd "$(dirname "$0")/.." || exit 1
 export PYTHONPATH=python_backend:build:clients:tests${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 mkdir -p "$OUT"
 { nvidia-smi -L; nproc; $PYTHON -c "import torch, numpy; print(torch.__version__, torch.version.cuda, numpy.__version__, torch.cuda.get_device_name(0))"; } 2>&1 | tee "$OUT/env.txt"
-ADAFLASH_GPU_CHECK=1 timeout "${TESTS_S:-300}" $PYTHON -m pytest -v -p no:cacheprovider tests/test_gpu.py 2>&1 | tee "$OUT/tests.txt" | tail -15
+ADAFLASH_GPU_CHECK=1 timeout "${TESTS_S:-300}" $PYTHON -m pytest -v -p no:cacheprovider tests/unit/test_gpu.py tests/integration/test_gpu_served.py 2>&1 | tee "$OUT/tests.txt" | tail -15
 for c in 1 8; do
   timeout "${STEP_S:-120}" $PYTHON benchmarks/bench_step.py --device cuda --dtype float32 --eval-data "$EVAL_DATA" \
     --modes ar,ngram,adaflash --concurrency $c --prompts 16 --max-tokens 64 --repeats 2 --profile-steps 16 \

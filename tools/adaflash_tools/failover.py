@@ -6,7 +6,7 @@ and one replica killed mid-run as a lost node is: SIGKILL to every process group
 
 Reports the requests sent and failed by phase (ended before the kill, in flight at it, sent while the replica
 died, sent after its port closed), the recovery time (from the kill until every later request succeeded), and per
-replica the requests the balancer's access log says it answered. `tests/test_fleet.py` runs it and holds it to
+replica the requests the balancer's access log says it answered. `tests/deploy/test_fleet.py` runs it and holds it to
 the same checks. Needs `nginx` on PATH (Debian: `apt-get install nginx`). Everything listens on free 127.0.0.1
 ports; the load is bounded in time and count, and every wait has a deadline.
 """

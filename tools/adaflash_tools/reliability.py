@@ -5,7 +5,7 @@ against a server it starts on free loopback ports (the tiny random models unless
     .venv/bin/python -m adaflash_tools.reliability --short --json bench-out/suite.json    # minutes
 
 Each scenario returns its figures and `passed`; the process exits non-zero when one did not pass.
-`tests/test_reliability.py` runs the short scale of every scenario. Traffic goes to loopback only and
+`tests/integration/test_reliability_served.py` runs the short scale of every scenario. Traffic goes to loopback only and
 is bounded in count and time.
 """
 
