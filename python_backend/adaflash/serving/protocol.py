@@ -136,36 +136,13 @@ def _prompt(value: Any, _: RequestDefaults) -> str:
     return text
 
 
-def _max_tokens(value: Any, _: RequestDefaults) -> int:
-    """Its range is the server's (`Limits.check`)."""
-    return int(value)
-
-
-def _temperature(value: Any, _: RequestDefaults) -> float:
-    if not (math.isfinite(float(value)) and float(value) >= 0.0):
-        raise ValueError(f"must be a finite number >= 0, got {float(value)}")
-    return float(value)
-
-
-def _top_p(value: Any, _: RequestDefaults) -> float:
-    if not 0.0 < float(value) <= 1.0:
-        raise ValueError(f"must be in (0, 1], got {float(value)}")
-    return float(value)
-
-
-def _count(value: Any, _: RequestDefaults) -> int:
-    if int(value) < 0:
-        raise ValueError(f"must be >= 0, got {int(value)}")
-    return int(value)
-
-
 def _integer(value: Any, _: RequestDefaults) -> int:
+    """An integer field; its range, where it has one, is checked with the request (`Limits.check`)."""
     return int(value)
 
 
-def _positive(value: Any, _: RequestDefaults) -> float:
-    if not (math.isfinite(float(value)) and float(value) > 0.0):
-        raise ValueError(f"must be a finite number > 0, got {float(value)}")
+def _number(value: Any, _: RequestDefaults) -> float:
+    """A number field; its range is checked with the request (`Limits.check`, `SamplingParams.validate`)."""
     return float(value)
 
 
@@ -230,17 +207,17 @@ def _mode(value: Any, _: RequestDefaults) -> Mode:
 
 REQUEST_FIELDS: tuple[RequestField, ...] = (
     RequestField(TensorSpec("text_input", BYTES), _prompt, Into.PROMPT),
-    RequestField(TensorSpec("max_tokens", INT32), _max_tokens, Into.REQUEST),
+    RequestField(TensorSpec("max_tokens", INT32), _integer, Into.REQUEST),
     RequestField(TensorSpec("stream", BOOL, optional=True), _flag, Into.GENERATION, default=False),
-    RequestField(TensorSpec("temperature", FP32, optional=True), _temperature, Into.SAMPLING),
-    RequestField(TensorSpec("top_k", INT32, optional=True), _count, Into.SAMPLING),
-    RequestField(TensorSpec("top_p", FP32, optional=True), _top_p, Into.SAMPLING),
+    RequestField(TensorSpec("temperature", FP32, optional=True), _number, Into.SAMPLING),
+    RequestField(TensorSpec("top_k", INT32, optional=True), _integer, Into.SAMPLING),
+    RequestField(TensorSpec("top_p", FP32, optional=True), _number, Into.SAMPLING),
     RequestField(TensorSpec("seed", UINT64, optional=True), _integer, Into.SAMPLING),
     RequestField(TensorSpec("random_seed", UINT64, optional=True), _integer, Into.ALIAS, attr="seed", default=None),
-    RequestField(TensorSpec("repetition_penalty", FP32, optional=True), _positive, Into.SAMPLING),
-    RequestField(TensorSpec("presence_penalty", FP32, optional=True), _finite, Into.SAMPLING),
-    RequestField(TensorSpec("frequency_penalty", FP32, optional=True), _finite, Into.SAMPLING),
-    RequestField(TensorSpec("min_tokens", INT32, optional=True), _count, Into.SAMPLING),
+    RequestField(TensorSpec("repetition_penalty", FP32, optional=True), _number, Into.SAMPLING),
+    RequestField(TensorSpec("presence_penalty", FP32, optional=True), _number, Into.SAMPLING),
+    RequestField(TensorSpec("frequency_penalty", FP32, optional=True), _number, Into.SAMPLING),
+    RequestField(TensorSpec("min_tokens", INT32, optional=True), _integer, Into.SAMPLING),
     RequestField(TensorSpec("return_log_probs", BOOL, optional=True), _flag, Into.SAMPLING, attr="log_probs"),
     RequestField(TensorSpec("end_id", INT32, optional=True), _integer, Into.PROMPT, default=None),
     RequestField(TensorSpec("pad_id", INT32, optional=True), _integer, Into.PROMPT, default=None),
@@ -253,7 +230,7 @@ REQUEST_FIELDS: tuple[RequestField, ...] = (
     RequestField(TensorSpec("return_perf_metrics", BOOL, optional=True), _flag, Into.GENERATION, default=False),
     RequestField(TensorSpec("spec_mode", BYTES, optional=True), _mode, Into.REQUEST, attr="mode",
                  default=lambda defaults: parse_mode(defaults.default_mode)),
-    RequestField(TensorSpec("max_draft", INT32, optional=True), _count, Into.REQUEST),
+    RequestField(TensorSpec("max_draft", INT32, optional=True), _integer, Into.REQUEST),
     # text_input as the user's message in the target's chat template (serving/api.py renders it).
     RequestField(TensorSpec("apply_chat_template", BOOL, optional=True), _flag, Into.PROMPT, default=False),
     RequestField(TensorSpec("messages", BYTES, optional=True), _messages, Into.PROMPT, default=()),
