@@ -4,7 +4,7 @@ The core's commands: `generate` (one completion), `bench` (modes x concurrencies
 `evaluate` (quality and speed of the models on the evaluation sets), `plan-memory` (memory arithmetic from
 config.json files). Commands of the other
 packages register through the `adaflash.commands` entry points (`serve` and `publish-drafter`
-from adaflash_server, `sweep` from adaflash_client), so the core imports neither; one whose
+from adaflash_server, `sweep` from adaflash_tools), so the core imports neither; one whose
 optional extra is not installed is left out.
 """
 

@@ -85,7 +85,7 @@ def test_tensorrt_llm_inputs_this_server_does_not_do_are_refused_by_name(field, 
 
 @pytest.mark.parametrize("field,value", [
     ("max_tokens", np.array([[0]])), ("max_tokens", np.array([[101]])), ("temperature", np.array([[-1.0]])),
-    ("temperature", np.array([[np.nan]])), ("top_p", np.array([[0.0]])), ("top_k", np.array([[-1]])),
+    ("temperature", np.array([[np.nan]])), ("temperature", np.array([[np.inf]])), ("top_p", np.array([[0.0]])), ("top_k", np.array([[-1]])),
     ("repetition_penalty", np.array([[0.0]], dtype=np.float32)), ("presence_penalty", np.array([[np.inf]])),
     ("min_tokens", np.array([[-1]], dtype=np.int32)),
     ("spec_mode", np.array([[b"medusa"]], dtype=object)), ("text_input", np.array([[b"\xc3"]], dtype=object)),

@@ -47,8 +47,8 @@ class SamplingParams:
 
     def validate(self) -> None:
         """RequestError naming the first field out of range."""
-        if not self.temperature >= 0.0:
-            raise RequestError("temperature", f"must be >= 0, got {self.temperature}")
+        if not (math.isfinite(self.temperature) and self.temperature >= 0.0):
+            raise RequestError("temperature", f"must be a finite number >= 0, got {self.temperature}")
         if self.top_k < 0:
             raise RequestError("top_k", f"must be >= 0, got {self.top_k}")
         if not 0.0 < self.top_p <= 1.0:
