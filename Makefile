@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: venv test test-unit test-integration test-deploy gpu-check bench serve sweep soak models models-smoke evaluate clean
+.PHONY: venv test test-unit test-integration test-deploy gpu-check bench serve sweep soak models corpus models-smoke evaluate clean
 
 venv: $(STAMP)
 
@@ -21,29 +21,55 @@ $(STAMP): pyproject.toml
 serve: venv
 	$(BIN)/adaflash serve
 
-# The default models, trained from scratch on ../shared/data (hours on CPU; resumable: rerun to continue):
+# The default models, trained from scratch on a corpus folder (hours on CPU; resumable: rerun to continue):
+#   make models DATA=<folder>    (its layout: python_backend/adaflash/data/README.md, "Training corpus")
 # the target; the DFlash drafter in two stages (drafter-dflash-stage1/ is only the second stage's start);
 # from it, on-policy distillation with forward KL (OSD baseline, drafter-osd/) and with reverse KL
 # (drafter-adaflash/); the served drafter/ = the AdaFlash drafter with its length heads.
-models: venv
-	$(BIN)/adaflash-pretrain all --data ../shared/data --work work/pretrain --out models/default/target
-	$(BIN)/adaflash-train-drafter --model-dir models/default --data ../shared/data --out drafter-dflash-stage1 \
+DATA ?=
+models: corpus venv
+	$(BIN)/adaflash-pretrain all --data $(DATA) --work work/pretrain --out models/default/target
+	$(BIN)/adaflash-train-drafter --model-dir models/default --data $(DATA) --out drafter-dflash-stage1 \
 		--work work/drafter-dflash --steps 3000
-	$(BIN)/adaflash-train-drafter --model-dir models/default --data ../shared/data --out drafter-dflash \
+	$(BIN)/adaflash-train-drafter --model-dir models/default --data $(DATA) --out drafter-dflash \
 		--work work/drafter-dflash2 --prompts-per-domain 700 --steps 6000 --lr 2e-3 --init models/default/drafter-dflash-stage1
-	$(BIN)/adaflash-train-opd --model-dir models/default --data ../shared/data --kind forward --out drafter-osd $(OPD_ARGS)
-	$(BIN)/adaflash-train-opd --model-dir models/default --data ../shared/data --kind reverse --out drafter-adaflash $(OPD_ARGS)
+	$(BIN)/adaflash-train-opd --model-dir models/default --data $(DATA) --kind forward --out drafter-osd $(OPD_ARGS)
+	$(BIN)/adaflash-train-opd --model-dir models/default --data $(DATA) --kind reverse --out drafter-adaflash $(OPD_ARGS)
 	$(BIN)/adaflash-train-heads --model-dir models/default --drafter drafter-adaflash --out drafter \
 		--regenerated work/drafter-dflash2/regenerated.jsonl
 OPD_ARGS ?= --rounds 2 --prompts-per-domain 40 --steps 300
 
+# `make models` stops here without a corpus, saying what to give it.
+corpus:
+	@if [ -z "$(DATA)" ] || [ ! -d "$(DATA)/train" ]; then \
+		echo "make models trains the default models from a corpus folder: make models DATA=<folder>"; \
+		[ -z "$(DATA)" ] || echo "($(DATA)/train does not exist)"; \
+		echo "<folder>/train/<domain>.jsonl.gz for each of chat, code, math, multilingual, prose (gzip JSON lines:"; \
+		echo '  {"text": ...} or {"prompt": ..., "response": ...}) and <folder>/eval/heldout_<domain>.jsonl (prompt,'; \
+		echo "  reference: the held-out loss); layout, record formats and the project's own corpus:"; \
+		echo "  python_backend/adaflash/data/README.md. make models-smoke runs the recipe's first stage at toy scale"; \
+		echo "  on the committed fixture (tests/fixtures/corpus)."; \
+		exit 2; \
+	fi
+
 # Per-domain perplexity, repetition, tau of every drafter and greedy throughput per mode of models/default
-# on ../shared/data/eval; rewrites its section of docs/results.md and bench-out/evaluate.json.
+# on EVAL_DATA/eval: the packaged sample (the first 16 rows of each evaluation set: python_backend/adaflash/data/
+# README.md) unless EVAL_DATA names a full data folder; writes EVAL_JSON (with its command, machine, commit and
+# date). The committed record is the run on the full sets: `make evaluate EVAL_DATA=<data folder>
+# EVAL_JSON=benchmarks/results/quality.json`, then `make results`. `make bench` reads the same prompts.
+EVAL_DATA ?= python_backend/adaflash/data
+EVAL_JSON ?= bench-out/evaluate.json
 evaluate: venv
-	$(BIN)/adaflash evaluate --model-dir models/default --data ../shared/data --per-domain 8 --concurrency 8 \
+	$(BIN)/adaflash evaluate --model-dir models/default --data $(EVAL_DATA) --per-domain 8 --concurrency 8 \
 		--variants ngram,dflash:drafter-dflash,dflash:drafter-dflash@8,dflash:drafter-osd,dflash:drafter \
 		--throughput-variants ngram,dflash:drafter-dflash,adaflash-published:drafter,adaflash:drafter \
-		--json bench-out/evaluate.json
+		--json $(EVAL_JSON)
+
+# docs/results.md from the benchmark records in benchmarks/results/*.json (standard library only: no venv needed).
+# A rerun replaces a record (`python3 benchmarks/results.py stamp ...` adds its meta), then `make results`.
+.PHONY: results
+results:
+	$(PY) benchmarks/results.py
 
 # The same pipeline at toy scale on the committed corpus fixture (tests/unit/test_pretrain.py runs it too).
 models-smoke: venv
@@ -84,7 +110,7 @@ gpu-check: venv
 # Benchmarks write JSON under bench-out/; speed claims live here, never in tests.
 bench: venv
 	mkdir -p bench-out
-	test ! -d models/default/drafter || $(BIN)/adaflash bench --model-dir models/default --eval-data ../shared/data \
+	test ! -d models/default/drafter || $(BIN)/adaflash bench --model-dir models/default --eval-data $(EVAL_DATA) \
 		--per-domain 16 --modes ar,ngram,dflash,adaflash-published,adaflash --concurrency 1,8,32,64 \
 		--max-tokens 128 --json bench-out/engine-copy.json
 	$(BIN)/adaflash bench --tiny-random --modes ar,ngram,dflash,adaflash,adaflash-published --concurrency 1,4,16 --json bench-out/engine-tiny.json

@@ -11,6 +11,7 @@ import json
 import time
 
 from adaflash.cli_args import DEFAULT_MODEL_DIR
+from adaflash.evaluation.prompts import PACKAGED_DATA
 from adaflash.models.tokenizer import load_tokenizer
 from adaflash.serving.api import REPLACEMENT, Detokenizer
 
@@ -32,7 +33,8 @@ def stream(delta, ids: list[int]) -> tuple[str, float]:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--tokenizer-dir", default=str(DEFAULT_MODEL_DIR / "target"))
-    p.add_argument("--text", default="../shared/data/README.md", help="a file whose tokens stand in for an output")
+    p.add_argument("--text", default=str(PACKAGED_DATA / "README.md"),
+                   help="a file whose tokens stand in for an output (default: prose, the packaged data's README)")
     p.add_argument("--tokens", type=int, default=2000)
     args = p.parse_args()
     tokenizer = load_tokenizer(args.tokenizer_dir)

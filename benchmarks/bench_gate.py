@@ -6,7 +6,7 @@ adaflash with the gate and one without: the same weights and the same measured c
 at one concurrency. Every output must equal `ar`'s (greedy), or with --tie-tolerance depart from it only at a near-tie
 (GPUs); a cell where one does not gets no speed and the run exits 1.
 
-    .venv/bin/python benchmarks/bench_gate.py --model-dir models/default --json docs/engine-speed/round13/gate.json
+    .venv/bin/python benchmarks/bench_gate.py --model-dir models/default --json bench-out/gate.json
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from adaflash.decoding.engine import Engine
 from adaflash.decoding.gate import Arm, Totals
 from adaflash.decoding.sequence import Request, context_length
 from adaflash.evaluation.bench import departures
-from adaflash.evaluation.prompts import Prompt, encode_prompts, eval_set_prompts, load_prompts
+from adaflash.evaluation.prompts import PACKAGED_DATA, Prompt, encode_prompts, eval_set_prompts, load_prompts
 from adaflash.models import graphs
 from adaflash.models.bundle import load_bundle
 from adaflash.models.drafter import block_size_of
@@ -41,7 +41,7 @@ VARIANTS = (*FIXED, "adaflash", "adaflash-no-gate")  # the last: Engine(plan_gat
 RUN_ORDER = ("dflash", "ngram", "ar", "adaflash", "adaflash-no-gate")
 # Beside the ratio of a cell's medians: the median of adaflash's ratios to each round's best fixed mode, with a
 # bootstrap interval of it (rounds resampled with replacement). Why: rounds of one cell swing by several percent on
-# this machine, and the same cells landed on either side of the 0.97 bar from one run to the next (docs/results.md,
+# this machine, and the same cells landed on either side of the 0.97 bar from one run to the next (docs/history.md,
 # engine speed rounds 31-33); the interval says whether a cell's miss is its own or the machine's.
 INTERVAL = 0.90
 RESAMPLES = 10_000
@@ -52,8 +52,10 @@ LOW_LOAD_PROMPTS = 16  # at concurrency 1 a cell runs this many prompts (a pass 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--model-dir", type=Path, required=True)
-    p.add_argument("--eval-data", type=Path, default=Path("../shared/data"), help="the shared data folder")
-    p.add_argument("--per-domain", type=int, default=64)
+    p.add_argument("--eval-data", type=Path, default=PACKAGED_DATA,
+                   help="a data folder holding eval/ (default: the packaged sample, whose sets have 16 rows each: "
+                        "a full data folder for more per domain)")
+    p.add_argument("--per-domain", type=int, default=64, help="at most this many prompts per domain")
     p.add_argument("--prompts", type=Path, help="instead of --eval-data: JSON lines with prompt and domain")
     p.add_argument("--split", choices=("tune", "holdout"), help="with --prompts: only this split")
     p.add_argument("--domains", type=csv_list(str), help="only these domains (default: every one)")
@@ -134,7 +136,7 @@ def gate_state(engine: Engine) -> dict[str, dict]:
     return {f"{1 << (bucket - 1)}+": {"rates": {a.value: r and round(r, 4) for a, r in load.rates.items()},
                                       "blocks": {a.value: n for a, n in load.blocks.items()},
                                       "leading": load.leading and load.leading.value}
-            for bucket, load in sorted(engine.scheduler.gate.loads.items())}
+            for bucket, load in sorted(engine.speculation.gate.loads.items())}
 
 
 def arms_run(before: dict[Arm, Totals], after: dict[Arm, Totals]) -> dict[str, dict]:
@@ -185,13 +187,13 @@ def main(argv: list[str] | None = None) -> int:
                 outputs, walls, arms = {}, {}, {}
                 for variant in round_order(repeat):
                     engine, mode = engines[variant]
-                    tally, recorded = copy.deepcopy(gated.scheduler.gate.totals), graphs.recordings()
+                    tally, recorded = copy.deepcopy(gated.speculation.gate.totals), graphs.recordings()
                     t0 = time.perf_counter()
                     seqs = engine.generate([Request(i, args.max_tokens, mode=mode) for i in cell], concurrency=c)
                     walls[variant] = time.perf_counter() - t0, graphs.recordings() - recorded
                     outputs[variant] = [s.output for s in seqs]
                     if variant == "adaflash":
-                        arms = {"arms": arms_run(tally, gated.scheduler.gate.totals)}
+                        arms = {"arms": arms_run(tally, gated.speculation.gate.totals)}
                 for variant in VARIANTS:  # checked once the round has run `ar`, whatever the order
                     gaps = departures(bundle.target, cell, outputs["ar"], outputs[variant])
                     right = max(gaps, default=0.0) <= args.tie_tolerance

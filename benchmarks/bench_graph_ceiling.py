@@ -1,6 +1,6 @@
 """How fast a decode step's layers could run on a GPU without the host: the real forward, the same layers with
 every index already on the device, and those layers replayed as one CUDA graph. Why: a small model's step on a
-GPU is bound by the host issuing operations (docs/results.md, round 22), and whether graphed steps are worth
+GPU is bound by the host issuing operations (docs/history.md, round 22), and whether graphed steps are worth
 building depends on what a replay costs against the eager forward. A ceiling, not a decoder: every call
 rewrites the same cache positions.
 

@@ -26,7 +26,7 @@ from adaflash.evaluation.bench import departures
 from adaflash.models.bundle import load_bundle
 from adaflash.models.drafter import block_size_of
 from adaflash.models.placement import placement
-from bench_step import SHARED_DATA, code_prompts
+from bench_step import EVAL_DATA, code_prompts
 
 ARMS = ("eager", "graphs")
 
@@ -68,7 +68,8 @@ def worst_gap(target: torch.nn.Module, prompts: list[list[int]], reference: list
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model-dir", type=Path, default=Path("models/default"))
-    p.add_argument("--eval-data", type=Path, default=SHARED_DATA, help="the shared data folder (HumanEval prompts)")
+    p.add_argument("--eval-data", type=Path, default=EVAL_DATA,
+                   help="a data folder holding eval/humaneval.jsonl (default: the packaged sample)")
     p.add_argument("--concurrency", default="1,8,32")
     p.add_argument("--modes", default="ar,ngram,dflash,adaflash")
     p.add_argument("--max-tokens", type=int, default=64)

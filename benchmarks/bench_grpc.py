@@ -18,7 +18,7 @@ cost table, measured here and given to the servers, is what `adaflash` plans fro
 Per served run the orchestrator's own metrics say how many sequences each `target` and `drafter`
 call carried, and Triton's statistics how many times each model executed.
 
-    .venv/bin/python benchmarks/bench_grpc.py --model-dir models/default --json docs/serving/bench_grpc.json
+    .venv/bin/python benchmarks/bench_grpc.py --model-dir models/default --json bench-out/bench_grpc.json
 """
 
 from __future__ import annotations
@@ -226,7 +226,7 @@ async def served_run(server: TritonServer, prompts: list[str], mode: str, max_to
 
 def rotated(layouts: list[str], rep: int) -> list[str]:
     """The layouts in the order of round `rep`: each starts a round in turn, so that none always runs at the same
-    place in a round, where the machine's drift within a round would favour it (docs/results.md, round 16)."""
+    place in a round, where the machine's drift within a round would favour it (docs/history.md, round 16)."""
     k = rep % len(layouts)
     return layouts[k:] + layouts[:k]
 

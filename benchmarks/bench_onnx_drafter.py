@@ -2,14 +2,14 @@
 one draft per block length at batch 1 and 8, and end-to-end `adaflash` (and `dflash`) tokens/s in process with each
 backend.
 
-Why interleaved: other processes share the cores, and this machine's speed drifts over minutes (docs/results.md).
+Why interleaved: other processes share the cores, and this machine's speed drifts over minutes (docs/history.md).
 The two backends take turns trial by trial in one process, the first of each pair alternating, so that the drift
 weighs on both alike; the medians and their ratio compare them. Every draft the two make is checked equal, and
 every end-to-end output equal to plain decoding's (`ar`), so no speed is reported for a wrong answer. The forward
 times are taken at each `--threads` count (both backends alike): on a busy machine PyTorch's OpenMP threads wait on
 each other at every barrier, which one thread never does, so the thread count moves the comparison.
 
-    python benchmarks/bench_onnx_drafter.py --json docs/engine-speed/onnx-drafter.json   (needs the onnx extra)
+    python benchmarks/bench_onnx_drafter.py --json bench-out/onnx-drafter.json   (needs the onnx extra)
 """
 
 from __future__ import annotations

@@ -48,13 +48,13 @@ from adaflash_contract.modes import REFERENCE_MODE
 from adaflash.decoding.sampling import SamplingParams
 from adaflash.decoding.sequence import Request
 from adaflash.evaluation.evaluate import Throughput, Variant, engine_for, measure_throughput, parse_variants
-from adaflash.evaluation.prompts import encode_prompts, load_prompts
+from adaflash.evaluation.prompts import PACKAGED_DATA, encode_prompts, load_prompts
 from adaflash.models.bundle import load_bundle
 from adaflash.models.checkpoint import read_config
 from adaflash.models.drafter import DrafterConfig
 from adaflash.models.target import Transformer
 
-DEFAULT_PROMPTS = Path("../shared/data/eval/humaneval.jsonl")  # code prompts; the packaged samples without it
+DEFAULT_PROMPTS = PACKAGED_DATA / "eval" / "humaneval.jsonl"  # 16 code prompts (the packaged evaluation sample)
 LLAMA_CPP_PYTHON = "0.3.36"  # its sdist vendors llama.cpp 0c1e570, which has DFlash
 LLAMA_BINARIES = ("llama-bench", "llama-completion", "llama-lookup", "llama-speculative-simple", "llama-tokenize")
 # No HTTPS (nothing is downloaded by the tools), no tests, no server: only the binaries above.
@@ -130,8 +130,8 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--drafter", default="drafter", help="drafter folder of our adaflash mode")
     p.add_argument("--dflash-drafter", default="drafter-dflash",
                    help="plain DFlash drafter folder: our dflash mode and llama.cpp's DFlash")
-    p.add_argument("--prompts", type=Path, help=f"JSON lines with 'prompt' (default: {DEFAULT_PROMPTS} when present, "
-                                                "else the packaged sample prompts)")
+    p.add_argument("--prompts", type=Path, default=DEFAULT_PROMPTS,
+                   help="JSON lines with 'prompt' (default: HumanEval's first 16, packaged)")
     p.add_argument("--limit", type=int, default=16, help="number of prompts (the first ones; domains in turn)")
     p.add_argument("--max-tokens", type=int, default=64)
     p.add_argument("--max-prompt-tokens", type=int, default=512)
@@ -494,8 +494,7 @@ def run_peer(name: str, skip: bool, peer: Callable[[], list[Row]], skipped: dict
 def main() -> int:
     args = parse_args()
     torch.set_num_threads(args.threads)
-    prompts_path = args.prompts or (DEFAULT_PROMPTS if DEFAULT_PROMPTS.exists() else None)
-    prompts = load_prompts(prompts_path, args.limit)
+    prompts = load_prompts(args.prompts, args.limit)
     bundle = load_bundle(args.model_dir, None)
     tokenizer = bundle.tokenizer
     ids = encode_prompts(tokenizer, prompts, args.max_prompt_tokens)
@@ -515,7 +514,7 @@ def main() -> int:
     report = {
         "command": " ".join(sys.argv),
         "model_dir": str(args.model_dir),
-        "prompts": str(prompts_path or "packaged sample prompts"),
+        "prompts": str(args.prompts),
         "num_prompts": len(ids),
         "max_tokens": args.max_tokens,
         "concurrency": 1,

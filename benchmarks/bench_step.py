@@ -38,7 +38,9 @@ from adaflash.models.bundle import Bundle, load_bundle
 from adaflash.models.drafter import block_size_of
 from adaflash.models.placement import placement
 
-SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+# A data folder (eval/humaneval.jsonl): the packaged evaluation sample of this checkout (python_backend/adaflash/data/
+# README.md), by path so that the script still runs against an older checkout's core.
+EVAL_DATA = Path(__file__).resolve().parents[1] / "python_backend" / "adaflash" / "data"
 
 
 class ForwardClock:
@@ -188,7 +190,7 @@ def op_profile(engine: Engine, prompts: list[list[int]], mode: str, steps: int) 
 
 
 def code_prompts(bundle: Bundle, eval_data: Path, n: int) -> list[list[int]]:
-    """`n` code prompts as token ids: HumanEval's from the shared data when present, else the built-in ones."""
+    """`n` code prompts as token ids: HumanEval's from the data folder when it has them, else the sample prompts."""
     humaneval = eval_data / "eval" / "humaneval.jsonl"
     texts = read_jsonl(humaneval)[:n] if humaneval.exists() else load_prompts(None, n)
     return encode_prompts(bundle.tokenizer, texts, 512)
@@ -205,8 +207,9 @@ def git_revision() -> str:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model-dir", type=Path, default=Path("models/default"))
-    p.add_argument("--prompts", type=int, default=8, help="code prompts (HumanEval when the shared data is present)")
-    p.add_argument("--eval-data", type=Path, default=SHARED_DATA, help="the shared data folder")
+    p.add_argument("--prompts", type=int, default=8, help="code prompts (HumanEval's, from --eval-data)")
+    p.add_argument("--eval-data", type=Path, default=EVAL_DATA,
+                   help="a data folder holding eval/humaneval.jsonl (default: the packaged sample, 16 prompts)")
     p.add_argument("--concurrency", type=int, default=1, help="sequences decoded together")
     p.add_argument("--max-tokens", type=int, default=64)
     p.add_argument("--modes", default="ar", help="comma-separated")

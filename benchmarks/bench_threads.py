@@ -6,7 +6,7 @@ parallel regions, and each region then puts its workers to sleep and wakes them.
 a decode step, and that a thread which alone uses OpenMP (the process's other threads set to one thread, as the
 orchestrator does) runs as fast as the first. Each case in a process of its own, one after the other.
 
-    .venv/bin/python benchmarks/bench_threads.py --model-dir models/default --json docs/serving/round14/threads.json
+    .venv/bin/python benchmarks/bench_threads.py --model-dir models/default --json bench-out/threads.json
 """
 
 from __future__ import annotations

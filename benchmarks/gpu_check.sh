@@ -2,7 +2,7 @@
 # The GPU check, in the order that says most if it is cut short: the GPU tests, where a step's time goes
 # (bench_step: the forward's device time against the host's own work, per-operator device time; bench_graph_ceiling:
 # what the same layers cost replayed as a CUDA graph; bench_graphs: the engine with graphed steps against eager), the
-# plan gate's benchmark on the shared evaluation sets (adaflash against the best fixed mode, fp32, outputs equal to ar's up to
+# plan gate's benchmark on the evaluation sets (EVAL_DATA) (adaflash against the best fixed mode, fp32, outputs equal to ar's up to
 # near-ties), then `adaflash bench` in bf16 on the tiny models. Each part is bounded (seconds in *_S) and writes
 # under OUT as it goes; a part that fails does not stop the next.
 #   make gpu-check                       (the project's venv; OUT=bench-out/gpu)
@@ -10,7 +10,7 @@
 set -u
 OUT=${1:-bench-out/gpu}
 PYTHON=${PYTHON:-.venv/bin/python}
-EVAL_DATA=${EVAL_DATA:-../shared/data}
+EVAL_DATA=${EVAL_DATA:-python_backend/adaflash/data}  # the packaged sample (16 rows a set); a data folder for more
 cd "$(dirname "$0")/.." || exit 1
 export PYTHONPATH=python_backend:build:clients:tests${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 mkdir -p "$OUT"

@@ -26,8 +26,8 @@ from adaflash_contract.modes import MODE_NAMES, parse_mode
 from adaflash.decoding.sampling import SamplingParams
 from adaflash.decoding.sequence import Request, context_length, tau
 from adaflash.evaluation.bench import is_wrong, run_bench
-from adaflash.evaluation.evaluate import Throughput, evaluate, markdown, parse_variants, replace_section
-from adaflash.evaluation.prompts import SPLITS, encode_prompts, eval_set_prompts, load_prompts
+from adaflash.evaluation.evaluate import Throughput, evaluate, parse_variants
+from adaflash.evaluation.prompts import PACKAGED_DATA, SPLITS, encode_prompts, eval_set_prompts, load_prompts
 from adaflash.models.bundle import Bundle, load_bundle, tiny_random_bundle
 from adaflash.models.chat_template import ChatTemplate, load_chat_template
 from adaflash.models.backends import DRAFTER_BACKENDS, on_backend
@@ -175,8 +175,6 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
                       place=_placement(args))
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
     Path(args.json).write_text(json.dumps(report, indent=1, ensure_ascii=False) + "\n")
-    if args.results:
-        replace_section(Path(args.results), markdown(report, "adaflash evaluate " + " ".join(sys.argv[2:])))
     unequal = [r["variant"] for r in report["runs"] + report.get("throughput", {}).get("rows", [])
                if r["greedy_equal_to_ar"] is False]
     if unequal:
@@ -218,7 +216,8 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--split", choices=SPLITS, help="only the prompts of this split (the broad mix has tune "
                                                        "and holdout rows: tune on tune, report holdout)")
     bench.add_argument("--eval-data", type=Path,
-                       help="instead of --prompts: the shared data folder; its evaluation sets, --per-domain each")
+                       help="instead of --prompts: a data folder holding eval/ (python_backend/adaflash/data: the packaged "
+                            "sample, 16 rows per set); its evaluation sets, --per-domain each")
     bench.add_argument("--per-domain", type=int, default=8)
     bench.add_argument("--max-prompt-tokens", type=int, default=512)
     bench.add_argument("--json", required=True, help="where to write the report")
@@ -239,7 +238,9 @@ def build_parser() -> argparse.ArgumentParser:
     bench.set_defaults(func=cmd_bench)
     ev = sub.add_parser("evaluate", help="per-domain perplexity, repetition and tau of the models on the eval sets")
     ev.add_argument("--model-dir", type=Path, default=DEFAULT_MODEL_DIR)
-    ev.add_argument("--data", type=Path, default=Path("../shared/data"), help="holds eval/ (the shared data folder)")
+    ev.add_argument("--data", type=Path, default=PACKAGED_DATA,
+                    help="a data folder holding eval/ (default: the packaged sample, the first 16 rows of each "
+                         "evaluation set; a full data folder of the same layout for more)")
     ev.add_argument("--drafter", default="drafter", help="drafter used by variants that name none")
     ev.add_argument("--variants", default="ngram,dflash,dflash@8",
                     help="comma list of mode[:drafter][@block_size]; ar always runs as the reference")
@@ -256,9 +257,8 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--throughput-concurrency", type=csv_list(int), default=[1, 8, 32, 64])
     ev.add_argument("--throughput-max-tokens", type=int, default=128)
     ev.add_argument("--throughput-per-domain", type=int, default=16, help="prompts per domain for the speed runs")
-    ev.add_argument("--json", default="bench-out/evaluate.json")
-    ev.add_argument("--results", default="docs/results.md",
-                    help="Markdown file whose evaluation section is replaced ('' to skip)")
+    ev.add_argument("--json", default="bench-out/evaluate.json",
+                    help="the report; benchmarks/results/quality.json is the committed one `make results` renders")
     ev.set_defaults(func=cmd_evaluate)
     add_plan_memory(sub)
     _add_plugins(sub)

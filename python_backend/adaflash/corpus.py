@@ -15,6 +15,9 @@ from pathlib import Path
 
 DOMAINS = ("chat", "code", "math", "multilingual", "prose")
 PROMPT_DOMAINS = ("chat", "math")  # prompt/response records; the others are running text
+# What a training command's --data folder holds (python_backend/adaflash/data/README.md, "Training corpus").
+TRAIN_LAYOUT = ("train/<domain>.jsonl.gz for each of " + ", ".join(DOMAINS) + " (gzip JSON lines: {\"text\": ...} or "
+                "{\"prompt\": ..., \"response\": ...}; layout in python_backend/adaflash/data/README.md)")
 
 
 def as_prompt(question: str) -> str:

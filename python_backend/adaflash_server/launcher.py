@@ -71,7 +71,7 @@ class ServerConfig:
     extra_args: list[str] = field(default_factory=list)
     # Triton's auto-complete phase starts a Python process per model only to ask it for its configuration (each
     # imports PyTorch): our repositories' configurations are complete, and without it a server starts in less
-    # than half the time (docs/results.md). On only for a repository whose models complete their own.
+    # than half the time (docs/history.md). On only for a repository whose models complete their own.
     auto_complete_config: bool = False
     ready_timeout_s: float = 180.0
     exit_timeout_s: int = 10  # in-flight grace on shutdown; stop() kills after this plus a margin

@@ -83,7 +83,7 @@ class RepositoryConfig:
     # a request waits until the positions it may fill are free; empty: max_active x max_len, unpaged
     kv_page: int = 64
     target_in_orchestrator: bool = True  # the target's forwards in the orchestrator's process: no `target` model, no
-    # round trip per step (served 3-32% faster here: docs/results.md, round 14); False: a `target` model of its own
+    # round trip per step (served 3-32% faster here: docs/history.md, round 14); False: a `target` model of its own
     drafter_backend: str = "torch"  # what runs the drafter's block forward: torch, or onnx (ONNX Runtime; CPU float32,
     # the onnx extra): adaflash.models.backends.DRAFTER_BACKENDS
 

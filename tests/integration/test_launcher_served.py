@@ -92,7 +92,7 @@ def test_serves_infers_exports_metrics_and_stops(tmp_path: Path) -> None:
 def test_model_processes_get_their_openmp_wait_settings(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                    chosen: str | None, expected: list[int]) -> None:
     """Idle OpenMP threads of model processes sleep, the target's spin briefly (waking sleeping threads for
-    every parallel region slowed its served forwards; docs/results.md), and a caller's own OpenMP setting
+    every parallel region slowed its served forwards; docs/history.md), and a caller's own OpenMP setting
     is left alone."""
     monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
     monkeypatch.delenv("GOMP_SPINCOUNT", raising=False)

@@ -19,7 +19,7 @@ from adaflash.models.layers import RopeConfig
 from adaflash.models.target import Transformer
 from adaflash.training.dflash import target_features
 
-CONFIGS = Path("/work/shared/reference/configs")
+CONFIGS = Path(__file__).resolve().parents[1] / "fixtures" / "reference"  # published config.json files (README there)
 TOL = 1e-5
 
 # A published-style config.json scaled down (same keys as the z-lab / AdaFlash files).
@@ -364,7 +364,7 @@ MODELS = Path(__file__).resolve().parents[2] / "models" / "default"
 
 
 def published_names(layers: int, length_head: bool) -> set[str]:
-    """The tensor names of checkpoint-format.md (/work/shared/reference), transcribed."""
+    """The tensor names of tests/fixtures/reference/checkpoint-format.md, transcribed."""
     names = {"fc.weight", "hidden_norm.weight", "norm.weight"}
     for i in range(layers):
         p = f"layers.{i}."

@@ -359,7 +359,7 @@ def test_an_arm_whose_copies_hit_in_runs_leads_where_its_mean_rate_is_ahead(seed
     """At 8 sequences a speculating arm's calls commit in runs (stretches of text whose copies hit, then stretches whose
     copies miss), and a try of an arm long behind replaces its rate: a block too short to span the runs read whichever
     it fell in, and a try that fell in a miss kept the faster arm out for hundreds of calls (translation on the CPU,
-    docs/results.md, round 31). Here the plan arm's calls read 10 tokens/ms and 2 in runs of about twelve, 1.5 times
+    docs/history.md, round 31). Here the plan arm's calls read 10 tokens/ms and 2 in runs of about twelve, 1.5 times
     plain decoding's 4 on the mean: it leads in most calls (blocks of 32 sequence steps gave it 5-17% of them)."""
     rng = random.Random(seed)
     gate, calls, hit = PlanGate(arms=TWO), {Arm.PLAN: 0, Arm.PLAIN: 0}, True
@@ -425,7 +425,7 @@ def test_another_arm_leads_plain_decoding_only_where_clearly_faster(sequences, c
 
 def test_the_preference_for_plain_decoding_is_the_full_one_from_64_sequences():
     """Below FULL_PREFERENCE_FROM sequences a batch out of step costs less at its ragged end, and the plan arm's
-    copies behind long matches won there with the smaller preference (docs/results.md, engine speed round 36)."""
+    copies behind long matches won there with the smaller preference (docs/history.md, engine speed round 36)."""
     assert [plain_preference(n) for n in (1, 2, 8, 32, 63, 64, 127, 128)] == \
         [0.0] + [SMALL_PLAIN_PREFERENCE] * 4 + [PLAIN_PREFERENCE] * 3
     assert 0.0 < SMALL_PLAIN_PREFERENCE < PLAIN_PREFERENCE and FULL_PREFERENCE_FROM == 64

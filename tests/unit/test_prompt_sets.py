@@ -1,11 +1,14 @@
-"""The packaged broad evaluation mix: readable by the project's loader, every domain present with both
-splits, prompts that fit the default target's context, questions the given text answers, and (where
-the shared data folder exists) built from held-out rows only, absent from train/, and reproducible."""
+"""The packaged prompt sets. The broad evaluation mix: readable by the project's loader, every domain present with
+both splits, prompts that fit the default target's context, questions the given text answers. The evaluation sample
+(data/eval/): the rows the default commands read, every domain, in the project's data-folder layout. And, where
+ADAFLASH_DATA names the project's data folder (`make test` does not need it; a clone has none), both built from it
+reproducibly, the mix from held-out rows only, absent from train/."""
 
 from __future__ import annotations
 
 import gzip
 import json
+import os
 import re
 from collections import Counter
 from pathlib import Path
@@ -13,14 +16,17 @@ from pathlib import Path
 import pytest
 
 from adaflash.cli_args import DEFAULT_MODEL_DIR
-from adaflash.evaluation.prompts import BROAD_MIX, SPLITS, load_prompts, read_jsonl
+from adaflash.corpus import DOMAINS as CORPUS_DOMAINS
+from adaflash.evaluation import eval_sample
+from adaflash.evaluation.prompts import BROAD_MIX, EVAL_SETS, PACKAGED_DATA, SPLITS, eval_prompts, load_prompts, read_jsonl
 from adaflash.evaluation.broad_mix import BENCHED_ROWS, BLANK, DOMAINS, build, to_jsonl
 
 ROOT = Path(__file__).resolve().parents[2]
-DATA = ROOT.parent / "shared" / "data"  # ../shared/data from the repository root; `make test` must not need it
+DATA = Path(os.environ["ADAFLASH_DATA"]) if os.environ.get("ADAFLASH_DATA") else None  # the project's data folder
 TOKENIZER = ROOT / DEFAULT_MODEL_DIR / "target" / "tokenizer.json"
 MAX_PROMPT_TOKENS = 512  # `adaflash bench`/`evaluate` keep a longer prompt's last 512 tokens, cutting its instruction
-needs_data = pytest.mark.skipif(not (DATA / "eval").is_dir(), reason="the shared data folder (../shared/data) is absent")
+needs_data = pytest.mark.skipif(DATA is None or not (DATA / "eval").is_dir(),
+                                reason="ADAFLASH_DATA does not name the project's data folder (with eval/ and train/)")
 
 
 def rows() -> list[dict]:
@@ -117,3 +123,29 @@ def test_builder_is_deterministic_and_matches_the_committed_file():
     first = to_jsonl(build(DATA))
     assert to_jsonl(build(DATA)) == first
     assert first == BROAD_MIX.read_text(encoding="utf-8"), "regenerate: see python_backend/adaflash/data/README.md"
+
+
+def test_the_evaluation_sample_holds_what_the_defaults_read():
+    """Every file `adaflash evaluate` and `bench --eval-data` read, BENCHED_ROWS rows each (`make bench` and
+    `make evaluate` ask for 16 per domain), in the layout of a data folder; small enough to ship."""
+    files = sorted(p.name for p in (PACKAGED_DATA / "eval").glob("*.jsonl"))
+    assert files == eval_sample.sample_files()
+    assert set(EVAL_SETS.values()) | {f"heldout_{d}.jsonl" for d in CORPUS_DOMAINS} == set(files)
+    prompts = eval_prompts(PACKAGED_DATA, BENCHED_ROWS)
+    assert {d: len(p) for d, p in prompts.items()} == {d: BENCHED_ROWS for d in CORPUS_DOMAINS}
+    for name in files:
+        rows = read_jsonl(PACKAGED_DATA / "eval" / name)
+        assert len(rows) == BENCHED_ROWS and len({r.id for r in rows}) == BENCHED_ROWS, name
+    assert sum(p.stat().st_size for p in (PACKAGED_DATA / "eval").glob("*.jsonl")) < 300_000
+
+
+@needs_data
+@pytest.mark.skipif(not TOKENIZER.exists(), reason="the default target's tokenizer is absent")
+def test_evaluation_sample_builder_is_deterministic_and_matches_the_committed_files():
+    from tokenizers import Tokenizer
+
+    built = eval_sample.build(DATA, Tokenizer.from_file(str(TOKENIZER)))
+    assert eval_sample.build(DATA, Tokenizer.from_file(str(TOKENIZER))) == built
+    for name, text in built.items():
+        assert text == (PACKAGED_DATA / "eval" / name).read_text(encoding="utf-8"), \
+            f"{name}: regenerate: see python_backend/adaflash/data/README.md"

@@ -3,8 +3,8 @@ tests/integration/test_published_format_served.py).
 
 Tiny random checkpoints written with exactly the config keys and tensor names of the published files: a
 Qwen3 target as Transformers writes Qwen3ForCausalLM, z-lab/Qwen3-8B-DFlash-b16's drafter and the AdaFlash
-drafter with its length head (their config.json files from /work/shared/reference/configs, scaled down; the
-tensor names of checkpoint-format.md, written by hand), all in bfloat16 as published. The drafted text
+drafter with its length head (their config.json files from tests/fixtures/reference, scaled down; the
+tensor names of its checkpoint-format.md, written by hand), all in bfloat16 as published. The drafted text
 equals plain greedy decoding of the same checkpoint.
 """
 
@@ -24,7 +24,7 @@ from adaflash.decoding.sequence import Request
 from adaflash.models.bundle import load_bundle
 from adaflash.models.tokenizer import BYTE_SPECIALS, byte_tokenizer
 
-CONFIGS = Path("/work/shared/reference/configs")
+CONFIGS = Path(__file__).resolve().parents[1] / "fixtures" / "reference"  # published config.json files (README there)
 MAX_TOKENS = 24
 H, INTER, HEADS, KV, HD, TARGET_LAYERS, DRAFT_LAYERS, LENGTH_HEAD = 64, 128, 4, 2, 16, 6, 2, 32
 TARGET_LAYER_IDS = [1, 3]  # the published spread for 6 target layers and 2 drafter layers

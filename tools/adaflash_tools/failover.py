@@ -2,7 +2,7 @@
 chart's balancer template (the one docker-compose.yml's `fleet` profile mounts), streaming requests through it,
 and one replica killed mid-run as a lost node is: SIGKILL to every process group it has.
 
-    .venv/bin/python -m adaflash_tools.failover --json docs/reliability/failover.json
+    .venv/bin/python -m adaflash_tools.failover --json bench-out/failover.json
 
 Reports the requests sent and failed by phase (ended before the kill, in flight at it, sent while the replica
 died, sent after its port closed), the recovery time (from the kill until every later request succeeded), and per

@@ -1,7 +1,7 @@
 """The reliability suite: overload, killed model processes, mass cancellation, malformed input and a soak,
 against a server it starts on free loopback ports (the tiny random models unless --model-dir).
 
-    .venv/bin/python -m adaflash_tools.reliability --json docs/reliability/suite.json     # make soak
+    .venv/bin/python -m adaflash_tools.reliability --json bench-out/reliability.json     # make soak
     .venv/bin/python -m adaflash_tools.reliability --short --json bench-out/suite.json    # minutes
 
 Each scenario returns its figures and `passed`; the process exits non-zero when one did not pass.

@@ -116,7 +116,7 @@ class TritonPythonModel:
     def _later(self, call, *args):
         """Run `call(*args)` on the outbox thread while the target is a model of its own; with the target here, at
         once, on the loop's thread: between the target's forwards, since a thread sending during a forward takes
-        a core from the forward's threads (docs/results.md, round 14)."""
+        a core from the forward's threads (docs/history.md, round 14)."""
         if self.target is None:
             self.outbox.put(partial(call, *args))
         else:

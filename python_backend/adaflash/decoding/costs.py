@@ -82,7 +82,7 @@ class CostModel:
         """The scales in steps of 5% and the step time in ms, rounded, and held until one of them moves more than
         _SCALE_HOLD of a step from its held value: decisions taken under the same figures can be reused. Rounded
         afresh at every call, a scale that hovered about a step's edge retook the decision at a third of the steps
-        of one sequence (docs/results.md, engine speed round 29)."""
+        of one sequence (docs/history.md, engine speed round 29)."""
         held = self._held
         if held is not None:
             v_lo, v_hi, d_lo, d_hi, s_lo, s_hi = held[1]
@@ -119,7 +119,7 @@ class CostModel:
     def verify_ms_run(self, batch: int, first: int, count: int) -> list[float]:
         """`verify_ms` of `batch` sequences at `first` tokens in all and at each of the `count` totals after, in Python
         floats: the figures `_whole_totals` keeps, kept as a list too. A plan at one sequence reads such a run at every
-        step, and interpolating each total took about a fifth of its time under a profiler (docs/results.md, round
+        step, and interpolating each total took about a fifth of its time under a profiler (docs/history.md, round
         28)."""
         self._whole_totals(batch, first + count)
         curve, scale = self._listed[batch], self.verify_scale
@@ -352,7 +352,7 @@ def typical_ms(fns: list[Callable[[], None]], reps: int, place: Placement) -> li
     """The median of `reps` timed runs of each function after a warm-up. The policy weighs expected tokens
     against expected time, and the machine's slow spells are part of it: a fastest run flatters short forwards
     most (long verifies then look dearer than they are), and the live scale corrects the table's level, not its
-    shape (docs/results.md, round 6). The runs go in rounds over all the functions, so a slow spell lands on every point of the table
+    shape (docs/history.md, round 6). The runs go in rounds over all the functions, so a slow spell lands on every point of the table
     alike rather than on the few measured during it. Each round runs them from the quickest to the slowest (as timed
     in the warm-up), after ROUND_LEAD_IN runs of the quickest: right after a forward of 64 sequences, the next few
     forwards of one sequence took up to twice their own time, and a table measured in the order of its batch sizes read

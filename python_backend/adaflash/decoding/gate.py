@@ -7,14 +7,14 @@ round trips that plain decoding spreads over a run of steps) is paid on every pl
 chooses, and the cost model cannot see it. Where speculation gains less than that price (a large batch on
 a target whose verify of many tokens costs nearly what it saves), planning every step loses to plain
 decoding, and where the planned steps commit what prompt lookup's would, the planning is paid for nothing (on a
-GPU host it cost 0.7 ms a step over prompt lookup's at 8 sequences: docs/results.md, GPU round 24). So the gate runs
+GPU host it cost 0.7 ms a step over prompt lookup's at 8 sequences: docs/history.md, GPU round 24). So the gate runs
 its arms in blocks of calls, follows the one that commits the most tokens per millisecond of the whole step, and
 keeps trying the others now and then, more often the closer they are. Its arms are the fixed modes a cost-aware
 sequence could have been (`Arm`): the plan itself, prompt lookup (where steps are graphed: `arms_for`), plain
 decoding. The output does not depend on the arm (each verifies losslessly), so greedy decoding stays equal to plain
 decoding whatever the gate chooses. The engine uses it at every load where its steps are graphed, from
 EAGER_MIN_SEQUENCES running sequences where they are eager; the orchestrator from SERVED_MIN_SEQUENCES: below these,
-planning every step was measured faster (docs/results.md, rounds 13, 14 and 41).
+planning every step was measured faster (docs/history.md, rounds 13, 14 and 41).
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from enum import Enum
 # Target calls per block of one arm: at least BLOCK_CALLS, and enough that the block carries BLOCK_SEQUENCE_STEPS
 # sequence steps. A block's rate swings with whether copies hit in it, and a try of an arm long behind replaces its
 # running rate (`WEIGHT`), so one short block decided the arm's next hundreds of calls. One sequence's block of 4 calls
-# swung so on a GPU (docs/results.md, GPU round 24); at 8 sequences on the CPU a block of 4 calls of the plan arm on
+# swung so on a GPU (docs/history.md, GPU round 24); at 8 sequences on the CPU a block of 4 calls of the plan arm on
 # translation read 0.99-2.7 tokens/ms while plain decoding's read 1.7-2.4, and the gate decoded plainly in 92% of the
 # calls though planning every step ran 1.11 of `ar` (round 31). From 64 sequences a block is BLOCK_CALLS calls.
 BLOCK_CALLS = 4
@@ -35,7 +35,7 @@ BLOCK_SEQUENCE_STEPS = 256
 # A plain decoding block carries fewer: each of its calls commits one token a sequence, so its rate does not swing with
 # the text, and where plain decoding is far behind (one sequence on text that copies well) its blocks are the gate's
 # exploring cost. At one sequence on the CPU a plain block of 32 calls among the plan arm's cost about 20 steps of the
-# ~600 a run takes (docs/results.md, round 29).
+# ~600 a run takes (docs/history.md, round 29).
 PLAIN_BLOCK_SEQUENCE_STEPS = 8
 # After a load's switch of arm, its first call is not measured: it carries the switch's own cost (after a plain
 # stretch the drafter first appends every position decoded meanwhile), which the arm would not pay while it led;
@@ -47,7 +47,7 @@ WARMUP_CALLS = 1
 # block measured at a bad moment does not linger). An arm explored after n leader blocks weighs its new block as
 # the leader's rate weighed those n blocks together: both rates then cover the same recent time. With a fixed
 # weight a rarely run arm kept a rate from minutes before, while the leader's fell as contexts grew, and the gate
-# kept exploring an arm that was far behind (docs/results.md, round 15).
+# kept exploring an arm that was far behind (docs/history.md, round 15).
 WEIGHT = 0.15
 SWITCH_MARGIN = 0.05  # another arm leads once its rate is this much above the leader's (noise does not flip it)
 # Another arm leads plain decoding only where its rate is this much above plain's (`plain_preference`): PLAIN_PREFERENCE
@@ -55,13 +55,13 @@ SWITCH_MARGIN = 0.05  # another arm leads once its rate is this much above the l
 # are not all a speculating arm costs. Its sequences advance out of step, so they end one by one and each admission
 # prefills alone, where plain decoding's end together and prefill together; a batch's last sequences then run in a
 # shrinking batch. On the CPU at 8 sequences the plan arm's observed calls ran plain's rate while whole runs on it
-# took 0.87-0.90 of plain's throughput (docs/results.md, round 26). On cost tables timed in order (round 30) whole runs
+# took 0.87-0.90 of plain's throughput (docs/history.md, round 26). On cost tables timed in order (round 30) whole runs
 # took 0.955-1.031 of what the calls promised, but a 3% preference then let the plan arm lead in half the calls of math
 # at 64 sequences, where its whole runs were 0.87 of plain's: a block's rate swings with the text, and the preference
 # also keeps a lucky block from displacing plain decoding, whose rate does not swing. One sequence alone has no one to
 # be out of step with: there the rates compare as they are. Below 64 sequences the smaller preference: once the plan
 # arm's copies followed matches of up to 16 tokens (`planner.COPY_MATCH`), 5% gained over 10% at 8 and 32 sequences
-# and lost at 64, where a batch out of step costs more at its ragged end (docs/results.md, engine speed round 36).
+# and lost at 64, where a batch out of step costs more at its ragged end (docs/history.md, engine speed round 36).
 PLAIN_PREFERENCE = 0.10
 SMALL_PLAIN_PREFERENCE = 0.05
 FULL_PREFERENCE_FROM = 64
@@ -71,33 +71,33 @@ FULL_PREFERENCE_FROM = 64
 # (an arm that commits nothing) and at least EXPLORE_AFTER_FEWEST (close arms stay compared). With two arms behind,
 # each is allowed half the regret (it waits twice as many blocks), so that trying both costs what trying one would.
 # Why: the fixed steps before (2 blocks within 10%, 6 within 30%, else 16) cost up to 2.5-4% of the leader's rate
-# wherever one arm is best, the size of what the 0.97 bar leaves the gate (docs/results.md, round 27); the price is
+# wherever one arm is best, the size of what the 0.97 bar leaves the gate (docs/history.md, round 27); the price is
 # a slower look at an arm far behind (at 8 sequences on the CPU a block is about 20 ms, so 99 of them take 2 s).
 EXPLORE_REGRET = 0.01
 EXPLORE_AFTER_FEWEST = 2
 # An arm tried again and still found clearly behind (its score more than CLEARLY_BEHIND below the leader's) is allowed
 # half its regret for its next try, down to a 2**EXPLORE_BACKOFF-th; found within reach, or once another arm leads, the
 # whole regret again. Why: at a steady load the same verdict, found try after try, cost the whole regret for good; at
-# one sequence on the CPU the plain arm's blocks kept a load ~1% behind the plan arm's own rate (docs/results.md,
+# one sequence on the CPU the plain arm's blocks kept a load ~1% behind the plan arm's own rate (docs/history.md,
 # round 30). Arms within reach of each other stay compared as often as before, and one far behind is still tried.
 EXPLORE_BACKOFF = 2
 CLEARLY_BEHIND = 2 * SWITCH_MARGIN
 # An arm measured in fewer blocks than this is tried again after EXPLORE_AFTER_FEWEST blocks, however far behind it
 # looked: one block is not a verdict. At one sequence a first plan block of text that did not copy put the plan arm 30%
-# behind plain decoding, and the load then decoded plainly for 666 of its first 980 calls (docs/results.md, round 29).
+# behind plain decoding, and the load then decoded plainly for 666 of its first 980 calls (docs/history.md, round 29).
 CONFIRM_BLOCKS = 2
 # A try that puts an arm past the leader is followed by a second block of that arm before the lead changes, the two
 # blocks weighing alike in its rate. Why: a try of an arm long behind replaces its rate (`WEIGHT`), and blocks of one
 # arm at one load swing with the text: at 32 sequences on the CPU a try of the plan arm read 3.94 tokens/ms where its
 # blocks read 2.6-3.4, it took the lead, and the load ran four more plan blocks before plain decoding led again, in a
-# cell where planning every step ran 0.91 of `ar` (docs/results.md, engine speed round 32).
+# cell where planning every step ran 0.91 of `ar` (docs/history.md, engine speed round 32).
 CONFIRM_WEIGHT = 0.5
 SERVED_MIN_SEQUENCES = 8  # the orchestrator's `PlanGate(min_sequences)`
 # The engine's `PlanGate(min_sequences)` where its steps are eager (a CPU): up to 8 sequences every call plans. Why:
 # there the gate's blocks, tries and switches cost more than it saved. Paired with planning every step in the same
 # rounds of the CPU's gate benchmarks, the gate was behind at one and at eight sequences, and at eight it missed the
 # 0.97 bar in more cells. Where it held a code load on plain decoding, whose calls there commit less a ms than the
-# plan arm's, whole runs lost to planning every step (docs/results.md, engine speed round 41). Where steps are graphed
+# plan arm's, whole runs lost to planning every step (docs/history.md, engine speed round 41). Where steps are graphed
 # the copy arm is the gate's lever at low loads (GPU round 25), so there it decides from one sequence.
 EAGER_MIN_SEQUENCES = 9
 # Where no request waits, the running sequences only drain. A token that a speculative step commits early is then one
@@ -106,7 +106,7 @@ EAGER_MIN_SEQUENCES = 9
 # at what a step costs a sequence. From this `CostModel.marginal_share` (a forward bound by its arithmetic: a CPU under
 # load) such calls decode plainly, and the gate is neither asked nor taught (`Scheduler._drains`). On the CPU that
 # gained where the gate had missed the bar (math and chat at 64 sequences) and cost multilingual about a point
-# (docs/results.md, engine speed round 40). Where a verified token costs little more than the step (a GPU's small
+# (docs/history.md, engine speed round 40). Where a verified token costs little more than the step (a GPU's small
 # batches), the gate decides as before.
 DRAIN_MARGINAL_SHARE = 0.55
 
@@ -138,7 +138,7 @@ def arms_for(copies: bool, padded: bool) -> tuple[Arm, ...]:
     """The arms of a gate: the copy arm where the planner may copy and the target's steps are padded (graphed), whose
     host work a plan's adds to; else plan and plain. Where the forward dominates a step (eager, a CPU) the plan arm's
     own copies already do what prompt lookup does, and the copy arm only cost its exploration: its blocks of whole
-    copies are slow calls there (docs/results.md, round 25, the CPU A/B)."""
+    copies are slow calls there (docs/history.md, round 25, the CPU A/B)."""
     return ARMS if copies and padded else (Arm.PLAN, Arm.PLAIN)
 
 
@@ -309,7 +309,7 @@ class PlanGate:
         its arm, so blocks taken at different sequences of one load compared the sequences as much as the arms. On
         the CPU, while a burst of 64 sequences fell through the 32-63 load, plain decoding's own blocks there read 4.1
         tokens/ms at 60-63 sequences and 3.4 at 32-34, and the plan arm's blocks from that fall led the load on into
-        the next cell's 32 sequences, where planning every step ran 0.91 of `ar` (docs/results.md, engine speed round
+        the next cell's 32 sequences, where planning every step ran 0.91 of `ar` (docs/history.md, engine speed round
         32)."""
         load = self._load
         if load is None or arm is not load.arm or ms <= 0:

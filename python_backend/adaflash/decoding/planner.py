@@ -56,7 +56,7 @@ class Planner:
     def _plan_one(self, s: Candidate, outside: Load) -> Plan:
         """`plan` of one cost-aware sequence, the same decisions in fewer steps: at concurrency 1 every step plans so,
         right after its forward, when each of the general path's lists and sets costs more than it does warm
-        (docs/results.md, engine speed round 29)."""
+        (docs/history.md, engine speed round 29)."""
         c, key = self.controller, s.key
         plan = Plan(block_length=self.block_size)
         proposal, matched = lookup(s.tokens, s.cap, COPY_MATCH) if self.copies and s.mode.copies else ([], 0)

@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from adaflash.models.drafter import Draft
 
 # The copy estimates are kept per match length, from these shortest matches up: a copy's acceptance keeps rising with
-# the tokens its lookup matched, far past prompt lookup's 3 (docs/results.md, engine speed rounds 35 and 36), and
+# the tokens its lookup matched, far past prompt lookup's 3 (docs/history.md, engine speed rounds 35 and 36), and
 # the longer matches are pooled in ranges so that each range's estimates still see copies enough to learn from.
 COPY_MATCH_BUCKETS = (1, 2, 3, 4, 8, 16)
 
@@ -198,7 +198,7 @@ def _choose_many(rates: np.ndarray, caps: list[int], cost: CostModel, batch: int
                  sunk_ms: float, other_expected: float | None) -> tuple[list[int], float]:
     """Below VECTOR_ROWS sequences in Python floats over lists, like `_choose_one`: a step plans right after its
     forward, when numpy's code has left the CPU's caches, and its dozen calls on a few hundred numbers cost more than
-    this loop (docs/results.md, engine speed round 10). From there in numpy: the loop over a thousand gains took
+    this loop (docs/history.md, engine speed round 10). From there in numpy: the loop over a thousand gains took
     most of a plan's milliseconds (round 20). Both add the same sums in the same order, so they choose alike."""
     n = len(caps)
     value, owner, _ = _sorted_gains(rates, caps)
@@ -333,7 +333,7 @@ def published_length(ratio: float, block_size: int, cap: int, min_candidate: int
 PROBE_SHARE_FLOOR = 1 / 16  # of the full share: drafter probes that keep finding nothing shrink their share to this
 # Due sequences that probe in one drafter forward, the longest waiting first. A sequence's first draft projects its
 # whole context into the drafter's cache, so a probe of a whole batch of 62 cost ~50 ms on the default models (~2.5% of
-# a round at c=64; docs/results.md, round 20), while what a few find teaches the engine-wide estimates every
+# a round at c=64; docs/history.md, round 20), while what a few find teaches the engine-wide estimates every
 # sequence's are shrunk toward.
 PROBE_SEQUENCES = 4
 
@@ -342,7 +342,7 @@ class ProbeBudget:
     """A share of the time for one kind of exploration: after a probe charged `ms`, the next waits until that is
     the share's part of the time since. Drafter probes' share halves with each probe (`shrink`, down to
     `PROBE_SHARE_FLOOR` of it) and is whole again once drafting pays: where the drafter never pays a fixed share was a
-    fixed loss against the best fixed mode (docs/results.md, engine speed round 9). What a probe finds short of
+    fixed loss against the best fixed mode (docs/history.md, engine speed round 9). What a probe finds short of
     that does not bring the share back: it used to double with each accepted token, and a probe of many sequences
     nearly always finds a few, so under load the share never shrank (round 20). Copies verified whole keep theirs:
     they cost no drafter forward, and they are how long copies, prompt lookup's strength, are learnt."""
@@ -454,7 +454,7 @@ class LengthController:
         otherwise cut every later copy for good. That whole copy is how positions rarely verified get learnt; the
         lengths themselves follow the estimates, not an optimistic bound of them: under load every verified token
         costs time, and a bound's optimism, paid on every copy of the batch, cost more than it learnt
-        (docs/results.md, engine speed round 8)."""
+        (docs/history.md, engine speed round 8)."""
         rates = self._copy_rows(seqs, matched)
         ks, _ = choose_lengths(rates, proposal_lens, self.cost, batch, other_tokens, draft_ms=0.0,
                                other_expected=other_expected, other_width=other_width)

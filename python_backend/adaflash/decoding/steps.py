@@ -95,7 +95,7 @@ def _first_tokens(logits: torch.Tensor, hidden: torch.Tensor | None, prompts: li
         row = logits[i : i + 1] if processed is None else processed
         token = int(argmax(row[0])) if sp.greedy else sample(target_probs(on_cpu(row), sp)[0], g)
         # A view, as a verify's features are (`_judged`): a copy of every prompt's features cost about 0.5% of a
-        # prefill of 32-64 prompts on the CPU (docs/results.md, engine speed round 37).
+        # prefill of 32-64 prompts on the CPU (docs/history.md, engine speed round 37).
         feats = hidden[end - len(prompt) : end] if hidden is not None and wants[i] else None
         results.append(StepResult([token], 0, 0.0, feats, _log_probs(row, sp, [token])))
     return results
@@ -218,7 +218,7 @@ def _judged(logits: torch.Tensor, hidden: torch.Tensor | None, cache: KVCache, s
         accepted = len(committed) - 1
         cache.truncate(slot, start + accepted + 1)
         # A view, not a copy: the forward's features are a tensor of their own, and a copy per sequence per step
-        # took ~2% of a 64-sequence step (docs/results.md, round 15).
+        # took ~2% of a 64-sequence step (docs/history.md, round 15).
         feats = hidden[row : row + accepted + 1] if hidden is not None and wants[i] else None
         results.append(StepResult(committed, accepted, expected, feats, _log_probs(rows, sp, committed)))
         row += n

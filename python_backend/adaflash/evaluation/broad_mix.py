@@ -11,9 +11,10 @@ most one prompt, so no text is shared between prompts, and a third of each domai
 of their ids) are `tune`, the rest `holdout`, which must never feed a tuning run.
 
 Standard library only (with adaflash.corpus: the prompt template and the train/ reader);
-deterministic: rows are taken in sha256 order salted with `SEED`. Run from the repository root:
+deterministic: rows are taken in sha256 order salted with `SEED`. Run from the repository root, DATA being the
+project's data folder (its eval/ and train/; python_backend/adaflash/data/README.md):
 
-    .venv/bin/python -m adaflash.evaluation.broad_mix --data ../shared/data --out python_backend/adaflash/data/broad_mix.jsonl
+    .venv/bin/python -m adaflash.evaluation.broad_mix --data DATA --out python_backend/adaflash/data/broad_mix.jsonl
 """
 
 from __future__ import annotations
@@ -386,7 +387,7 @@ def to_jsonl(rows: list[dict]) -> str:
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--data", type=Path, default=Path("../shared/data"), help="the shared data folder (holds eval/)")
+    p.add_argument("--data", type=Path, required=True, help="the project's data folder (holds eval/ and train/)")
     p.add_argument("--out", type=Path, default=Path("python_backend/adaflash/data/broad_mix.jsonl"))
     args = p.parse_args(argv)
     rows = build(args.data)

@@ -1,18 +1,24 @@
 """Quality of the default models per domain: the target's held-out perplexity and repetition,
 and the acceptance (tau) of drafters against the prompt-lookup baseline.
 
-`adaflash evaluate` runs it all on the shared evaluation sets and writes JSON plus a Markdown
-section that replaces the one between the markers in docs/results.md, so the tables there
+`adaflash evaluate` runs it all on the shared evaluation sets and writes one JSON report with its `meta`: the
+command, the machine, the commit and the date. `make evaluate` writes it as benchmarks/results/quality.json, from
+which `make results` (benchmarks/results.py) renders the quality section of docs/results.md, so the tables there
 always come from one run of one command.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import math
+import datetime
+import os
+import platform
+import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
+
+import torch
 
 from adaflash.cli_args import split_csv
 from adaflash.decoding.engine import Engine
@@ -27,8 +33,6 @@ from adaflash.models.placement import CPU, Placement, place_of
 from adaflash.models.target import Transformer
 from adaflash.corpus import DOMAINS
 from adaflash.heldout import heldout_loss
-
-MARK_BEGIN, MARK_END = "<!-- adaflash evaluate: begin -->", "<!-- adaflash evaluate: end -->"
 
 
 @dataclass
@@ -85,7 +89,10 @@ def evaluate(model_dir: Path, data_dir: Path, variants: list[Variant], per_domai
     texts = eval_prompts(data_dir, per_domain)
     domains = [d for d in DOMAINS for _ in texts[d]]
     prompts = [tok.encode(t).ids[-max_prompt_tokens:] for d in DOMAINS for t in texts[d]]
-    report: dict = {"model_dir": str(model_dir), "per_domain_prompts": per_domain, "max_tokens": max_tokens,
+    command = command_line(model_dir, data_dir, variants, per_domain, max_tokens, temperatures, concurrency,
+                           max_prompt_tokens, seed, throughput, place)
+    report: dict = {"meta": run_meta(command, place),
+                    "model_dir": str(model_dir), "per_domain_prompts": per_domain, "max_tokens": max_tokens,
                     "concurrency": concurrency, "eval_sets": EVAL_SETS,
                     "heldout_loss_nats": heldout_loss(target, tok, data_dir, context=target.config.max_position_embeddings),
                     "runs": []}
@@ -150,76 +157,52 @@ def _repetition(seqs: list[Sequence], max_tokens: int) -> dict:
             "repetitive_share": round(sum(is_repetitive(s.output) for s in seqs) / len(seqs), 3)}
 
 
-def markdown(report: dict, command: str) -> str:
-    """The docs/results.md section: target quality, tau per domain and temperature, sample outputs."""
-    ar = next(r for r in report["runs"] if r["variant"] == REFERENCE_MODE)
-    lines = [MARK_BEGIN, "", f"`{command}`", "",
-             f"{report['per_domain_prompts']} prompts per domain (first rows of "
-             + ", ".join(f"{d}: `{f}`" for d, f in report["eval_sets"].items())
-             + f"), {report['max_tokens']} new tokens, concurrency {report['concurrency']}. Held-out loss on "
-             "`heldout_<domain>.jsonl` reference continuations (50 per domain). Repetitive: the share of greedy "
-             "outputs whose last 128 tokens repeat with a period of 16 tokens or less.", "",
-             "| domain | held-out loss (nats/token) | perplexity | repetitive | reached max tokens |", "|---|---|---|---|---|"]
-    for d in DOMAINS:
-        loss, rep = report["heldout_loss_nats"][d], ar["repetition"][d]
-        lines.append(f"| {d} | {loss:.3f} | {math.exp(loss):.1f} | {rep['repetitive_share']:.2f} | "
-                     f"{rep['reached_max_tokens']}/{rep['outputs']} |")
-    runs = [r for r in report["runs"] if r["variant"] != REFERENCE_MODE]
-    lines += ["", "Tau (tokens per target forward in decoding, bonus token included) per domain:", "",
-              "| variant | T | " + " | ".join(DOMAINS) + " | mean | sd | greedy equal to ar |",
-              "|---|---|" + "---|" * (len(DOMAINS) + 3)]
-    for r in runs:
-        taus = [r["per_domain"][d]["tau"] for d in DOMAINS]
-        mean = sum(taus) / len(taus)
-        sd = math.sqrt(sum((t - mean) ** 2 for t in taus) / len(taus))
-        eq = "-" if r["greedy_equal_to_ar"] is None else str(r["greedy_equal_to_ar"]).lower()
-        lines.append(f"| {r['variant']} | {r['temperature']:g} | " + " | ".join(f"{t:.2f}" for t in taus)
-                     + f" | {mean:.2f} | {sd:.2f} | {eq} |")
-    if "throughput" in report:
-        lines += throughput_markdown(report["throughput"])
-    lines += ["", "<details><summary>Sample greedy outputs (two per domain)</summary>", ""]
-    for d in DOMAINS:
-        for s in ar["samples"][d]:
-            lines += [f"**{d}**, prompt ending `{_inline(s['prompt_tail'][-80:])}`:", "", "```", s["output"][:600], "```", ""]
-    lines += ["</details>", "", MARK_END]
-    return "\n".join(lines)
+def command_line(model_dir: Path, data_dir: Path, variants: list[Variant], per_domain: int, max_tokens: int,
+                 temperatures: list[float], concurrency: int, max_prompt_tokens: int, seed: int,
+                 throughput: Throughput | None, place: Placement) -> str:
+    """The `adaflash evaluate` command that runs exactly this evaluation (every option spelled out)."""
+    def names(vs: list[Variant]) -> str:
+        return ",".join(v.name for v in vs)
+
+    parts = ["adaflash evaluate", f"--model-dir {model_dir}", f"--data {data_dir}", f"--per-domain {per_domain}",
+             f"--max-tokens {max_tokens}", "--temperatures " + ",".join(f"{t:g}" for t in temperatures),
+             f"--concurrency {concurrency}", f"--max-prompt-tokens {max_prompt_tokens}", f"--seed {seed}",
+             f"--variants {names(variants)}"]
+    if throughput is not None:
+        parts += [f"--throughput-variants {names(throughput.variants)}",
+                  "--throughput-concurrency " + ",".join(map(str, throughput.concurrencies)),
+                  f"--throughput-max-tokens {throughput.max_tokens}",
+                  f"--throughput-per-domain {throughput.per_domain}"]
+    parts += [f"--device {place.device}", f"--dtype {place.dtype_name}"]
+    return " ".join(parts)
 
 
-def throughput_markdown(tp: dict) -> list[str]:
-    """Speed table: tokens/s and the ratio to ar per variant (rows) and concurrency (columns)."""
-    conc = sorted({r["concurrency"] for r in tp["rows"]})
-    names = list(dict.fromkeys(r["variant"] for r in tp["rows"]))
-    cell = {(r["variant"], r["concurrency"]): r for r in tp["rows"]}
-    lines = ["", f"Greedy throughput, the first {tp['prompts']} prompts of the same sets, {tp['max_tokens']} new tokens, "
-             "output tokens/s (ratio to ar; every output checked equal to ar's):", "",
-             "| variant | " + " | ".join(f"c={c}" for c in conc) + " |", "|---|" + "---|" * len(conc)]
-    for n in names:
-        cells = []
-        for c in conc:
-            r = cell.get((n, c))
-            if r is None:
-                cells.append("-")
-            elif r["output_tokens_per_s"] is None:
-                cells.append("output differs")
-            else:
-                cells.append(f"{r['output_tokens_per_s']:.0f} ({r['speedup_vs_ar']:.2f}x)")
-        lines.append(f"| {n} | " + " | ".join(cells) + " |")
-    return lines
+def run_meta(command: str, place: Placement) -> dict:
+    """What benchmarks/results.py requires of a record: the command, the machine, the commit and the date."""
+    cpu = platform.processor() or platform.machine()
+    try:
+        cpu = next(line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                   if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    device = torch.cuda.get_device_name(place.device) if place.device.type == "cuda" else "CPU"
+    machine = (f"{cpu}, {os.cpu_count()} cores, {device}, torch {torch.__version__}, {place.dtype_name}, "
+               f"{torch.get_num_threads()} threads")
+    return {"command": command, "machine": machine, "commit": _commit(),
+            "date": datetime.datetime.now(datetime.timezone.utc).date().isoformat()}
 
 
-def _inline(text: str) -> str:
-    return text.replace("\n", "\\n").replace("`", "'")
-
-
-def replace_section(path: Path, section: str) -> None:
-    """Put `section` between the markers of `path` (appended when the markers are absent)."""
-    text = path.read_text() if path.exists() else ""
-    if MARK_BEGIN in text and MARK_END in text:
-        head, rest = text.split(MARK_BEGIN, 1)
-        text = head + section + rest.split(MARK_END, 1)[1]
-    else:
-        text = text.rstrip("\n") + "\n\n" + section + "\n"
-    path.write_text(text)
+def _commit() -> str:
+    """This checkout's commit (`with uncommitted changes` when tracked files differ from it), else `unknown`."""
+    here = Path(__file__).resolve().parent
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short=7", "HEAD"], cwd=here, capture_output=True, text=True,
+                              check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=here,
+                               capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return head + (" with uncommitted changes" if dirty else "")
 
 
 def parse_variants(text: str, default_drafter: str) -> list[Variant]:

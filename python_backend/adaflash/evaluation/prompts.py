@@ -22,6 +22,9 @@ if TYPE_CHECKING:
     from adaflash.models.chat_template import ChatTemplate
 
 SAMPLE_PROMPTS: Traversable = resources.files("adaflash") / "data" / "sample_prompts.jsonl"
+# A data folder of its own: eval/ holds the first rows of each evaluation set (data/README.md), what `make bench`,
+# `make evaluate` and the benchmarks read unless given a full data folder (`--data`, `--eval-data`).
+PACKAGED_DATA = Path(str(resources.files("adaflash") / "data"))
 # Translation, summarisation, qa, rag, code and math from held-out rows (data/README.md). Its rows carry a
 # `split`: a tuning run may read `tune` rows only, so that `holdout` rows measure what tuning did not see.
 BROAD_MIX: Traversable = resources.files("adaflash") / "data" / "broad_mix.jsonl"

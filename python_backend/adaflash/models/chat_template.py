@@ -25,6 +25,22 @@ from tokenizers import Tokenizer
 TEMPLATE_FILE = "chat_template.jinja"  # newer transformers layouts; it takes precedence over the config's entry
 CONFIG_FILE = "tokenizer_config.json"
 SPECIAL_TOKENS = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
+# The project's own targets (models/default/target, `adaflash-pretrain`) carry ChatML, as Qwen3 writes it: each
+# message `<|im_start|>role\ncontent<|im_end|>\n`, the assistant's turn opened by add_generation_prompt: for system
+# and user messages and the assistant's earlier answers, what Qwen3's template renders (no tools, no reasoning,
+# `enable_thinking` unset). Their tokenizers have no ChatML tokens: the markers are text to them.
+CHATML = """{%- for message in messages %}
+    {%- if message.content is string %}
+        {%- set content = message.content %}
+    {%- else %}
+        {%- set content = '' %}
+    {%- endif %}
+    {{- '<|im_start|>' + message.role + '\\n' + content + '<|im_end|>' + '\\n' }}
+{%- endfor %}
+{%- if add_generation_prompt %}
+    {{- '<|im_start|>assistant\\n' }}
+{%- endif %}
+"""
 
 
 class ChatTemplate:

@@ -428,7 +428,7 @@ class DFlashDrafter(nn.Module):
                         length: int) -> Draft:
         """`draft` on the CPU's native kernels: each block's keys and values are written past its context in the
         cache, where its queries read them with the context's, in place, instead of gathering every context for the
-        batch and joining the block to it (docs/results.md, round 28). The pages a block took beyond its context's
+        batch and joining the block to it (docs/history.md, round 28). The pages a block took beyond its context's
         go back after."""
         starts = [cache.lengths[s] for s in slots]
         for s, start in zip(slots, starts):

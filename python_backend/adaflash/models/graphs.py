@@ -2,7 +2,7 @@
 graphs.
 
 Why: on a GPU a small model's eager step is bound by the host issuing its kernels, a few hundred a forward,
-while the device computes for a fraction of that time (docs/results.md, "GPU, round 22" and "round 23"). A
+while the device computes for a fraction of that time (docs/history.md, "GPU, round 22" and "round 23"). A
 graph replays a whole step's kernels in one launch. A graph fixes every shape and address, so a step is padded
 to a bucket: sequences and new tokens per sequence each to a power of two, the keys attended to a power of two
 (at least MIN_CONTEXT, at most the cache's length). The step's integers (tokens, positions, where keys and
@@ -37,7 +37,7 @@ from adaflash.models.shapes import bucket
 MAX_NEW = 16  # new tokens per sequence any graphed step takes: decodes and verifies
 # Padded tokens (sequences x tokens per sequence) a graphed step of longer feeds takes: prefills. An eager prefill on a
 # GPU host took several verifies' time, and where sequences end one by one (prompt lookup's and adaflash's do) each
-# admission paid one (docs/results.md, GPU round 25). Larger prefills run eagerly: every prefill shape keeps its
+# admission paid one (docs/history.md, GPU round 25). Larger prefills run eagerly: every prefill shape keeps its
 # outputs in the graphs' pool, so this bounds that memory too.
 PREFILL_TOKENS = 1024
 MIN_CONTEXT = 64
@@ -116,7 +116,7 @@ class Recorder:
 
     def watch(self, models: list[torch.nn.Module]) -> None:
         """The models whose weights the graphs read: where each weight lives is resolved once (walking the modules
-        for their parameters every step cost more host time than a replay; docs/results.md, round 23), and a
+        for their parameters every step cost more host time than a replay; docs/history.md, round 23), and a
         replaced or updated parameter is still seen by `replay`, which then drops every graph."""
         self.weights = [(m._parameters, n) for model in models for m in model.modules()
                         for n, p in m._parameters.items() if p is not None]

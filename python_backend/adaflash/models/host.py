@@ -4,7 +4,7 @@ Why: every step allocates and frees tensors of the same sizes (logits, activatio
 drafter). glibc's malloc hands the free top of its heap back to the kernel once it passes a threshold, and serves
 blocks over a moving threshold with a mapping of their own, unmapped when freed; either way the next step's
 tensors land on fresh pages, and the first touch of each is a page fault. Features kept across steps until their
-sequence drafts fragment the heap, and can make it worse (docs/results.md, engine speed round 39: faults and their
+sequence drafts fragment the heap, and can make it worse (docs/history.md, engine speed round 39: faults and their
 kernel time per run, both ways). Kept, the freed memory serves the next step's tensors without a fault; the
 process holds its working set's peak instead of giving it back between steps.
 """

@@ -22,7 +22,7 @@ from adaflash.models.placement import indices
 def argmax(logits: Tensor) -> Tensor:
     """`logits.argmax(-1)`: the index of each row's first maximum, on the CPU from `torch.max`, which gives the same
     indices. Why: there torch's argmax over a verify's logits took two to three times what its max took, a few percent
-    of a plain decoding step under load (docs/results.md, engine speed round 34). Elsewhere torch's argmax, which every
+    of a plain decoding step under load (docs/history.md, engine speed round 34). Elsewhere torch's argmax, which every
     GPU round ran: whether max is faster there is unmeasured."""
     return logits.max(-1).indices if logits.device.type == "cpu" else logits.argmax(-1)
 
@@ -52,7 +52,7 @@ class RMSNorm(nn.Module):
 
 
 # On CPU, MKL's product of a weight by up to thousands of rows runs at a third to a half of what the machine can
-# (benchmarks/bench_layout.py, docs/results.md): for a few rows it reads the weight slowly, for many it computes
+# (benchmarks/bench_layout.py, docs/history.md): for a few rows it reads the weight slowly, for many it computes
 # slowly. Small fp32 weights are therefore multiplied by the C product of `adaflash.models.native` where it builds,
 # from a copy laid out in panels: as fast as oneDNN's packed product from one row to thousands, and a row's sums do
 # not depend on the other rows of the call (oneDNN's do). Without it `Joined` keeps a copy that multiplies faster

@@ -5,7 +5,7 @@ forwards under load; a response carrying the tokens of several steps costs the s
 
 So a server paces its streams: a stream's responses at most every `stream_interval_s`, and all streams
 together at most `max_responses_per_s`, shared equally. The first response (the time to first token) and the
-final one are never held. The measurements behind the default are in docs/results.md.
+final one are never held. The measurements behind the default are in docs/history.md.
 """
 
 from __future__ import annotations

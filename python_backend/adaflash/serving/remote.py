@@ -51,7 +51,7 @@ class TargetModel:
 
 class TargetInProcess:
     """The target in the caller's process: the same calls without a round trip, tensors or a second process
-    (why: docs/results.md, round 14).
+    (why: docs/history.md, round 14).
 
     `load` and every call run on one thread of their own. libgomp throttles its threads' spinning once two
     threads of a process have run parallel regions: every region then puts its workers to sleep and wakes them,

@@ -3,7 +3,7 @@
 Why: a Python model's update of a Triton metric is a round trip to the server process, and the orchestrator
 makes its updates on the step loop's thread between steps (with the target in its process). A finished request
 touched about ten series and every model call one: at 32 sequences that was ~10% of the loop's time
-(docs/results.md, round 15). Gathered, a counter changed within an interval costs one update per flush. Gauges
+(docs/history.md, round 15). Gathered, a counter changed within an interval costs one update per flush. Gauges
 are not gathered: a level read between two flushes would be stale, and +1 and -1 within one would write nothing.
 """
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 
-# The target's idle OpenMP threads spin this many iterations before they sleep (docs/results.md: how long).
+# The target's idle OpenMP threads spin this many iterations before they sleep (docs/history.md, round 18: how long).
 TARGET_SPIN_COUNT = 30_000
 TARGET_SPIN_VAR = "ADAFLASH_TARGET_GOMP_SPINCOUNT"
 
@@ -23,7 +23,7 @@ def openmp_wait_env(env: dict[str, str]) -> dict[str, str]:
     the drafter's, which the step loop calls between the target's forwards. So the target, whose forward
     is on every step's path, spins longer than most gaps inside a forward and a tenth of libgomp's
     default (`spin_target_threads`). The measurements behind the setting are
-    in docs/results.md ("The target's OpenMP threads", and round 18 for the present count).
+    in docs/history.md (round 18 and the rounds before it).
     """
     if "OMP_WAIT_POLICY" in env or "GOMP_SPINCOUNT" in env:
         return {}

@@ -32,7 +32,7 @@ from adaflash.models.drafter import DFlashDrafter, DrafterConfig, block_size_of
 from adaflash.models.placement import move_to, place_of, placement
 from adaflash.models.target import Transformer
 from adaflash.models.tokenizer import BYTE_SPECIALS
-from adaflash.corpus import DOMAINS, PROMPT_DOMAINS, as_prompt, documents
+from adaflash.corpus import DOMAINS, PROMPT_DOMAINS, TRAIN_LAYOUT, as_prompt, documents
 from adaflash.training.precision import autocast, check_master, master_place
 
 PUBLISHED_GAMMA = {16: 7.0, 10: 5.0, 8: 4.0}
@@ -286,7 +286,7 @@ def training_prompts(data_dir: str | Path, tokenizer: Tokenizer, per_domain: int
 def add_data_arguments(p: argparse.ArgumentParser, prompts_per_domain: int) -> None:
     """Options every drafter-training command shares: models, data, work folder, prompts, seed."""
     p.add_argument("--model-dir", type=Path, default=DEFAULT_MODEL_DIR, help="holds target/")
-    p.add_argument("--data", type=Path, default=Path("../shared/data"))
+    p.add_argument("--data", type=Path, required=True, help=f"the corpus folder: {TRAIN_LAYOUT}")
     p.add_argument("--work", type=Path, help="generated data, checkpoints, metrics (default: work/<out>)")
     p.add_argument("--prompts-per-domain", type=int, default=prompts_per_domain)
     p.add_argument("--max-prompt-tokens", type=int, default=256)

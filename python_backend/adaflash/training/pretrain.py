@@ -23,11 +23,12 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from tqdm import tqdm
 
 from adaflash.cli_args import DEFAULT_MODEL_DIR, add_placement_args
+from adaflash.models.chat_template import CHATML, CONFIG_FILE
 from adaflash.models.layers import RopeConfig
 from adaflash.models.placement import CPU, Placement, move_to, placement
 from adaflash.models.target import TargetConfig, Transformer
 from adaflash.models.tokenizer import BYTE_SPECIALS
-from adaflash.corpus import DOMAINS, documents
+from adaflash.corpus import DOMAINS, TRAIN_LAYOUT, documents
 from adaflash.heldout import heldout_loss
 from adaflash.training.precision import autocast, master_place
 
@@ -182,10 +183,13 @@ def pretrain(token_dir: str | Path, tokenizer_path: str | Path, out_dir: str | P
 
 
 def save_target(model: Transformer, tokenizer_path: str | Path, out: str | Path) -> None:
-    """The Hugging Face folder: fp16 weights (half the size), tokenizer, generation config."""
+    """The Hugging Face folder: fp16 weights (half the size), tokenizer, its special tokens and ChatML chat template
+    (chat requests and `--chat`), generation config."""
     out = Path(out)
     model.save_pretrained(out, dtype=torch.float16)
     Tokenizer.from_file(str(tokenizer_path)).save(str(out / "tokenizer.json"))
+    (out / CONFIG_FILE).write_text(json.dumps(
+        {"eos_token": BYTE_SPECIALS[0], "pad_token": BYTE_SPECIALS[1], "chat_template": CHATML}, indent=1) + "\n")
     eos = model.config.eos_token_ids[0]
     (out / "generation_config.json").write_text(json.dumps({"eos_token_id": eos, "do_sample": False}, indent=1))
 
@@ -193,7 +197,9 @@ def save_target(model: Transformer, tokenizer_path: str | Path, out: str | Path)
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="adaflash-pretrain", description=__doc__)
     p.add_argument("stage", choices=["tokenizer", "tokenize", "target", "all"])
-    p.add_argument("--data", type=Path, default=Path("../shared/data"))
+    p.add_argument("--data", type=Path, required=True,
+                   help=f"the corpus folder: {TRAIN_LAYOUT}, and eval/heldout_<domain>.jsonl (rows with prompt and "
+                        "reference: the held-out loss reported at the end)")
     p.add_argument("--work", type=Path, default=Path("work/pretrain"), help="tokenizer, token streams, checkpoints")
     p.add_argument("--out", type=Path, default=DEFAULT_MODEL_DIR / "target")
     p.add_argument("--vocab-size", type=int, default=8192)

@@ -10,7 +10,7 @@ from __future__ import annotations
 MAX_N = 3  # prompt lookup's (`ngram` mode's) longest match
 # Cost-aware copies look for matches of up to this many tokens: a copy behind a 16-token match is accepted whole far
 # more often than one behind a 3-token match, and the copy estimates tell them apart (`policy.copy_bucket`;
-# docs/results.md, engine speed rounds 35 and 36).
+# docs/history.md, engine speed rounds 35 and 36).
 COPY_MATCH = 16
 
 

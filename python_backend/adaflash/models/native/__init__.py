@@ -1,7 +1,7 @@
 """fp32 kernels of a decode step on CPU, in C (`kernels.c`), built with the host's C compiler on first use.
 
 Why: a decode or verify step multiplies a few rows by every weight, a product bound by reading the weight, and
-the BLAS torch ships reads it at about half the speed two cores stream memory here (docs/results.md); its RMS
+the BLAS torch ships reads it at about half the speed two cores stream memory here (docs/history.md); its RMS
 norm is six small torch operations, each costing more than the arithmetic, and its attention pads, masks and
 gathers around a few queries. Every kernel (product, norms, attention, the whole layer) computes a token's row in
 one order whatever else is in the call, so a token's results are bitwise the same alone or batched with others.

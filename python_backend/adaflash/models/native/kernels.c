@@ -392,7 +392,7 @@ static void attend_block(const Keys *kv, const float *const *qs, const int64_t *
    AVX-512 (`wide`) or without. dim is a multiple of 8.
    A task is one kv head of one sequence over up to TASK_TOKENS of its tokens, every query head that reads it, in
    blocks: a task per query read the same keys and values once per query head and token, and at a step's few
-   queries over long contexts that reading was most of the attention's time (docs/results.md, round 28). */
+   queries over long contexts that reading was most of the attention's time (docs/history.md, round 28). */
 /* The tasks of `attend` for a sequence of `count` new tokens. */
 static inline int64_t tasks_of(int64_t count, int64_t kv_heads) {
     return (count + TASK_TOKENS - 1) / TASK_TOKENS * kv_heads;
