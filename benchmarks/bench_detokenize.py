@@ -1,7 +1,7 @@
 """Detokenisation cost of one streamed output: decoding the whole output for every response (the rule
 before) against `Detokenizer`'s window, with one response per token; both texts must be equal.
 
-    .venv/bin/python benchmarks/bench_detokenize.py --tokens 2000
+    .venv/bin/python benchmarks/bench_detokenize.py --tokens 2000 [--json bench-out/detokenize.json]
 """
 
 from __future__ import annotations
@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from pathlib import Path
 
 from adaflash.cli_args import DEFAULT_MODEL_DIR
 from adaflash.evaluation.prompts import PACKAGED_DATA
@@ -30,13 +31,14 @@ def stream(delta, ids: list[int]) -> tuple[str, float]:
     return text, time.perf_counter() - start
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--tokenizer-dir", default=str(DEFAULT_MODEL_DIR / "target"))
     p.add_argument("--text", default=str(PACKAGED_DATA / "README.md"),
                    help="a file whose tokens stand in for an output (default: prose, the packaged data's README)")
     p.add_argument("--tokens", type=int, default=2000)
-    args = p.parse_args()
+    p.add_argument("--json", type=Path, help="also write the result here")
+    args = p.parse_args(argv)
     tokenizer = load_tokenizer(args.tokenizer_dir)
     ids = []
     with open(args.text) as f:
@@ -46,9 +48,14 @@ def main() -> None:
     ids = ids[:args.tokens]
     whole, whole_s = stream(lambda i, s, f: whole_output_delta(tokenizer, i, s, f), ids)
     windowed, windowed_s = stream(Detokenizer(tokenizer).delta, ids)
-    print(json.dumps({"tokens": len(ids), "whole_output_s": round(whole_s, 4), "windowed_s": round(windowed_s, 4),
-                      "speedup": round(whole_s / windowed_s, 1), "texts_equal": whole == windowed}))
+    result = {"tokens": len(ids), "whole_output_s": round(whole_s, 4), "windowed_s": round(windowed_s, 4),
+              "speedup": round(whole_s / windowed_s, 1), "texts_equal": whole == windowed}
+    print(json.dumps(result))
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(result, indent=1) + "\n")
+    return 0 if result["texts_equal"] else 1
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

@@ -21,6 +21,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from adaflash.cli_args import csv_list
 from adaflash.models import native
 from adaflash.models.layers import packed_linear, packed_weight, split_linear, split_rows
 
@@ -38,14 +39,19 @@ def per_call_us(fn, weights: list[torch.Tensor], passes: int = 4) -> float:
     return (time.perf_counter() - t0) / (passes * len(weights)) * 1e6
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--json", type=Path, required=True)
     p.add_argument("--rows", default="1,2,4,16,64,256")
-    args = p.parse_args()
+    p.add_argument("--weights", type=csv_list(str, tuple(SHAPES)), default=list(SHAPES),
+                   help=f"which weight shapes, of {', '.join(SHAPES)}")
+    p.add_argument("--cache-mb", type=int, default=CACHE_BYTES >> 20,
+                   help="each weight is cycled over copies filling this many MiB (at least two copies)")
+    args = p.parse_args(argv)
     rows = []
-    for name, (n, k) in SHAPES.items():
-        weights = [torch.randn(n, k) for _ in range(max(2, CACHE_BYTES // (n * k * 4)))]
+    for name in args.weights:
+        n, k = SHAPES[name]
+        weights = [torch.randn(n, k) for _ in range(max(2, (args.cache_mb << 20) // (n * k * 4)))]
         transposed = [w.t().contiguous() for w in weights]
         split = [split_rows(w, torch.get_num_threads()) for w in weights]
         packed = [packed_weight(w) for w in weights]
@@ -62,6 +68,7 @@ def main() -> int:
                          "native_us": None if c is None else round(c, 1)})
             print(rows[-1], flush=True)
     report = {"threads": torch.get_num_threads(), "torch": torch.__version__, "platform": platform.platform(),
+              "cache_mb": args.cache_mb,
               "cpu": platform.processor() or platform.machine(), "rows": rows}
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(report, indent=1) + "\n")

@@ -124,7 +124,7 @@ class Workload:
     stop_texts: list[str]  # the target's stop tokens as text, where llama.cpp's text output ends
 
 
-def parse_args() -> argparse.Namespace:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model-dir", type=Path, default=DEFAULT_MODEL_DIR, help="holds target/ and the drafter folders")
     p.add_argument("--drafter", default="drafter", help="drafter folder of our adaflash mode")
@@ -143,7 +143,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--json", type=Path, default=Path("bench-out/peers.json"))
     p.add_argument("--skip-transformers", action="store_true")
     p.add_argument("--skip-llamacpp", action="store_true")
-    return p.parse_args()
+    return p.parse_args(argv)
 
 
 # Our engine ----------------------------------------------------------------------------------------------
@@ -491,8 +491,8 @@ def run_peer(name: str, skip: bool, peer: Callable[[], list[Row]], skipped: dict
         return []
 
 
-def main() -> int:
-    args = parse_args()
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
     torch.set_num_threads(args.threads)
     prompts = load_prompts(args.prompts, args.limit)
     bundle = load_bundle(args.model_dir, None)
@@ -512,7 +512,7 @@ def main() -> int:
     table = markdown(rows)
     print(table)
     report = {
-        "command": " ".join(sys.argv),
+        "command": " ".join(sys.argv if argv is None else [Path(__file__).name, *argv]),
         "model_dir": str(args.model_dir),
         "prompts": str(args.prompts),
         "num_prompts": len(ids),

@@ -66,13 +66,13 @@ class Result:
     max_abs_logit_diff: float
 
 
-def parse_args() -> argparse.Namespace:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model-dir", type=Path, help="existing Hugging Face checkpoint (default: a random Qwen3 one)")
     p.add_argument("--context", type=int, default=256, help="tokens already in the KV cache")
     p.add_argument("--reps", type=int, default=10, help="timed repetitions per case (median reported)")
     p.add_argument("--json", type=Path, help="write the results here")
-    return p.parse_args()
+    return p.parse_args(argv)
 
 
 def save_random_checkpoint(path: Path) -> None:
@@ -190,8 +190,8 @@ def benchmark(model_dir: Path, context: int, reps: int) -> dict:
     }
 
 
-def main() -> int:
-    args = parse_args()
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
     if args.model_dir is not None:
         report = benchmark(args.model_dir, args.context, args.reps)
     else:

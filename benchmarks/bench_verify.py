@@ -44,14 +44,14 @@ def time_verifies(model_dir: Path, batches: list[int], contexts: list[int], reps
     return rows
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model-dir", type=Path, default=Path("models/default"))
     p.add_argument("--batches", default="1,8,32,64")
     p.add_argument("--contexts", default="128")
     p.add_argument("--reps", type=int, default=7)
     p.add_argument("--json", type=Path, required=True)
-    args = p.parse_args()
+    args = p.parse_args(argv)
     rows = time_verifies(args.model_dir, [int(b) for b in args.batches.split(",")],
                          [int(c) for c in args.contexts.split(",")], args.reps)
     report = {"revision": git_revision(), "torch": torch.__version__, "threads": torch.get_num_threads(),
