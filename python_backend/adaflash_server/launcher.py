@@ -16,6 +16,7 @@ launcher, so a few things have to be put in place before the binary can load Pyt
 
 from __future__ import annotations
 
+import ctypes
 import importlib.util
 import os
 import re
@@ -29,6 +30,7 @@ import threading
 import time
 import urllib.request
 from collections import deque
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import IO, TYPE_CHECKING
@@ -47,6 +49,12 @@ _READY_PROBE_TIMEOUT_S = 2.0
 _WILDCARD_HOSTS = ("0.0.0.0", "::")
 # How gRPC says that a client refused the server's certificate (an untrusted issuer, a name not in it).
 _CERTIFICATE_REFUSED = re.compile(r"CERTIFICATE_VERIFY_FAILED|Hostname Verification Check failed")
+_PR_SET_PDEATHSIG = 1  # prctl(2): the signal a process gets when the thread that forked it ends
+PID_FILE = "tritonserver.pid"  # in the state folder: the server a launcher started, for the next one to find
+# Every tritonserver is forked from this one thread, which lives as long as the launcher's process. Why: the kernel
+# sends a child its parent-death signal when the *thread* that forked it ends, so a server forked by the healer's
+# thread would be killed when that thread ended, and one forked by a thread that lives on would outlive the launcher.
+_SPAWNER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tritonserver-spawner")
 
 
 class TritonServerError(RuntimeError):
@@ -378,6 +386,41 @@ def _kill_group(pgid: int, wait_s: float = 10.0) -> None:
         time.sleep(_POLL_INTERVAL_S / 10)
 
 
+def _die_with_parent(launcher_pid: int):
+    """The child's first step after fork: SIGKILL when the launcher ends, however it ends (an OOM kill, a crash, a
+    supervisor's SIGKILL), so no server is left serving unsupervised. Its Python stub processes end when they find
+    their server gone. Linux only; elsewhere nothing is set."""
+    def set_signal() -> None:
+        try:
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        except (OSError, AttributeError):
+            return
+        if os.getppid() != launcher_pid:  # the launcher ended between the fork and the prctl
+            os._exit(1)
+    return set_signal
+
+
+def clear_stale_server(state_dir: Path) -> int | None:
+    """Kill the process group of a tritonserver a launcher of `state_dir` started and left running (it was killed
+    before the parent-death signal existed, or on another kernel). Returns its pid, None when there was none. A pid
+    file naming a process that is no tritonserver (the pid reused) is only removed."""
+    pid_file = state_dir / PID_FILE
+    try:
+        pid = int(pid_file.read_text())
+        argv0 = (Path("/proc") / str(pid) / "cmdline").read_bytes().split(b"\0")[0]
+    except (OSError, ValueError):
+        pid_file.unlink(missing_ok=True)
+        return None
+    pid_file.unlink(missing_ok=True)
+    if not argv0.endswith(b"tritonserver") or pid == os.getpid():
+        return None
+    print(f"a tritonserver this state folder's launcher left (pid {pid}) is still running: stopping it",
+          file=sys.stderr, flush=True)
+    _kill_group(os.getpgid(pid))
+    return pid
+
+
 def _group_members(pgid: int) -> list[int]:
     """Live (not zombie) processes of a process group (Linux: read from /proc)."""
     members = []
@@ -459,9 +502,13 @@ class TritonServer:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         self._log = self.log_path.open("ab")  # a restart's log follows the one before
         # Own session: a terminal Ctrl-C reaches only us (we then stop the server in order), and
-        # the Python stub processes share a group we can clean up as one.
-        self._process = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT,
-                                         env=server_env(root), start_new_session=True)
+        # the Python stub processes share a group we can clean up as one. The server dies with the launcher,
+        # however the launcher ends (`_die_with_parent`); a server a killed launcher left is cleared first.
+        clear_stale_server(self.config.state_dir)
+        self._process = _SPAWNER.submit(subprocess.Popen, cmd, stdout=self._log, stderr=subprocess.STDOUT,
+                                        env=server_env(root), start_new_session=True,
+                                        preexec_fn=_die_with_parent(os.getpid())).result()
+        (self.config.state_dir / PID_FILE).write_text(f"{self._process.pid}\n")
         try:
             self._wait_ready()
         except BaseException:  # also Ctrl-C during a long model load: never leave a server behind
@@ -590,6 +637,7 @@ class TritonServer:
         if self._process is None:
             return
         _kill_group(self._process.pid)  # once, right after the exit: the group id is still ours
+        (self.config.state_dir / PID_FILE).unlink(missing_ok=True)
         self._process = None
         self._log.close()
         if self._owns_state_dir:

@@ -14,7 +14,7 @@ from functools import partial
 
 import triton_python_backend_utils as pb_utils
 
-from adaflash.serving.threads import spin_target_threads
+from adaflash.serving.threads import exit_with_server, spin_target_threads
 
 spin_target_threads()  # before torch loads: the target's threads, when it runs here (else this process uses one)
 
@@ -67,6 +67,7 @@ class TritonStream:
 
 class TritonPythonModel:
     def initialize(self, args):
+        exit_with_server()
         params = protocol.model_parameters(json.loads(args["model_config"]))
         self.target = None
         if params["target_in_orchestrator"] == "True":

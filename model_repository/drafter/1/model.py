@@ -19,6 +19,7 @@ from adaflash.models.target import TokenHeads
 from adaflash.serving import protocol
 from adaflash.serving.protocol import Op
 from adaflash.serving.slots import DrafterSlots, OccupancyReporter
+from adaflash.serving.threads import exit_with_server
 
 
 def _inputs(request):
@@ -37,6 +38,7 @@ def _occupancy_gauge(model):
 
 class TritonPythonModel:
     def initialize(self, args):
+        exit_with_server()
         params = protocol.model_parameters(json.loads(args["model_config"]))
         weights = os.path.join(args["model_repository"], args["model_version"], "weights")
         place = protocol.model_placement(params, args["model_instance_kind"], args["model_instance_device_id"])

@@ -8,7 +8,7 @@ import json
 
 import triton_python_backend_utils as pb_utils
 
-from adaflash.serving.threads import spin_target_threads
+from adaflash.serving.threads import exit_with_server, spin_target_threads
 
 spin_target_threads()  # before torch loads: the target's idle OpenMP threads spin briefly instead of sleeping
 
@@ -38,6 +38,7 @@ def _occupancy_gauge(model):
 
 class TritonPythonModel:
     def initialize(self, args):
+        exit_with_server()
         params = protocol.model_parameters(json.loads(args["model_config"]))
         place = protocol.model_placement(params, args["model_instance_kind"], args["model_instance_device_id"])
         # The orchestrator's planner asks for the cost table (Op.COSTS) before its first step.
