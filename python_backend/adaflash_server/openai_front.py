@@ -47,14 +47,16 @@ from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from tokenizers import Tokenizer
 from tritonclient.grpc import InferInput
 from tritonclient.utils import InferenceServerException, np_to_triton_dtype
 
 from adaflash.models.chat_template import ChatTemplate, load_chat_template
 from adaflash.models.tokenizer import load_tokenizer
-from adaflash.serving.api import Detokenizer, prompt_ids
+from adaflash.cli_args import byte_size
+from adaflash.decoding.limits import Limits
+from adaflash.serving.api import Detokenizer, longest_token, prompt_characters, prompt_ids
 from adaflash.serving.protocol import ENTRY
 from adaflash_contract.connection import (
     Tls,
@@ -83,6 +85,8 @@ from adaflash_server.security import (
 )
 
 DEFAULT_PORT = 9000  # the port of Triton's own OpenAI frontend
+MIB = 1 << 20
+_BYTES_A_TOKEN = 64  # a token's bytes at most where the front cannot read the tokenizer (for the body limit only)
 _COMPLETION_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 _GRPC_UNAVAILABLE = "StatusCode.UNAVAILABLE"  # gRPC's status of a server it cannot reach, as tritonclient spells it
 # gRPC waits up to 2 minutes between reconnection attempts to a server that went away: the front's channel tries
@@ -126,6 +130,26 @@ class Target:
     max_output_tokens: int
     tokenizer: Tokenizer | None = None
     chat: ChatTemplate | None = None
+    max_prompt_tokens: int | None = None  # the server's limit, which a prompt's characters may show it exceeds
+    longest_token: int = 0  # the most bytes one token stands for (`api.longest_token`); 0: no tokenizer
+
+    def too_long(self, values: dict[str, Any]) -> str | None:
+        """Why the server would refuse the prompt by its characters alone (None: it may fit): checked before it is
+        tokenised, so that a huge prompt costs no tokenising here."""
+        if self.max_prompt_tokens is None or not self.longest_token:
+            return None
+        try:
+            Limits(0, 0, 0, max_prompt_tokens=self.max_prompt_tokens).check_prompt_text(prompt_characters(values),
+                                                                                        self.longest_token)
+        except RequestError as exc:
+            return exc.message
+        return None
+
+    def body_limit(self) -> int:
+        """The default request body limit: room for the longest prompt the server takes, each of its characters
+        escaped in JSON at worst (`\\uXXXX`, six bytes), and a mebibyte for the other fields."""
+        characters = (self.max_prompt_tokens or 0) * (self.longest_token or _BYTES_A_TOKEN)
+        return MIB + 6 * characters
 
     def prompt_tokens(self, values: dict[str, Any]) -> int:
         """The prompt's length as the server computes it (the same function, the same files)."""
@@ -157,13 +181,16 @@ def served_parameters(upstream: Upstream) -> dict[str, str]:
 
 def describe_target(upstream: Upstream, served_model_name: str | None = None) -> Target:
     """Read the target from the running server's `adaflash` model config: its folder (the model folder's
-    name is the served name unless one is given) and its output limit."""
+    name is the served name unless one is given), its output and prompt limits."""
     params = served_parameters(upstream)
     target_dir = Path(params["target_dir"])
     name = served_model_name or target_dir.parent.name
+    most_prompt = int(params["max_prompt_tokens"]) if params.get("max_prompt_tokens") else None
     if not (target_dir / "tokenizer.json").is_file():
-        return Target(name, int(params["max_output_tokens"]))
-    return Target(name, int(params["max_output_tokens"]), load_tokenizer(target_dir), load_chat_template(target_dir))
+        return Target(name, int(params["max_output_tokens"]), max_prompt_tokens=most_prompt)
+    tokenizer = load_tokenizer(target_dir)
+    return Target(name, int(params["max_output_tokens"]), tokenizer, load_chat_template(target_dir), most_prompt,
+                  longest_token(tokenizer))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -699,7 +726,12 @@ class Front:
         its 400 or 503 status rather than an error inside a 200 stream."""
         try:
             generation = translate(await _json_body(request), self.target)
-            prompt_tokens = self._prompt_tokens(generation)
+            too_long = self.target.too_long(generation.values())
+            if too_long is not None:
+                param = generation.param_of("text_input")
+                raise OpenAIError(400, f"{param}: {too_long}", param=param, code="invalid_value")
+            # Tokenising is CPU work: on a thread of its own, so that the loop goes on serving the other requests.
+            prompt_tokens = await asyncio.to_thread(self._prompt_tokens, generation)
             chunks = chunks_of(self.channel, generation)
             first = await _unless_disconnected(request, anext(chunks, None))
             answer = Answer(generation, self.target.name)
@@ -835,7 +867,68 @@ class ApiKeyGuard:
         return response
 
 
-def create_app(upstream: Upstream, target: Target, api_key: str | None = None) -> Starlette:
+class BodyLimit:
+    """A request body over `limit` bytes is refused with OpenAI's 413 as soon as that is known: from its
+    Content-Length before any of it is kept, else once the bytes received pass the limit. A plain ASGI middleware;
+    the body it read is handed on to the route as it came.
+
+    Before it answers, the rest of the body is read and dropped (for at most DRAIN_S and DRAIN_BYTES, as web servers'
+    lingering close does): a client sends its whole body before it reads the answer, and a connection closed under
+    it would reach it as a reset, not as the 413. Reading is awaited chunk by chunk, so other requests go on."""
+
+    DRAIN_S = 5.0
+    DRAIN_BYTES = 256 * MIB
+
+    def __init__(self, app: ASGIApp, limit: int) -> None:
+        self.app, self.limit = app, limit
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        declared = Headers(scope=scope).get("content-length")
+        if declared is not None and declared.isdigit() and int(declared) > self.limit:
+            await self._drain(receive, more=True)
+            await self.refusal(int(declared))(scope, receive, send)
+            return
+        messages, size = [], 0
+        while True:
+            message = await receive()
+            messages.append(message)
+            if message["type"] != "http.request":
+                break
+            size += len(message.get("body", b""))
+            if size > self.limit:
+                await self._drain(receive, more=message.get("more_body", False))
+                await self.refusal(size, "at least ")(scope, receive, send)
+                return
+            if not message.get("more_body", False):
+                break
+
+        async def replay() -> Message:
+            return messages.pop(0) if messages else await receive()
+
+        await self.app(scope, replay, send)
+
+    async def _drain(self, receive: Receive, more: bool) -> None:
+        deadline, dropped = time.monotonic() + self.DRAIN_S, 0
+        while more and dropped <= self.DRAIN_BYTES and (left := deadline - time.monotonic()) > 0:
+            try:
+                message = await asyncio.wait_for(receive(), left)
+            except asyncio.TimeoutError:
+                return
+            if message["type"] != "http.request":
+                return
+            dropped += len(message.get("body", b""))
+            more = message.get("more_body", False)
+
+    def refusal(self, size: int, at_least: str = "") -> Response:
+        return OpenAIError(413, f"the request body of {at_least}{size} bytes exceeds the limit of {self.limit} "
+                                f"(--max-request-bytes)", code="request_too_large").response()
+
+
+def create_app(upstream: Upstream, target: Target, api_key: str | None = None,
+               max_request_bytes: int | None = None) -> Starlette:
     front = Front(upstream, target)
     routes = [Route("/v1/models", front.models, methods=["GET"]),
               Route("/v1/completions", front.completions, methods=["POST"]),
@@ -846,8 +939,9 @@ def create_app(upstream: Upstream, target: Target, api_key: str | None = None) -
         yield
         await front.channel.close()
 
+    limit = [Middleware(BodyLimit, limit=max_request_bytes or target.body_limit())]
     guard = [Middleware(ApiKeyGuard, key=api_key)] if api_key else []
-    return Starlette(routes=routes, middleware=guard, exception_handlers={HTTPException: _http_error},
+    return Starlette(routes=routes, middleware=guard + limit, exception_handlers={HTTPException: _http_error},
                      lifespan=lifespan)
 
 
@@ -872,9 +966,9 @@ class FrontServer:
 
     def __init__(self, grpc_url: str, host: str, port: int, served_model_name: str | None = None, *,
                  grpc_tls: Tls | None = None, headers: dict[str, str] | None = None, https: ServerTls | None = None,
-                 api_key: str | None = None) -> None:
+                 api_key: str | None = None, max_request_bytes: int | None = None) -> None:
         upstream = Upstream(grpc_url, grpc_tls, headers)
-        app = create_app(upstream, describe_target(upstream, served_model_name), api_key)
+        app = create_app(upstream, describe_target(upstream, served_model_name), api_key, max_request_bytes)
         self.server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning",
                                                     timeout_graceful_shutdown=5, **https_options(https)))
         self.url = front_url(host, port, https)
@@ -895,6 +989,11 @@ class FrontServer:
         self._thread.join(timeout=10)
 
 
+def add_body_limit_argument(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--max-request-bytes", type=byte_size, help="refuse a larger request body with 413 (default: room "
+                   "for the longest prompt the server takes, escaped, plus 1 MiB)")
+
+
 def register(sub: argparse._SubParsersAction) -> None:
     """The `adaflash openai-front` command (entry point `adaflash.commands`)."""
     p = sub.add_parser("openai-front", help="serve the OpenAI-compatible HTTP endpoint in front of a running server")
@@ -902,6 +1001,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=DEFAULT_PORT)
     p.add_argument("--served-model-name", help="the model name clients send (default: the model folder's name)")
+    add_body_limit_argument(p)
     add_api_key_argument(p)
     add_tls_arguments(p.add_argument_group("HTTPS (this endpoint)"), own_clients=False)
     add_connection_arguments(p.add_argument_group("the server's gRPC endpoint (TLS, headers)"))
@@ -911,7 +1011,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     https = server_tls_from_args(args)
     upstream = Upstream(args.grpc_url, tls_from_args(args), headers_from_args(args) or None)
-    app = create_app(upstream, describe_target(upstream, args.served_model_name), api_key_from_args(args))
+    app = create_app(upstream, describe_target(upstream, args.served_model_name), api_key_from_args(args),
+                     args.max_request_bytes)
     print(f"OpenAI-compatible endpoint on {front_url(args.host, args.port, https)} (gRPC {args.grpc_url})",
           flush=True)
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning", **https_options(https))

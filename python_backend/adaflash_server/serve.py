@@ -17,7 +17,7 @@ from adaflash.cli_args import DEFAULT_MODEL_DIR
 from adaflash_contract.connection import add_connection_arguments, headers_from_args, tls_from_args
 from adaflash_server.launcher import ServerConfig, TritonServer, connect
 from adaflash_server.openai_front import DEFAULT_PORT as OPENAI_PORT
-from adaflash_server.openai_front import FrontServer
+from adaflash_server.openai_front import FrontServer, add_body_limit_argument
 from adaflash_server.repository import (
     add_config_arguments,
     build_repository,
@@ -67,6 +67,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="the OpenAI-compatible HTTP endpoint (/v1/completions, /v1/chat/completions); 0: none")
     add_tls_arguments(p.add_argument_group("TLS on gRPC and the OpenAI endpoint"), own_clients=True)
     add_api_key_argument(p)
+    add_body_limit_argument(p)
     p.add_argument("--cost-table", type=Path, help="reuse a measured verify/draft cost table (JSON)")
     p.add_argument("--drain-timeout-s", type=float, default=ServerConfig.drain_timeout_s,
                    help="on SIGTERM or Ctrl-C: stop admitting, let running requests finish for this long, then exit")
@@ -95,7 +96,7 @@ def run(args: argparse.Namespace) -> int:
     server = TritonServer(server_config(args, repo))
     server.start()
     api_key = api_key_from_args(args)
-    front = _start_front(server, args.openai_port, api_key)
+    front = _start_front(server, args.openai_port, api_key, args.max_request_bytes)
     tls = server.config.tls
     client = f"--url {server.grpc_url}{_client_flags(tls)}"
     openai = f"{front.url}{' (API key required)' if api_key else ''}" if front else "off (--openai-port 0)"
@@ -165,7 +166,8 @@ def _client_flags(tls: ServerTls | None) -> str:
     return flags
 
 
-def _start_front(server: TritonServer, port: int, api_key: str | None) -> FrontServer | None:
+def _start_front(server: TritonServer, port: int, api_key: str | None,
+                 max_request_bytes: int | None = None) -> FrontServer | None:
     """The OpenAI endpoint on the server's host, once Triton is ready (it reads the target's description from it),
     with the server's TLS on both of its sides; a front that cannot start stops the server too, rather than leave
     it running in its own session."""
@@ -173,7 +175,7 @@ def _start_front(server: TritonServer, port: int, api_key: str | None) -> FrontS
         return None
     try:
         return FrontServer(server.grpc_url, server.config.host, port, grpc_tls=server.client_tls,
-                           https=server.config.tls, api_key=api_key).start()
+                           https=server.config.tls, api_key=api_key, max_request_bytes=max_request_bytes).start()
     except BaseException:
         server.stop()
         raise

@@ -7,8 +7,10 @@ from __future__ import annotations
 import itertools
 import json
 import shutil
+import time
 import urllib.error
 import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -18,8 +20,10 @@ from helpers import fixed_costs, metric_total, scrape, wait_until
 
 from adaflash.models.bundle import load_bundle, save_bundle, tiny_random_bundle
 from adaflash.models.chat_template import CONFIG_FILE
+from adaflash.models.tokenizer import load_tokenizer
+from adaflash.serving.api import longest_token
 from adaflash_server.repository import RepositoryConfig, build_repository
-from adaflash_client import AdaFlashClient, GenerationParams
+from adaflash_client import AdaFlashClient, GenerationError, GenerationParams
 from adaflash_server.launcher import ServerConfig, TritonServer, free_ports
 from adaflash_server.openai_front import FrontServer
 
@@ -295,3 +299,51 @@ def test_an_unknown_route_is_an_openai_404(served):
         urllib.request.urlopen(f"{served[1].url}/embeddings", data=b"{}", timeout=30)
     assert refused.value.code == 404
     assert set(json.loads(refused.value.read())["error"]) == {"message", "type", "param", "code"}
+
+
+STALL_S = 5.0  # what tells a request held behind a huge one from one that was not, whatever else runs here
+
+
+def _post(url: str, body: bytes, timeout_s: float = 30) -> tuple[int, dict, float]:
+    """(status, JSON body, seconds) of one POST on a connection of its own."""
+    started = time.monotonic()
+    request = urllib.request.Request(url, data=body, headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=timeout_s) as response:
+            return response.status, json.loads(response.read()), time.monotonic() - started
+    except urllib.error.HTTPError as error:
+        return error.code, json.loads(error.read()), time.monotonic() - started
+
+
+def test_a_huge_body_is_a_quick_413_and_stalls_no_other_request(served, sdk):
+    """A 20 MB prompt is refused by its size, before any of it is parsed or tokenised (413, OpenAI's format), and a
+    16-token completion sent meanwhile on another connection is not held behind it (before, the refusal took about a
+    minute and held every other request as long). The bounds here only tell a stall from none on a busy machine."""
+    sdk.completions.create(model=MODEL, prompt="warm", max_tokens=4, temperature=0)  # the first call's set-up
+    huge = json.dumps({"model": MODEL, "prompt": "x" * 20_000_000, "max_tokens": 16}).encode()
+    small = json.dumps({"model": MODEL, "prompt": "hello", "max_tokens": 16, "temperature": 0}).encode()
+    url = f"{served[1].url}/completions"
+    with ThreadPoolExecutor(2) as pool:
+        refused = pool.submit(_post, url, huge)
+        time.sleep(0.05)
+        answered = pool.submit(_post, url, small)
+        (status, body, refused_s), (small_status, _, small_s) = refused.result(), answered.result()
+    assert status == 413 and body["error"]["code"] == "request_too_large" and "exceeds the limit" in body["error"][
+        "message"], body
+    assert refused_s < STALL_S, refused_s
+    assert small_status == 200 and small_s < STALL_S, small_s
+
+
+def test_a_prompt_too_long_by_its_characters_is_refused_without_tokenising(served):
+    """Under the body limit but past max_prompt_tokens by its characters alone (no token of this tokenizer is that
+    long): a 400 naming the prompt, at once, over HTTP; over gRPC the server refuses it the same way."""
+    longest = longest_token(load_tokenizer(served[2] / "target"))
+    text = "y" * (400 * longest + 1)  # the fixture's max_prompt_tokens is 400
+    status, body, seconds = _post(f"{served[1].url}/completions",
+                                  json.dumps({"model": MODEL, "prompt": text, "max_tokens": 4}).encode())
+    assert status == 400 and body["error"]["param"] == "prompt" and "characters exceeds the limit of 400 tokens" in body[
+        "error"]["message"], body
+    assert seconds < STALL_S, seconds
+    with AdaFlashClient(served[0].grpc_url, timeout_s=60) as client, pytest.raises(GenerationError) as refused:
+        client.generate(text, GenerationParams(max_tokens=4))
+    assert "INVALID_ARGUMENT: text_input: prompt of" in refused.value.message and "characters" in refused.value.message

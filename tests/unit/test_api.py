@@ -20,7 +20,7 @@ from adaflash.cli_args import DEFAULT_MODEL_DIR
 from adaflash.models.chat_template import ChatTemplate, load_chat_template
 from adaflash.models.tokenizer import byte_tokenizer, load_tokenizer
 from adaflash.serving import protocol
-from adaflash.serving.api import DETOKENIZE_CONTEXT, Detokenizer, encode
+from adaflash.serving.api import DETOKENIZE_CONTEXT, Detokenizer, encode, longest_token, prompt_characters
 from adaflash_contract.errors import RequestError
 from adaflash.decoding.limits import Limits
 from adaflash.serving.protocol import RequestDefaults, parse_request
@@ -392,3 +392,19 @@ def test_the_cost_table_travels_from_the_target_model_as_declared():
     assert all(v.dtype == declared[n].dtype and v.ndim == len(declared[n].dims) for n, v in tensors.items())
     call = protocol.encode_costs_call()
     assert protocol.decode_op(call, tuple(protocol.Op)) is protocol.Op.COSTS and protocol.decode_keys(call) == []
+
+
+def test_a_prompt_is_refused_by_its_characters_only_where_no_tokenisation_could_fit_it():
+    """No token stands for more than `longest_token` bytes, so a text with more characters than the limit times that
+    has more tokens than the limit, whatever its tokenisation; a text under that bound is left to the token count."""
+    tok = byte_tokenizer()
+    longest = longest_token(tok)
+    assert longest >= max(len(tok.decode([i]).encode()) for i in range(tok.get_vocab_size()))
+    limits = Limits(vocab_size=300, max_len=200, block_size=16, max_prompt_tokens=64)
+    limits.check_prompt_text(64 * longest, longest)
+    with pytest.raises(RequestError, match="^text_input: prompt of .* characters exceeds the limit of 64 tokens"):
+        limits.check_prompt_text(64 * longest + 1, longest)
+    Limits(vocab_size=300, max_len=200, block_size=16).check_prompt_text(10**9, longest)  # no limit: nothing to check
+    values = parse_request(_tensors(text_input=_bytes("héllo"), apply_chat_template=np.array([[True]]),
+                                    messages=_bytes('[{"role": "system", "content": "abc"}]')), AR)
+    assert prompt_characters(values) == 5 + 3

@@ -49,6 +49,16 @@ class Limits:
             raise RequestError("max_draft", f"must be >= 0, got {r.max_draft}")
         r.sampling.validate()
 
+    def check_prompt_text(self, characters: int, longest_token: int) -> None:
+        """Refuse a prompt by its characters, before it is tokenised, where that is enough: no token holds more
+        than `longest_token` characters (the tokenizer's longest), so more characters than that many times the
+        limit are more tokens than the limit. One huge request is then refused in no time, without tokenising it
+        (which would hold the loop that serves the others); a prompt under the bound is counted in tokens."""
+        most = self.max_prompt_tokens
+        if most is not None and characters > most * max(longest_token, 1):
+            raise RequestError("text_input", f"prompt of {characters} characters exceeds the limit of {most} tokens "
+                                             f"(a token of this tokenizer holds at most {longest_token} characters)")
+
     def _check_prompt(self, ids: list[int]) -> None:
         if not ids:
             raise RequestError("prompt_ids", "empty prompt")

@@ -17,6 +17,20 @@ from adaflash.serving.protocol import Encoded
 from adaflash_contract.errors import RequestError
 
 REPLACEMENT = "\ufffd"
+
+
+def longest_token(tokenizer: Tokenizer) -> int:
+    """The most bytes one token of `tokenizer` stands for: a text has at most that many characters a token, which
+    lets a prompt be refused by its length in characters (`Limits.check_prompt_text`). The longer of the entry's
+    vocabulary string (byte-level BPE spells each byte as one character) and its decoded UTF-8 bytes."""
+    return max((max(len(tokenizer.id_to_token(i) or ""), len(tokenizer.decode([i]).encode()))
+                for i in range(tokenizer.get_vocab_size())), default=1)
+
+
+def prompt_characters(values: dict[str, Any]) -> int:
+    """The characters of what a request's prompt is made of (text_input, and the turns of a chat request)."""
+    turns = values["messages"] if values["apply_chat_template"] else ()
+    return len(values["text_input"]) + sum(len(t.get("content", "")) for t in turns)
 DETOKENIZE_CONTEXT = 8  # tokens decoded before the sent ones (`Detokenizer._window`)
 
 

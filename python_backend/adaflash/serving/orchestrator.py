@@ -31,7 +31,7 @@ from adaflash.models.target import TargetConfig
 from adaflash.models.tokenizer import load_tokenizer
 from adaflash.serving import protocol
 from adaflash.serving.admission import Admission, AdmissionCancelled, AdmissionRefused
-from adaflash.serving.api import Detokenizer, TextStops, encode
+from adaflash.serving.api import Detokenizer, TextStops, encode, longest_token, prompt_characters
 from adaflash.serving.metrics import Metrics
 from adaflash.serving.pacing import response_gap, response_rate
 from adaflash.serving.remote import Call, RemoteBackend, Target
@@ -106,7 +106,7 @@ class Orchestrator:
     async def serve(self, tensors: protocol.Tensors, parameters: dict, stream: Stream) -> None:
         """Run one request to its final response."""
         try:
-            served = self.text.parse(tensors, parameters, self.defaults)
+            served = self.text.parse(tensors, parameters, self.defaults, self.scheduler.limits)
             self.scheduler.limits.check(served.request)
             await self._admit(stream)
         except RequestError as exc:
@@ -209,12 +209,15 @@ class TextSide:
 
     def __post_init__(self) -> None:
         self.detokenizer = Detokenizer(self.tokenizer)
+        self.longest_token = longest_token(self.tokenizer)
 
-    def parse(self, tensors: protocol.Tensors, parameters: dict, defaults: protocol.RequestDefaults
-              ) -> protocol.ServedRequest:
-        """The request's fields parsed and its text tokenised; RequestError naming the field."""
+    def parse(self, tensors: protocol.Tensors, parameters: dict, defaults: protocol.RequestDefaults,
+              limits: Limits) -> protocol.ServedRequest:
+        """The request's fields parsed and its text tokenised; RequestError naming the field. A prompt too long by
+        its characters alone is refused before it is tokenised."""
         protocol.refuse_parameters(parameters)
         values = protocol.parse_request(tensors, defaults)
+        limits.check_prompt_text(prompt_characters(values), self.longest_token)
         encoded = encode(self.tokenizer, values, self.config.vocab_size, self.config.eos_token_ids, self.chat)
         return protocol.served_request(encoded, values)
 
