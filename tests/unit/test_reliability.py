@@ -3,6 +3,7 @@ against a real server: tests/integration/test_reliability_served.py)."""
 
 from __future__ import annotations
 
+import json
 import math
 
 from adaflash_tools import reliability
@@ -45,3 +46,48 @@ def test_memory_growth_is_measured_after_the_warmup():
     samples = [(0.0, {"target": 100}), (10.0, {"target": 200}), (20.0, {"target": 204}), (30.0, {"target": 212})]
     growth = reliability.memory_growth(samples, warmup_s=10.0)
     assert growth == {"target": {"after_warmup": 200, "end": 212, "growth": 0.06}}
+
+
+def test_the_fuzz_counts_server_faults_not_refusals():
+    """A refusal of the request (Triton's or ours) is what a fuzzed request should get; an internal error, a failed
+    generation or no answer is the server's fault."""
+    from adaflash_tools.fuzz import server_error_over_grpc
+
+    assert not server_error_over_grpc(True, "INVALID_ARGUMENT: top_p: must be in (0, 1], got 0.0")
+    assert not server_error_over_grpc(True, "[StatusCode.INVALID_ARGUMENT] unexpected datatype INT32 for top_p")
+    assert not server_error_over_grpc(False, "accepted")
+    assert server_error_over_grpc(True, "generation failed: internal error: boom")
+    assert server_error_over_grpc(True, "[StatusCode.INTERNAL] Traceback (most recent call last)")
+    assert server_error_over_grpc(False, "no answer")
+
+
+def test_fuzzed_requests_keep_their_load_small_and_their_bodies_sendable():
+    """Generated gRPC requests never ask for more than MAX_TOKENS tokens (the fuzz is about input, not load); OpenAI
+    bodies are bytes, JSON objects with a model and a prompt or messages unless they are junk on purpose."""
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+
+    from adaflash_tools.fuzz import MAX_TOKENS, grpc_requests, openai_requests
+
+    seen = {"json": 0, "junk": 0}
+
+    @settings(max_examples=200, database=None, derandomize=True, suppress_health_check=list(HealthCheck))
+    @given(st.data())
+    def check(data):
+        tensors = data.draw(grpc_requests())
+        max_tokens = tensors.get("max_tokens")
+        if max_tokens is not None and max_tokens[0] == "INT32":
+            assert max_tokens[1].flat[0] <= MAX_TOKENS
+        route, body = data.draw(openai_requests("m"))
+        assert route in ("completions", "chat/completions") and isinstance(body, bytes)
+        try:
+            parsed = json.loads(body)
+        except (ValueError, UnicodeDecodeError):
+            seen["junk"] += 1
+            return
+        if isinstance(parsed, dict) and parsed.get("model") == "m":
+            seen["json"] += 1
+            assert ("messages" if route == "chat/completions" else "prompt") in parsed
+
+    check()
+    assert seen["json"] > 100 and seen["junk"] > 0

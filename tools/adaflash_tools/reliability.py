@@ -35,10 +35,12 @@ import tritonclient.grpc.aio as grpcaio
 
 from adaflash_server.repository import RepositoryConfig, build_repository, tiny_model_dir
 from adaflash_client.client import AdaFlashClient, GenerationError, GenerationParams, build_inputs, is_final, parse_chunk
-from adaflash_server.launcher import ServerConfig, TritonServer, stub_pids
+from adaflash_server.launcher import ServerConfig, TritonServer, free_ports, stub_pids
+from adaflash_server.openai_front import FrontServer
+from adaflash_tools import fuzz as fuzzing
 
 MODELS = ("target", "drafter", "adaflash")  # the model processes the faults scenario kills in turn
-SCENARIOS = ("malformed", "cancellations", "overload", "soak", "faults")
+SCENARIOS = ("malformed", "fuzz", "cancellations", "overload", "soak", "faults")
 CANARY = "The canary: greedy, the same answer every time."
 PROMPTS = [f"Request {i}: {w}" for i, w in enumerate(
     ["def fibonacci(n):", "Translate to French: good morning", "Summarise: the cat sat on the mat.",
@@ -60,10 +62,11 @@ class Scale:
     fault_users: int
     soak_s: float
     memory_every_s: float
+    fuzz_requests: int = 200  # generated requests, half to each front door (`fuzz.py`)
 
 
 FULL = Scale(max_active=64, max_queued=256, overload_factor=4, overload_s=60, max_tokens=32, cancellations=1000,
-             fault_users=8, soak_s=1800, memory_every_s=10)
+             fault_users=8, soak_s=1800, memory_every_s=10, fuzz_requests=6000)
 # Both runs kill each model's process in turn: the decoding loop (`adaflash`), the forward (the loop's own where the
 # target runs there), the drafter with its fallback.
 SHORT = Scale(max_active=4, max_queued=16, overload_factor=4, overload_s=5, max_tokens=16, cancellations=40,
@@ -492,6 +495,20 @@ def malformed(server: TritonServer, scale: Scale) -> dict:
             "rows": rows, "passed": not failing and served_after}
 
 
+def fuzz(server: TritonServer, scale: Scale) -> dict:
+    """Generated requests to both front doors (`fuzz.py`): none hangs, none is a server error, nothing is leaked
+    after, and the server serves as before. The OpenAI front runs here, on a free port."""
+    front = FrontServer(server.grpc_url, "127.0.0.1", free_ports(1)[0]).start()
+    try:
+        result = fuzzing.run(front.url, lambda tensors: send_grpc(server, tensors), scale.fuzz_requests)
+    finally:
+        front.stop()
+    idle_s, counts = seconds_until_idle(server)
+    served_after = bool(canary(server, 4))
+    return result | {"idle_after_s": idle_s, "idle_counts": counts, "served_after": served_after,
+                     "passed": not result["failing"] and idle_s is not None and served_after}
+
+
 def _malformed_row(case: Malformed, protocol: str, refused: bool, status: int | None, message: str) -> dict:
     """Our models refuse with `INVALID_ARGUMENT: <field>: ...` (HTTP 400). Triton refuses some requests
     before any model sees them: a wrong data type or shape over gRPC (naming the input), and over HTTP a
@@ -689,7 +706,7 @@ def memory_growth(samples: list[tuple[float, dict[str, int]]], warmup_s: float) 
 # Running the suite -----------------------------------------------------------------------------------------
 
 SCENARIO_FUNCTIONS: dict[str, Callable[[TritonServer, Scale], dict]] = {
-    "malformed": malformed, "cancellations": cancellations, "overload": overload, "soak": soak, "faults": faults}
+    "malformed": malformed, "fuzz": fuzz, "cancellations": cancellations, "overload": overload, "soak": soak, "faults": faults}
 
 
 @dataclass
