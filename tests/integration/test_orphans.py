@@ -88,3 +88,19 @@ def test_a_server_left_by_a_launcher_of_the_same_state_folder_is_stopped(tmp_pat
         if left.poll() is None:
             left.kill()
             left.wait()
+
+
+def test_the_server_a_healing_restart_starts_ends_with_its_launcher(tmp_path):
+    """The launcher killed while its healer starts the server again (the first one killed): the new server, still
+    loading its models, goes with it."""
+    launcher, ports = _serve(tmp_path)
+    pid_file = _pid_file(tmp_path)
+    first = int(pid_file.read_text())
+    os.kill(first, signal.SIGKILL)
+    wait_until(lambda: pid_file.exists() and pid_file.read_text().strip() not in ("", str(first)), 60,
+               "the healer to start the server again")
+    second = int(pid_file.read_text())
+    launcher.kill()
+    launcher.wait()
+    wait_until(lambda: not _group(second) and not _group(first), GONE_S, "every process of both servers to end")
+    wait_until(lambda: all(port_is_free(p) for p in ports), GONE_S, "the ports to be free")
