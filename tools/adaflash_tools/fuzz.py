@@ -127,7 +127,7 @@ def run(front_url: str, send_grpc: Callable[[dict], tuple[bool, str]], requests:
     through `send_grpc(tensors) -> (refused, message)`. The same requests on every run (derandomized)."""
     statuses: Counter = Counter()
     failing: list[dict] = []
-    model = _served_name(front_url)
+    model = served_name(front_url)
 
     def record(door: str, outcome: str, bad: bool, detail: str) -> None:
         statuses[f"{door} {outcome}"] += 1
@@ -151,7 +151,7 @@ def run(front_url: str, send_grpc: Callable[[dict], tuple[bool, str]], requests:
     return {"requests": sum(statuses.values()), "outcomes": dict(sorted(statuses.items())), "failing": failing}
 
 
-def _served_name(front_url: str) -> str:
+def served_name(front_url: str) -> str:
     """The model name the front serves (`GET /v1/models`)."""
     with urllib.request.urlopen(f"{front_url}/models", timeout=30) as response:
         return json.loads(response.read())["data"][0]["id"]

@@ -26,6 +26,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -40,7 +41,7 @@ from adaflash_server.openai_front import FrontServer
 from adaflash_tools import fuzz as fuzzing
 
 MODELS = ("target", "drafter", "adaflash")  # the model processes the faults scenario kills in turn
-SCENARIOS = ("malformed", "fuzz", "cancellations", "overload", "soak", "faults")
+SCENARIOS = ("malformed", "fuzz", "huge_bodies", "cancellations", "overload", "soak", "faults")
 CANARY = "The canary: greedy, the same answer every time."
 PROMPTS = [f"Request {i}: {w}" for i, w in enumerate(
     ["def fibonacci(n):", "Translate to French: good morning", "Summarise: the cat sat on the mat.",
@@ -509,6 +510,48 @@ def fuzz(server: TritonServer, scale: Scale) -> dict:
                      "passed": not result["failing"] and idle_s is not None and served_after}
 
 
+def huge_bodies(server: TritonServer, scale: Scale) -> dict:
+    """Bodies far over the OpenAI endpoint's limit (one of 20 MB; twenty of 1 MB at once) while a 16-token completion
+    runs on a connection of its own: each refused with 413, the completion answered meanwhile. The seconds are
+    figures for the report (the machine's load moves them), not pass criteria."""
+    front = FrontServer(server.grpc_url, "127.0.0.1", free_ports(1)[0], max_request_bytes=512 * 1024).start()
+    try:
+        model = fuzzing.served_name(front.url)
+        small = json.dumps({"model": model, "prompt": "hello", "max_tokens": 16, "temperature": 0}).encode()
+        fuzzing.send_openai(front.url, "completions", small)  # the first call's set-up
+        alone = []
+        for _ in range(3):
+            started = time.monotonic()
+            fuzzing.send_openai(front.url, "completions", small)
+            alone.append(time.monotonic() - started)
+        cases = {"one 20 MB body": [20_000_000], "twenty 1 MB bodies at once": [1_000_000] * 20}
+        rows = {name: _refused_beside_a_completion(front.url, model, sizes, small) for name, sizes in cases.items()}
+    finally:
+        front.stop()
+    served_after = bool(canary(server, 4))
+    passed = served_after and all(r["refused_413"] == r["bodies"] and r["completion_status"] == 200
+                                  for r in rows.values())
+    return {"completion_alone_s": round(sorted(alone)[1], 3), "cases": rows, "served_after": served_after,
+            "passed": passed}
+
+
+def _refused_beside_a_completion(url: str, model: str, sizes: list[int], small: bytes) -> dict:
+    def timed(body: bytes) -> tuple[int | None, float]:
+        started = time.monotonic()
+        status, _ = fuzzing.send_openai(url, "completions", body)
+        return status, time.monotonic() - started
+
+    bodies = [json.dumps({"model": model, "prompt": "x" * size, "max_tokens": 16}).encode() for size in sizes]
+    with ThreadPoolExecutor(len(bodies) + 1) as pool:
+        refusals = [pool.submit(timed, body) for body in bodies]
+        time.sleep(0.05)
+        completion = pool.submit(timed, small).result()
+        refused = [f.result() for f in refusals]
+    return {"bodies": len(bodies), "refused_413": sum(status == 413 for status, _ in refused),
+            "slowest_refusal_s": round(max(s for _, s in refused), 3), "completion_status": completion[0],
+            "completion_s": round(completion[1], 3)}
+
+
 def _malformed_row(case: Malformed, protocol: str, refused: bool, status: int | None, message: str) -> dict:
     """Our models refuse with `INVALID_ARGUMENT: <field>: ...` (HTTP 400). Triton refuses some requests
     before any model sees them: a wrong data type or shape over gRPC (naming the input), and over HTTP a
@@ -706,7 +749,7 @@ def memory_growth(samples: list[tuple[float, dict[str, int]]], warmup_s: float) 
 # Running the suite -----------------------------------------------------------------------------------------
 
 SCENARIO_FUNCTIONS: dict[str, Callable[[TritonServer, Scale], dict]] = {
-    "malformed": malformed, "fuzz": fuzz, "cancellations": cancellations, "overload": overload, "soak": soak, "faults": faults}
+    "malformed": malformed, "fuzz": fuzz, "huge_bodies": huge_bodies, "cancellations": cancellations, "overload": overload, "soak": soak, "faults": faults}
 
 
 @dataclass
