@@ -78,6 +78,8 @@ def test_a_server_left_by_a_launcher_of_the_same_state_folder_is_stopped(tmp_pat
     shutil.copy(shutil.which("sleep"), binary)
     left = subprocess.Popen([str(binary), "600"], start_new_session=True)
     try:
+        cmdline = Path("/proc") / str(left.pid) / "cmdline"
+        wait_until(lambda: cmdline.read_bytes().startswith(str(binary).encode()), 10, "the program to start")
         (tmp_path / PID_FILE).write_text(f"{left.pid}\n")
         assert clear_stale_server(tmp_path) == left.pid
         assert left.wait(10) == -signal.SIGKILL

@@ -16,6 +16,7 @@ import triton_python_backend_utils as pb_utils
 
 from adaflash.serving.threads import exit_with_server, spin_target_threads
 
+exit_with_server()  # first: a server killed while this process still loads takes it along
 spin_target_threads()  # before torch loads: the target's threads, when it runs here (else this process uses one)
 
 import torch  # noqa: E402
@@ -67,7 +68,6 @@ class TritonStream:
 
 class TritonPythonModel:
     def initialize(self, args):
-        exit_with_server()
         params = protocol.model_parameters(json.loads(args["model_config"]))
         self.target = None
         if params["target_in_orchestrator"] == "True":

@@ -13,13 +13,16 @@ import os
 
 import triton_python_backend_utils as pb_utils
 
-from adaflash.models.backends import on_backend
-from adaflash.models.drafter import DFlashDrafter
-from adaflash.models.target import TokenHeads
-from adaflash.serving import protocol
-from adaflash.serving.protocol import Op
-from adaflash.serving.slots import DrafterSlots, OccupancyReporter
 from adaflash.serving.threads import exit_with_server
+
+exit_with_server()  # first: a server killed while this process still loads takes it along
+
+from adaflash.models.backends import on_backend  # noqa: E402
+from adaflash.models.drafter import DFlashDrafter  # noqa: E402
+from adaflash.models.target import TokenHeads  # noqa: E402
+from adaflash.serving import protocol  # noqa: E402
+from adaflash.serving.protocol import Op  # noqa: E402
+from adaflash.serving.slots import DrafterSlots, OccupancyReporter  # noqa: E402
 
 
 def _inputs(request):
@@ -38,7 +41,6 @@ def _occupancy_gauge(model):
 
 class TritonPythonModel:
     def initialize(self, args):
-        exit_with_server()
         params = protocol.model_parameters(json.loads(args["model_config"]))
         weights = os.path.join(args["model_repository"], args["model_version"], "weights")
         place = protocol.model_placement(params, args["model_instance_kind"], args["model_instance_device_id"])

@@ -10,6 +10,7 @@ import triton_python_backend_utils as pb_utils
 
 from adaflash.serving.threads import exit_with_server, spin_target_threads
 
+exit_with_server()  # first: a server killed while this process still loads takes it along
 spin_target_threads()  # before torch loads: the target's idle OpenMP threads spin briefly instead of sleeping
 
 from adaflash.serving import protocol  # noqa: E402
@@ -38,7 +39,6 @@ def _occupancy_gauge(model):
 
 class TritonPythonModel:
     def initialize(self, args):
-        exit_with_server()
         params = protocol.model_parameters(json.loads(args["model_config"]))
         place = protocol.model_placement(params, args["model_instance_kind"], args["model_instance_device_id"])
         # The orchestrator's planner asks for the cost table (Op.COSTS) before its first step.
