@@ -438,6 +438,19 @@ def render_reliability(rec: dict, name: str) -> list[str]:
         rows.append(["malformed input", "pass" if m["passed"] else "**fail**",
                      f"{m['kinds']} kinds, {m['requests']} requests, {len(m['failing'])} failing" +
                      (f" ({by})" if by else "")])
+    if "fuzz" in sc:
+        z = sc["fuzz"]
+        by = "; ".join(f"{k} {v:,}" for k, v in z["outcomes"].items())
+        rows.append(["fuzz", "pass" if z["passed"] else "**fail**",
+                     f"{z['requests']:,} generated requests ({by}); {len(z['failing'])} server errors or hangs; "
+                     f"idle {z['idle_after_s']} s after; served after: {'yes' if z['served_after'] else 'NO'}"])
+    if "huge_bodies" in sc:
+        h = sc["huge_bodies"]
+        cases = "; ".join(f"{name}: {c['refused_413']}/{c['bodies']} refused with 413, the slowest in "
+                          f"{c['slowest_refusal_s']:.3f} s, a 16-token completion meanwhile {c['completion_s']:.3f} s"
+                          for name, c in h["cases"].items())
+        rows.append(["huge bodies", "pass" if h["passed"] else "**fail**",
+                     f"{cases} (alone: {h['completion_alone_s']:.3f} s)"])
     if "soak" in sc:
         s = sc["soak"]
         growth = "; ".join(f"{p} {g['growth'] * 100:+.2f}%" for p, g in s["memory_kib_after_warmup_and_at_end"].items())
