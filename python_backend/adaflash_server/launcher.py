@@ -55,6 +55,12 @@ PID_FILE = "tritonserver.pid"  # in the state folder: the server a launcher star
 # sends a child its parent-death signal when the *thread* that forked it ends, so a server forked by the healer's
 # thread would be killed when that thread ended, and one forked by a thread that lives on would outlive the launcher.
 _SPAWNER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tritonserver-spawner")
+# A watchdog process per server (`_watch`): while the launcher ($1) and the server ($2) live it waits; once either is
+# gone it kills what is left of the server's process group, its model processes. A process of its own, because a
+# model process whose server died can be stuck holding its interpreter's lock, where no thread of its own could act.
+# (A launcher that lives cleans the same group up itself; the group's id stays taken while any member lives.)
+_WATCHDOG = ('while kill -0 "$1" 2>/dev/null && kill -0 "$2" 2>/dev/null; do sleep 0.5; done; '
+             'kill -9 "-$2" 2>/dev/null')  # dash's kill takes no "--"
 
 
 class TritonServerError(RuntimeError):
@@ -382,23 +388,31 @@ def _kill_group(pgid: int, wait_s: float = 10.0) -> None:
     except ProcessLookupError:
         return  # the usual case: everything already exited
     deadline = time.monotonic() + wait_s
-    while _group_members(pgid) and time.monotonic() < deadline:
+    while group_members(pgid) and time.monotonic() < deadline:
         time.sleep(_POLL_INTERVAL_S / 10)
 
 
 def _die_with_parent(launcher_pid: int):
     """The child's first step after fork: SIGKILL when the launcher ends, however it ends (an OOM kill, a crash, a
-    supervisor's SIGKILL), so no server is left serving unsupervised. Its Python stub processes end when they find
-    their server gone. Linux only; elsewhere nothing is set."""
+    supervisor's SIGKILL), so no server is left serving unsupervised; its model processes go with its process group
+    (`_watch`). Linux only; elsewhere nothing is set. libc's `prctl` is looked up here, in the launcher: after
+    a fork in a threaded process the child should do no more than call it."""
+    prctl = getattr(ctypes.CDLL(None), "prctl", None) if sys.platform == "linux" else None
+
     def set_signal() -> None:
-        try:
-            libc = ctypes.CDLL(None, use_errno=True)
-            libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-        except (OSError, AttributeError):
+        if prctl is None:
             return
+        prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
         if os.getppid() != launcher_pid:  # the launcher ended between the fork and the prctl
             os._exit(1)
     return set_signal
+
+
+def _watch(server_pid: int) -> subprocess.Popen:
+    """The watchdog of a server this process started (`_WATCHDOG`), in a session of its own."""
+    return subprocess.Popen(["sh", "-c", _WATCHDOG, "adaflash-watchdog", str(os.getpid()), str(server_pid)],
+                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
 
 
 def clear_stale_server(state_dir: Path) -> int | None:
@@ -417,11 +431,11 @@ def clear_stale_server(state_dir: Path) -> int | None:
         return None
     print(f"a tritonserver this state folder's launcher left (pid {pid}) is still running: stopping it",
           file=sys.stderr, flush=True)
-    _kill_group(os.getpgid(pid))
+    _kill_group(pid)  # it leads its own process group (a session of its own), its model processes in it
     return pid
 
 
-def _group_members(pgid: int) -> list[int]:
+def group_members(pgid: int) -> list[int]:
     """Live (not zombie) processes of a process group (Linux: read from /proc)."""
     members = []
     for proc in Path("/proc").iterdir():
@@ -449,6 +463,7 @@ class TritonServer:
         self.config = _with_ports(replace(config, state_dir=Path(state_dir)))
         self.client_tls = own_client_tls(self.config)  # how the server's own clients reach its gRPC endpoint
         self._process: subprocess.Popen | None = None  # set while started and not yet cleaned up
+        self._watchdog: subprocess.Popen | None = None  # the started server's (`_watch`)
         self._healer: Healer | None = None
         self._log: IO[bytes] | None = None
         # After a drain: Triton still counts requests in flight that the orchestrator has ended (cancelled
@@ -509,6 +524,7 @@ class TritonServer:
                                         env=server_env(root), start_new_session=True,
                                         preexec_fn=_die_with_parent(os.getpid())).result()
         (self.config.state_dir / PID_FILE).write_text(f"{self._process.pid}\n")
+        self._watchdog = _watch(self._process.pid)
         try:
             self._wait_ready()
         except BaseException:  # also Ctrl-C during a long model load: never leave a server behind
@@ -638,6 +654,10 @@ class TritonServer:
             return
         _kill_group(self._process.pid)  # once, right after the exit: the group id is still ours
         (self.config.state_dir / PID_FILE).unlink(missing_ok=True)
+        if self._watchdog is not None:
+            self._watchdog.kill()
+            self._watchdog.wait()
+            self._watchdog = None
         self._process = None
         self._log.close()
         if self._owns_state_dir:

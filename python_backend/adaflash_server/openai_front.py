@@ -55,7 +55,7 @@ from tritonclient.utils import InferenceServerException, np_to_triton_dtype
 from adaflash.models.chat_template import ChatTemplate, load_chat_template
 from adaflash.models.tokenizer import load_tokenizer
 from adaflash.cli_args import byte_size
-from adaflash.decoding.limits import Limits
+from adaflash.decoding.limits import check_prompt_text
 from adaflash.serving.api import Detokenizer, longest_token, prompt_characters, prompt_ids
 from adaflash.serving.protocol import ENTRY
 from adaflash_contract.connection import (
@@ -139,8 +139,7 @@ class Target:
         if self.max_prompt_tokens is None or not self.longest_token:
             return None
         try:
-            Limits(0, 0, 0, max_prompt_tokens=self.max_prompt_tokens).check_prompt_text(prompt_characters(values),
-                                                                                        self.longest_token)
+            check_prompt_text(prompt_characters(values), self.longest_token, self.max_prompt_tokens)
         except RequestError as exc:
             return exc.message
         return None

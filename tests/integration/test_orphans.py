@@ -16,7 +16,7 @@ import pytest
 from helpers import wait_until
 from test_launcher_served import port_is_free
 
-from adaflash_server.launcher import PID_FILE, clear_stale_server, free_ports
+from adaflash_server.launcher import PID_FILE, clear_stale_server, free_ports, group_members
 
 GONE_S = 5.0  # the issue's bound: no process of the server left, ports free
 
@@ -35,20 +35,6 @@ def _serve(state: Path) -> tuple[subprocess.Popen, list[int]]:
     return launcher, ports
 
 
-def _group(pgid: int) -> list[int]:
-    """Live processes of a process group (the server and its Python stubs share the server's)."""
-    out = []
-    for proc in Path("/proc").iterdir():
-        if proc.name.isdigit():
-            try:
-                state, _, pgrp = (proc / "stat").read_text().rsplit(")", 1)[1].split()[:3]
-            except (OSError, ValueError):
-                continue
-            if int(pgrp) == pgid and state != "Z":
-                out.append(int(proc.name))
-    return out
-
-
 def _pid_file(state: Path) -> Path:
     found = list(state.rglob(PID_FILE))
     assert found, f"no {PID_FILE} under {state}"
@@ -59,14 +45,14 @@ def _pid_file(state: Path) -> Path:
 def test_the_server_ends_with_its_launcher(tmp_path, ending):
     launcher, ports = _serve(tmp_path)
     server = int(_pid_file(tmp_path).read_text())
-    assert len(_group(server)) >= 2, "the server and its model processes"
+    assert len(group_members(server)) >= 2, "the server and its model processes"
     if ending == "sigterm-then-sigkill":
         launcher.send_signal(signal.SIGTERM)
         time.sleep(1.0)
     killed = time.monotonic()
     launcher.kill()
     launcher.wait()
-    wait_until(lambda: not _group(server), GONE_S, "every process of the server to end")
+    wait_until(lambda: not group_members(server), GONE_S, "every process of the server to end")
     wait_until(lambda: all(port_is_free(p) for p in ports), GONE_S - (time.monotonic() - killed) + 1.0,
                "the ports to be free")
 
@@ -104,5 +90,5 @@ def test_the_server_a_healing_restart_starts_ends_with_its_launcher(tmp_path):
     second = int(pid_file.read_text())
     launcher.kill()
     launcher.wait()
-    wait_until(lambda: not _group(second) and not _group(first), GONE_S, "every process of both servers to end")
+    wait_until(lambda: not group_members(second) and not group_members(first), GONE_S, "every process of both servers to end")
     wait_until(lambda: all(port_is_free(p) for p in ports), GONE_S, "the ports to be free")

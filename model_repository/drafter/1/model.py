@@ -13,16 +13,12 @@ import os
 
 import triton_python_backend_utils as pb_utils
 
-from adaflash.serving.threads import exit_with_server
-
-exit_with_server()  # first: a server killed while this process still loads takes it along
-
-from adaflash.models.backends import on_backend  # noqa: E402
-from adaflash.models.drafter import DFlashDrafter  # noqa: E402
-from adaflash.models.target import TokenHeads  # noqa: E402
-from adaflash.serving import protocol  # noqa: E402
-from adaflash.serving.protocol import Op  # noqa: E402
-from adaflash.serving.slots import DrafterSlots, OccupancyReporter  # noqa: E402
+from adaflash.models.backends import on_backend
+from adaflash.models.drafter import DFlashDrafter
+from adaflash.models.target import TokenHeads
+from adaflash.serving import protocol
+from adaflash.serving.protocol import Op
+from adaflash.serving.slots import DrafterSlots, OccupancyReporter
 
 
 def _inputs(request):

@@ -8,9 +8,8 @@ import json
 
 import triton_python_backend_utils as pb_utils
 
-from adaflash.serving.threads import exit_with_server, spin_target_threads
+from adaflash.serving.threads import spin_target_threads
 
-exit_with_server()  # first: a server killed while this process still loads takes it along
 spin_target_threads()  # before torch loads: the target's idle OpenMP threads spin briefly instead of sleeping
 
 from adaflash.serving import protocol  # noqa: E402

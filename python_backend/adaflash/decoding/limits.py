@@ -50,14 +50,8 @@ class Limits:
         r.sampling.validate()
 
     def check_prompt_text(self, characters: int, longest_token: int) -> None:
-        """Refuse a prompt by its characters, before it is tokenised, where that is enough: no token holds more
-        than `longest_token` characters (the tokenizer's longest), so more characters than that many times the
-        limit are more tokens than the limit. One huge request is then refused in no time, without tokenising it
-        (which would hold the loop that serves the others); a prompt under the bound is counted in tokens."""
-        most = self.max_prompt_tokens
-        if most is not None and characters > most * max(longest_token, 1):
-            raise RequestError("text_input", f"prompt of {characters} characters exceeds the limit of {most} tokens "
-                                             f"(a token of this tokenizer holds at most {longest_token} characters)")
+        """`check_prompt_text` against this limit."""
+        check_prompt_text(characters, longest_token, self.max_prompt_tokens)
 
     def _check_prompt(self, ids: list[int]) -> None:
         if not ids:
@@ -79,3 +73,13 @@ class Limits:
             raise RequestError("max_tokens", f"the prompt and {r.max_tokens} new tokens need "
                                              f"{self.pages_for(r) * self.page} cache positions, the cache holds "
                                              f"{self.paging.pages * self.page}")
+
+
+def check_prompt_text(characters: int, longest_token: int, max_prompt_tokens: int | None) -> None:
+    """Refuse a prompt by its characters, before it is tokenised, where that is enough: no token holds more than
+    `longest_token` characters (the tokenizer's longest), so more characters than that many times the limit are more
+    tokens than the limit. One huge request is then refused in no time, without tokenising it (which would hold the
+    loop that serves the others); a prompt under the bound is counted in tokens. RequestError naming text_input."""
+    if max_prompt_tokens is not None and characters > max_prompt_tokens * max(longest_token, 1):
+        raise RequestError("text_input", f"prompt of {characters} characters exceeds the limit of {max_prompt_tokens} "
+                                         f"tokens (a token of this tokenizer holds at most {longest_token} characters)")

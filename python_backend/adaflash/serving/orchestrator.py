@@ -21,6 +21,7 @@ from functools import partial
 from typing import Protocol
 
 from adaflash.decoding.backend import BackendError
+from adaflash.decoding.costs import CostModel
 from adaflash.decoding.limits import Limits
 from adaflash.decoding.scheduler import Scheduler
 from adaflash.decoding.sequence import Sequence
@@ -250,6 +251,6 @@ def build_orchestrator(params: dict[str, str], call: Call, newest_drafter: Calla
         params["default_spec_mode"]), text, admission, metrics, pacing, later, fetch_costs, log)
 
 
-async def _fetch_costs(call: Call):
+async def _fetch_costs(call: Call) -> CostModel:
     """The target's cost table, measured where its forwards run (a server without a drafter needs none)."""
     return protocol.decode_cost_table(await call(protocol.TARGET, protocol.encode_costs_call()))

@@ -1,5 +1,4 @@
-"""The serving processes' own threads: OpenMP wait settings (idle threads sleep at once, the target's spin briefly),
-and a watch that ends a model process with its server.
+"""OpenMP wait settings of the serving processes: idle threads sleep at once, the target's spin briefly.
 
 In the core (no Triton import) because both sides need it: the launcher sets the environment
 of every model process, and the target model applies its share before torch loads.
@@ -8,10 +7,6 @@ of every model process, and the target model applies its share before torch load
 from __future__ import annotations
 
 import os
-import threading
-import time
-
-PARENT_WATCH_S = 0.5  # how often a model process looks whether its server still runs
 
 # The target's idle OpenMP threads spin this many iterations before they sleep (docs/history.md, round 18: how long).
 TARGET_SPIN_COUNT = 30_000
@@ -42,19 +37,3 @@ def spin_target_threads() -> None:
     if spin is not None:
         os.environ.pop("OMP_WAIT_POLICY", None)
         os.environ["GOMP_SPINCOUNT"] = spin
-
-
-def exit_with_server(interval_s: float = PARENT_WATCH_S) -> threading.Thread:
-    """End this model process once the server that started it is gone (it is then reparented): a stub whose server
-    was killed otherwise lives on, holding its memory and the target's threads, since its own threads keep it from
-    exiting. The launcher's servers die with the launcher (`adaflash_server.launcher`), so nothing outlives it."""
-    server = os.getppid()
-
-    def watch() -> None:
-        while os.getppid() == server:
-            time.sleep(interval_s)
-        os._exit(0)
-
-    thread = threading.Thread(target=watch, name="adaflash-server-watch", daemon=True)
-    thread.start()
-    return thread
