@@ -31,11 +31,17 @@ import sys
 import tempfile
 import time
 import urllib.request
+from collections.abc import Iterator
 from contextlib import ExitStack
 from dataclasses import dataclass, replace
 from pathlib import Path
 from statistics import median
 
+import queue
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+import tritonclient.grpc as grpcclient
 import tritonclient.grpc.aio as grpcaio
 
 from adaflash.cli_args import csv_list
@@ -43,7 +49,7 @@ from adaflash.decoding.costs import CostModel, measure_costs
 from adaflash.decoding.engine import Engine
 from adaflash_contract.modes import MODE_NAMES
 from adaflash.decoding.sequence import Request, Sequence
-from adaflash.evaluation.prompts import load_prompts
+from adaflash.evaluation.prompts import PACKAGED_DATA, eval_prompts, load_prompts
 from adaflash.models.bundle import Bundle, load_bundle
 from adaflash.serving.pacing import response_rate
 from adaflash_server.repository import RepositoryConfig, build_repository, tiny_model_dir
@@ -56,6 +62,11 @@ REPOSITORY = RepositoryConfig(max_active=64, max_batch_size=64, max_len=1024, ma
                               max_output_tokens=600)
 # Where the served target runs: the `target` model of its own, or in the orchestrator's process.
 LAYOUTS = {"own": False, "orchestrator": True}
+# How the served path's client talks: tritonclient's asyncio client with a gRPC stream per request (all users in one
+# event loop); its sync client as a script or a Locust user writes it, a thread per user, with a new stream
+# (`start_stream` .. `stop_stream`) per request, or with one stream per user that carries all its requests.
+CLIENTS = ("aio", "new-stream", "reused-stream")
+STREAM_DEADLINE_S = 300.0  # a request's final response comes in this long or the run fails
 CALLS = re.compile(r'^adaflash_model_call(s|_sequences)_total\{model="([^"]+)",op="([^"]+)"\} (\S+)$', re.M)
 
 
@@ -79,6 +90,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--modes", type=csv_list(str), default=["ar", "adaflash"], help=f"of {', '.join(MODE_NAMES)}")
     p.add_argument("--concurrency", type=csv_list(int), default=[1, 8, 32, 64], help="comma-separated concurrencies")
     p.add_argument("--prompts", type=Path, help="JSON lines with `prompt` (default: the packaged sample prompts)")
+    p.add_argument("--eval-domains", type=csv_list(str), help="instead of --prompts: the evaluation sets of these "
+                   "domains (e.g. code,math,chat) under --eval-data, --per-domain prompts each")
+    p.add_argument("--eval-data", type=Path, default=PACKAGED_DATA, help="data folder with eval/ (default: packaged)")
+    p.add_argument("--per-domain", type=int, default=16)
+    p.add_argument("--clients", type=csv_list(str), default=["aio"], help=f"of {', '.join(CLIENTS)}: a served run "
+                   "each, in turn, per round")
     p.add_argument("--requests-per-user", type=int, default=2, help="prompts per run: this many per concurrent user, "
                    "at least --min-requests")
     p.add_argument("--min-requests", type=int, default=16)
@@ -95,6 +112,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if unknown := set(args.layouts) - set(LAYOUTS):
         p.error(f"--layouts: unknown {', '.join(sorted(unknown))}")
+    if unknown := set(args.clients) - set(CLIENTS):
+        p.error(f"--clients: unknown {', '.join(sorted(unknown))}")
     return args
 
 
@@ -127,7 +146,8 @@ def run_in_process(engine: Engine, bundle: Bundle, prompts: list[str], mode: str
     wall = time.perf_counter() - start
     return PathRun(texts=[bundle.tokenizer.decode(s.output) for s in seqs],
                    tokens_per_s=sum(len(s.output) for s in seqs) / wall,
-                   tau=mean([t for t in map(sequence_tau, seqs) if t is not None]))
+                   tau=mean([t for t in map(sequence_tau, seqs) if t is not None]),
+                   mean_ttft_ms=mean([(s.first_token_at - s.admitted_at) * 1000 for s in seqs]))
 
 
 @dataclass
@@ -139,30 +159,43 @@ class Served:
     responses: int
 
 
+def served_of(responses: list[grpcclient.InferResult], start: float, first_at: float | None) -> Served:
+    """A request's figures from its responses in order (`first_at`: when the first one with text came)."""
+    text, tokens, steps, count = [], 0, 0, 0
+    for result in responses:
+        chunk = parse_chunk(result)
+        if chunk is not None:
+            count += 1
+            text.append(chunk.text)
+            tokens = chunk.num_output_tokens
+            steps += len(chunk.accepted_per_step)
+    return Served("".join(text), tokens, None if first_at is None else first_at - start, steps, count)
+
+
+def has_text(result: grpcclient.InferResult) -> bool:
+    chunk = parse_chunk(result)
+    return chunk is not None and bool(chunk.text)
+
+
 async def one_request(client: grpcaio.InferenceServerClient, prompt: str, params: GenerationParams) -> Served:
     """One streaming request on a gRPC stream of its own, read to its final response."""
     async def requests():
         yield {"model_name": "adaflash", "inputs": build_inputs(prompt, params, stream=True)}
 
-    start, ttft, text, tokens, steps, responses = time.perf_counter(), None, [], 0, 0, 0
+    start, first_at, results = time.perf_counter(), None, []
     async for result, error in client.stream_infer(requests()):
         if error is not None:
             raise GenerationError.from_triton(error)
-        chunk = parse_chunk(result)
-        if chunk is not None:
-            responses += 1
-            ttft = ttft if ttft is not None or not chunk.text else time.perf_counter() - start
-            text.append(chunk.text)
-            tokens = chunk.num_output_tokens
-            steps += len(chunk.accepted_per_step)
+        results.append(result)
+        if first_at is None and has_text(result):
+            first_at = time.perf_counter()
         if is_final(result):
             break
-    return Served("".join(text), tokens, ttft, steps, responses)
+    return served_of(results, start, first_at)
 
 
-async def run_grpc(url: str, prompts: list[str], mode: str, max_tokens: int, concurrency: int) -> PathRun:
-    """`concurrency` users, each sending its next prompt when the last one finished; texts in prompt order."""
-    params = GenerationParams(max_tokens=max_tokens, spec_mode=mode)
+async def run_aio(url: str, prompts: list[str], params: GenerationParams, concurrency: int) -> list[Served]:
+    """`concurrency` users in one event loop, each sending its next prompt when the last one finished."""
     client = grpcaio.InferenceServerClient(url)
     results: list[Served | None] = [None] * len(prompts)
     todo = iter(range(len(prompts)))
@@ -172,16 +205,75 @@ async def run_grpc(url: str, prompts: list[str], mode: str, max_tokens: int, con
             results[i] = await one_request(client, prompts[i], params)
 
     try:
-        cpu0, start = time.process_time(), time.perf_counter()
         await asyncio.gather(*(user() for _ in range(concurrency)))
-        wall, cpu = time.perf_counter() - start, time.process_time() - cpu0
     finally:
         await client.close()
+    return results
+
+
+def sync_user(url: str, prompts: list[str], params: GenerationParams, todo: Iterator[int], lock: threading.Lock,
+              results: list[Served | None], reuse: bool) -> None:
+    """One user of tritonclient's sync client: its prompts one after the other, a new stream for each (`reuse`
+    False) or all on one stream, each read to its final response."""
+    client = grpcclient.InferenceServerClient(url)
+    responses: queue.SimpleQueue = queue.SimpleQueue()
+    on_response = lambda result, error: responses.put((result, error))  # noqa: E731 - the stream's callback
+    try:
+        if reuse:
+            client.start_stream(on_response)
+        while (i := _next(todo, lock)) is not None:
+            start = time.perf_counter()
+            if not reuse:
+                client.start_stream(on_response)
+            client.async_stream_infer("adaflash", build_inputs(prompts[i], params, stream=True), request_id=str(i),
+                                      enable_empty_final_response=True)
+            got, first_at = [], None
+            while not got or not is_final(got[-1]):
+                result, error = responses.get(timeout=STREAM_DEADLINE_S)
+                if error is not None:
+                    raise GenerationError.from_triton(error)
+                got.append(result)
+                if first_at is None and has_text(result):
+                    first_at = time.perf_counter()
+            results[i] = served_of(got, start, first_at)
+            if not reuse:
+                client.stop_stream()
+        if reuse:
+            client.stop_stream()
+    finally:
+        client.close()
+
+
+def _next(todo: Iterator[int], lock: threading.Lock) -> int | None:
+    with lock:
+        return next(todo, None)
+
+
+def run_sync(url: str, prompts: list[str], params: GenerationParams, concurrency: int, reuse: bool) -> list[Served]:
+    results: list[Served | None] = [None] * len(prompts)
+    todo, lock = iter(range(len(prompts))), threading.Lock()
+    with ThreadPoolExecutor(concurrency) as pool:
+        for f in [pool.submit(sync_user, url, prompts, params, todo, lock, results, reuse) for _ in range(concurrency)]:
+            f.result()
+    return results
+
+
+async def run_grpc(url: str, prompts: list[str], mode: str, max_tokens: int, concurrency: int,
+                   client: str = "aio") -> PathRun:
+    """`concurrency` users of `client` (CLIENTS), each sending its next prompt when the last one finished; texts in
+    prompt order."""
+    params = GenerationParams(max_tokens=max_tokens, spec_mode=mode)
+    cpu0, start = time.process_time(), time.perf_counter()
+    if client == "aio":
+        results = await run_aio(url, prompts, params, concurrency)
+    else:
+        results = await asyncio.to_thread(run_sync, url, prompts, params, concurrency, client == "reused-stream")
+    wall, cpu = time.perf_counter() - start, time.process_time() - cpu0
     return PathRun(texts=[r.text for r in results], tokens_per_s=sum(r.tokens for r in results) / wall,
-                  tau=mean([(r.tokens - 1) / r.steps for r in results if r.steps]),
-                  mean_ttft_ms=mean([r.ttft_s * 1000 for r in results if r.ttft_s is not None]),
-                  tokens_per_response=sum(r.tokens for r in results) / sum(r.responses for r in results),
-                  client_cpu_share=cpu / wall)
+                   tau=mean([(r.tokens - 1) / r.steps for r in results if r.steps]),
+                   mean_ttft_ms=mean([r.ttft_s * 1000 for r in results if r.ttft_s is not None]),
+                   tokens_per_response=sum(r.tokens for r in results) / sum(r.responses for r in results),
+                   client_cpu_share=cpu / wall)
 
 
 def call_counts(metrics_url: str) -> dict[tuple[str, str], tuple[float, float]]:
@@ -216,10 +308,11 @@ def call_summary(before: dict, after: dict, exec_before: dict, exec_after: dict)
     return out
 
 
-async def served_run(server: TritonServer, prompts: list[str], mode: str, max_tokens: int, c: int) -> PathRun:
+async def served_run(server: TritonServer, prompts: list[str], mode: str, max_tokens: int, c: int,
+                     client: str) -> PathRun:
     """One served run, with the model calls it made."""
     before, exec_before = call_counts(server.metrics_url), executions(server.http_url)
-    served = await run_grpc(server.grpc_url, prompts, mode, max_tokens, c)
+    served = await run_grpc(server.grpc_url, prompts, mode, max_tokens, c, client)
     served.calls = call_summary(before, call_counts(server.metrics_url), exec_before, executions(server.http_url))
     return served
 
@@ -233,8 +326,9 @@ def rotated(layouts: list[str], rep: int) -> list[str]:
 
 async def alternated_runs(servers: dict[str, TritonServer], engine: Engine, bundle: Bundle, prompts: list[str],
                           args: argparse.Namespace) -> list[dict]:
-    """Per mode and concurrency, `reps` rounds of the in-process run and then each layout's served run (`rotated`);
-    a row per layout, its ratio the median of the rounds' (a round's halves run minutes apart at most)."""
+    """Per mode and concurrency, `reps` rounds of the in-process run and then a served run of each layout and client
+    (`rotated`); a row per layout and client, its ratio the median of the rounds' (a round's parts run minutes apart
+    at most)."""
     rows = []
     for mode in args.modes:
         engine.generate([Request(bundle.tokenizer.encode(prompts[0]).ids, WARMUP_TOKENS, mode=mode)])
@@ -243,20 +337,24 @@ async def alternated_runs(servers: dict[str, TritonServer], engine: Engine, bund
         for c in args.concurrency:
             chosen = prompts_for(prompts, c, args.requests_per_user, args.min_requests)
             local: list[PathRun] = []
-            served: dict[str, list[PathRun]] = {layout: [] for layout in servers}
+            paths = [(layout, client) for layout in servers for client in args.clients]
+            served: dict[tuple[str, str], list[PathRun]] = {path: [] for path in paths}
             for rep in range(args.reps):
                 local.append(run_in_process(engine, bundle, chosen, mode, args.max_tokens, c))
-                for layout in rotated(list(servers), rep):
-                    served[layout].append(await served_run(servers[layout], chosen, mode, args.max_tokens, c))
-            for layout, runs in served.items():
-                row = make_row(mode, c, layout, local, runs)
-                print(f"{mode} c={c} target {layout}: in-process {row['in_process_tokens_per_s']} tok/s, gRPC "
-                      f"{row['grpc_tokens_per_s']} tok/s, ratio {row['ratio_grpc_over_in_process']}", flush=True)
+                for layout, client in rotated(paths, rep):
+                    served[layout, client].append(
+                        await served_run(servers[layout], chosen, mode, args.max_tokens, c, client))
+            for (layout, client), runs in served.items():
+                row = make_row(mode, c, layout, client, local, runs)
+                print(f"{mode} c={c} target {layout}, client {client}: in-process {row['in_process_tokens_per_s']} "
+                      f"tok/s, gRPC {row['grpc_tokens_per_s']} tok/s, ratio {row['ratio_grpc_over_in_process']}, "
+                      f"TTFT in-process {row['in_process_mean_ttft_ms']} ms, gRPC {row['grpc_mean_ttft_ms']} ms",
+                      flush=True)
                 rows.append(row)
     return rows
 
 
-def make_row(mode: str, c: int, layout: str, local: list[PathRun], served: list[PathRun]) -> dict:
+def make_row(mode: str, c: int, layout: str, client: str, local: list[PathRun], served: list[PathRun]) -> dict:
     """One output row from paired runs: medians; a concurrency whose texts ever differ reports no speed."""
     equal = all(a.texts == b.texts for a, b in zip(local, served))
     last = served[-1]
@@ -264,12 +362,14 @@ def make_row(mode: str, c: int, layout: str, local: list[PathRun], served: list[
         "mode": mode,
         "concurrency": c,
         "target": layout,
+        "client": client,
         "requests": len(local[0].texts),
         "in_process_tokens_per_s": round(median([r.tokens_per_s for r in local]), 2) if equal else None,
         "grpc_tokens_per_s": round(median([r.tokens_per_s for r in served]), 2) if equal else None,
         "ratio_grpc_over_in_process": round(median([b.tokens_per_s / a.tokens_per_s for a, b in zip(local, served)]),
                                             4) if equal else None,
         "ratios": [round(b.tokens_per_s / a.tokens_per_s, 4) for a, b in zip(local, served)] if equal else None,
+        "in_process_mean_ttft_ms": round(median([r.mean_ttft_ms for r in local]), 2),
         "grpc_mean_ttft_ms": None if last.mean_ttft_ms is None else round(median([r.mean_ttft_ms for r in served]), 2),
         "grpc_tokens_per_response": round(last.tokens_per_response, 2),
         "in_process_tau": None if local[-1].tau is None else round(local[-1].tau, 4),
@@ -296,7 +396,11 @@ def print_table(rows: list[dict]) -> None:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     drafter = args.drafter or None
-    prompts = [p.text[-PROMPT_CHARS:] for p in load_prompts(args.prompts, None)]
+    if args.eval_domains:
+        by_domain = eval_prompts(args.eval_data, args.per_domain)
+        prompts = [p[-PROMPT_CHARS:] for d in args.eval_domains for p in by_domain[d]]
+    else:
+        prompts = [p.text[-PROMPT_CHARS:] for p in load_prompts(args.prompts, None)]
     with tempfile.TemporaryDirectory(prefix="bench-grpc-") as tmp:
         work = Path(tmp)
         model_dir = args.model_dir or tiny_model_dir(work)
@@ -318,7 +422,9 @@ def main(argv: list[str] | None = None) -> int:
                     TritonServer(ServerConfig(model_repository=repo, state_dir=work / f"server-{layout}")))
             rows = asyncio.run(alternated_runs(servers, engine, bundle, prompts, args))
     where = str(args.model_dir) if args.model_dir else "tiny random (seed 0, written to a temp dir)"
-    result = {"model_dir": where, "prompts": str(args.prompts or "packaged sample prompts"),
+    source = (f"evaluation sets {','.join(args.eval_domains)} of {args.eval_data}, {args.per_domain} each"
+              if args.eval_domains else str(args.prompts or "packaged sample prompts"))
+    result = {"model_dir": where, "prompts": source, "clients": args.clients,
               "stream_interval_ms": args.stream_interval_ms, "max_responses_per_s": args.max_responses_per_s,
               "responses_per_s_shared_by_the_streams": response_rate(args.max_responses_per_s),
               "max_tokens": args.max_tokens, "reps": args.reps, "rows": rows}

@@ -224,20 +224,25 @@ def render_peers(rec: dict, name: str) -> list[str]:
 def render_served(rec: dict, name: str) -> list[str]:
     meta = need(rec.get("meta", {}), f"{name}: meta")
     out = [f"**{title(rec, 'served')}.** {meta['machine']}.", ""]
+    clients = {"aio": "asyncio, a stream per request", "new-stream": "sync, a new stream per request",
+               "reused-stream": "sync, one stream reused"}
+    layout = {"orchestrator": "in the orchestrator (default)", "own": "`target` model"}
     for i, run in enumerate(need(rec, name, ("runs",))["runs"]):
         need(run, f"{name}: runs[{i}]", ("command", "commit", "date", "rows"))
         loads = sorted({r["concurrency"] for r in run["rows"]})
-        keys = list(dict.fromkeys((r["mode"], r["target"]) for r in run["rows"]))
-        cell = {(r["mode"], r["target"], r["concurrency"]): r for r in run["rows"]}
-        layout = {"orchestrator": "target in the orchestrator (default)", "own": "`target` model"}
+        keys = list(dict.fromkeys((r["mode"], r["target"], r.get("client", "aio")) for r in run["rows"]))
+        cell = {(r["mode"], r["target"], r.get("client", "aio"), r["concurrency"]): r for r in run["rows"]}
         rows = []
-        for mode, target in keys:
-            row = [f"`{mode}`", layout.get(target, target)]
+        for mode, target, client in keys:
+            row = [f"`{mode}`", layout.get(target, target), clients.get(client, client)]
             for c in loads:
-                r = cell.get((mode, target, c))
+                r = cell.get((mode, target, client, c))
                 row.append("-" if r is None else
                            f"{f2(r['ratio_grpc_over_in_process'])} ({n0(r['grpc_tokens_per_s'])} / "
                            f"{n0(r['in_process_tokens_per_s'])})")
+            first = cell.get((mode, target, client, loads[0]), {})
+            row.append(f"{first['grpc_mean_ttft_ms']:.1f} / {first['in_process_mean_ttft_ms']:.1f}"
+                       if first.get("in_process_mean_ttft_ms") is not None else "-")
             rows.append(row)
         equal = all(r["text_equal"] for r in run["rows"])
         single = [x for r in run["rows"] for x in r.get("ratios", [])]
@@ -245,9 +250,34 @@ def render_served(rec: dict, name: str) -> list[str]:
                 f"{run['max_tokens']} new tokens, {run['prompts']}; served / in-process, median of rounds "
                 f"(served / in-process tok/s); every served text equal to the in-process one: "
                 f"{'yes' if equal else 'NO'}"
-                + (f"; single rounds {min(single):.2f}-{max(single):.2f}" if single else "") + ".", ""]
-        out += table(["mode", "layout"] + [f"c={c}" for c in loads], rows) + [""]
+                + (f"; single rounds {min(single):.2f}-{max(single):.2f}" if single else "")
+                + f". TTFT: mean per request at c={loads[0]}, served (as the client saw it) / in-process (prefill, "
+                  "from the request's admission).", ""]
+        out += table(["mode", "target", "client (tritonclient)"] + [f"c={c}" for c in loads]
+                     + [f"TTFT ms c={loads[0]}"], rows) + [""]
     return out[:-1]
+
+
+# ---------------------------------------------------------------- memory
+
+def render_memory(rec: dict, name: str) -> list[str]:
+    meta = need(rec.get("meta", {}), f"{name}: meta", ("command", "machine", "date", "warm_up"))
+    runs = need(rec, name, ("runs",))["runs"]
+    roles = list(dict.fromkeys(p["role"] for run in runs for p in run["processes"]))
+    cell = {(run["label"], p["role"]): p for run in runs for p in run["processes"]}
+    rows = []
+    for role in roles:
+        row = [role]
+        for run in runs:
+            p = cell.get((run["label"], role))
+            row.append("-" if p is None else f"{p['rss_mib']} / {p['pss_mib']}" + (" (torch)" if p["torch"] else ""))
+        rows.append(row)
+    rows.append(["**all**"] + [f"**{run['total_rss_mib']} / {run['total_pss_mib']}**" for run in runs])
+    notes = "; ".join(f"{run['label']} (`{run['commit']}`): {run['note']}" for run in runs)
+    return [f"**{title(rec, 'memory')}.** {meta['machine']}; `{meta['command']}`, {meta['date']}. Warm-up: "
+            f"{meta['warm_up']}. MiB, RSS / PSS (PSS splits shared pages among the processes mapping them, so its "
+            f"column adds up to what the server holds). {notes}.", ""] + table(
+        ["process"] + [run["label"] for run in runs], rows)
 
 
 # ---------------------------------------------------------------- GPU
@@ -507,6 +537,7 @@ SECTIONS = [  # (anchor, link text, heading, [(record, renderer)])
      [("engine-speed.json", render_engine_speed), ("onnx-drafter.json", render_onnx)]),
     ("peers", "peers", "Peers: other engines on the same models", [("peers.json", render_peers)]),
     ("served", "served", "Served against in-process", [("served.json", render_served)]),
+    ("memory", "memory", "Memory of the server", [("memory.json", render_memory)]),
     ("gpu", "GPU", "GPU: what ran, with which result", [("gpu.json", render_gpu)]),
     ("quality", "quality", "Quality of the default models", [("quality.json", render_quality)]),
     ("capacity", "capacity", "Capacity", [("capacity.json", render_capacity)]),
@@ -575,8 +606,8 @@ def render_headline(records: Path = RECORDS) -> str:
     ours_ada = next(r["tokens_per_s"] for r in peers["rows"] if r["engine"] == "ours" and r["method"].startswith("adaflash"))
     llama = rows_by[("llama.cpp", "plain", "f32")]["tokens_per_s"]
     run = served["runs"][0]
-    by_mode = {m: [r["ratio_grpc_over_in_process"] for r in run["rows"] if r["mode"] == m and r["target"] == "orchestrator"]
-               for m in ("ar", "adaflash")}
+    by_mode = {m: [r["ratio_grpc_over_in_process"] for r in run["rows"] if r["mode"] == m and r["target"] == "orchestrator"
+                   and r.get("client", "aio") != "reused-stream"] for m in ("ar", "adaflash")}
     gate = gpu["gate"]
     gpu_ratios = [c["adaflash_over_best_ratio_of_medians"] for c in gate["cells"]]
     rows = [
@@ -586,7 +617,8 @@ def render_headline(records: Path = RECORDS) -> str:
          f"`{engine['meta']['commit']}`, {engine['meta']['date']}"],
         ["`ar` against llama.cpp f32 plain on the same model, c=1", f"{ours / llama:.2f}x; adaflash {ours_ada / llama:.2f}x",
          "[peers](docs/results.md#peers)", f"`{peers['meta']['commit']}`, {peers['meta']['date']}"],
-        ["served through Triton over in-process, gRPC streams, c=1-64",
+        ["served through Triton over in-process, a gRPC stream per request, "
+         f"c={min(r['concurrency'] for r in run['rows'])}-{max(r['concurrency'] for r in run['rows'])}",
          f"`ar` {_range(by_mode['ar'])}; `adaflash` {_range(by_mode['adaflash'])}", "[served](docs/results.md#served)",
          f"`{run['commit']}`, {run['date']}"],
         [f"adaflash over the best fixed mode on graphed steps, {gate['machine'].split(',')[0]} (open)",

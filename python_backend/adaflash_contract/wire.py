@@ -18,6 +18,8 @@ import numpy as np
 
 from adaflash_contract.errors import RequestError
 
+ENTRY = "adaflash"  # the public model's name: checks, tokenises, runs the step loop, detokenises, streams
+
 # ---------------------------------------------------------------------------------------------
 # Request fields
 

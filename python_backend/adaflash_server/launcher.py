@@ -79,7 +79,7 @@ class ServerConfig:
     http_host: str | None = None  # Triton's HTTP endpoint (no TLS of its own); None: `host`
     tls: ServerTls | None = None  # TLS on the gRPC endpoint
     model_control_mode: str = "explicit"  # lets `load_model` bring in published drafter versions at runtime
-    load_models: list[str] = field(default_factory=lambda: ["*"])  # explicit mode only; ["*"] loads all
+    load_models: list[str] | None = None  # explicit mode only; ["*"] loads all; None: `models_to_load`
     log_file: Path | None = None  # default: <state_dir>/tritonserver.log
     state_dir: Path | None = None  # staged backends (and default log); default: a new temp dir
     extra_args: list[str] = field(default_factory=list)
@@ -157,6 +157,14 @@ def _copy_if_changed(src: str | Path, dst: str | Path) -> None:
         shutil.copy2(src, dst)
 
 
+def _load_models(config: ServerConfig) -> list[str]:
+    if config.load_models is not None or not Path(config.model_repository).is_dir():
+        return config.load_models or ["*"]
+    from adaflash_server.repository import models_to_load
+
+    return models_to_load(config.model_repository)
+
+
 def server_command(server_root: Path, backends: Path, config: ServerConfig) -> list[str]:
     """The tritonserver argv for `config` (ports already resolved)."""
     cmd = [
@@ -165,7 +173,7 @@ def server_command(server_root: Path, backends: Path, config: ServerConfig) -> l
         f"--backend-directory={backends}",
         f"--cache-directory={server_root / 'caches'}",
         f"--model-control-mode={config.model_control_mode}",
-        *(f"--load-model={name}" for name in config.load_models),
+        *(f"--load-model={name}" for name in _load_models(config)),
         f"--grpc-address={config.host}",
         f"--grpc-port={config.grpc_port}",
         *grpc_tls_flags(config.tls),

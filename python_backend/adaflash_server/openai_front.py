@@ -57,7 +57,6 @@ from adaflash.models.tokenizer import load_tokenizer
 from adaflash.cli_args import byte_size
 from adaflash.decoding.limits import check_prompt_text
 from adaflash.serving.api import Detokenizer, longest_token, prompt_characters, prompt_ids
-from adaflash.serving.protocol import ENTRY
 from adaflash_contract.connection import (
     Tls,
     add_connection_arguments,
@@ -68,6 +67,7 @@ from adaflash_contract.connection import (
 )
 from adaflash_contract.errors import INVALID_ARGUMENT, RequestError
 from adaflash_contract.wire import (
+    ENTRY,
     Chunk,
     GenerationError,
     GenerationParams,

@@ -5,6 +5,10 @@ delays, limits, and each model's tensors, written from the declarations in
 `adaflash.serving.protocol`); this fills them and copies the model code. It loads no model: the
 verify/draft cost table of the length policy is measured by the target model when it starts, in
 the process and on the device that run its forwards (or a given table is reused).
+
+The builder's arithmetic needs the core's model modules, which import torch; they are imported where they are
+used, so that importing this module for its options costs no torch. `adaflash serve`'s launcher, which lives as
+long as its server and needs torch for nothing else, builds in a short-lived interpreter (`build_apart`).
 """
 
 from __future__ import annotations
@@ -14,30 +18,21 @@ import json
 import re
 import shutil
 import string
+import subprocess
+import sys
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from adaflash.cli_args import byte_size
 from adaflash_contract.modes import modes_served
-from adaflash.models.bundle import save_bundle, tiny_random_bundle
-from adaflash.models.backends import check_backend
-from adaflash.models.drafter import DEFAULT_BLOCK_SIZE, DrafterConfig
-from adaflash.models.checkpoint import read_config
-from adaflash.models.memory import plan_memory, tokens_for_budget
-from adaflash.models.placement import CPU, Placement, placement
-from adaflash.models.target import TargetConfig
 from adaflash.serving.pacing import AUTO
-from adaflash.serving.protocol import (
-    ENTRY,
-    MODEL_TENSORS,
-    STOCK_CONTRACT,
-    TensorSpec,
-    drafter_models_in,
-    next_drafter_name,
-)
+
+if TYPE_CHECKING:
+    from adaflash.models.placement import Placement
+    from adaflash.serving.protocol import TensorSpec
 
 TEMPLATES = Path(__file__).resolve().parents[2] / "model_repository"
-MODELS = tuple(MODEL_TENSORS)
 # A stock-contract ensemble: one step, the entry model, with TensorRT-LLM's tensors only.
 STOCK_ENSEMBLE = """name: "${name}"
 platform: "ensemble"
@@ -84,6 +79,9 @@ class RepositoryConfig:
     kv_page: int = 64
     target_in_orchestrator: bool = True  # the target's forwards in the orchestrator's process: no `target` model, no
     # round trip per step (served 3-32% faster here: docs/history.md, round 14); False: a `target` model of its own
+    drafter_in_orchestrator: bool = True  # with target_in_orchestrator: the drafter beside the target, sharing its
+    # embedding and LM head, on its thread, in one process (the `drafter` model is written, for `publish-drafter`,
+    # but not loaded: `models_to_load`); False: the `drafter` model of its own
     drafter_backend: str = "torch"  # what runs the drafter's block forward: torch, or onnx (ONNX Runtime; CPU float32,
     # the onnx extra): adaflash.models.backends.DRAFTER_BACKENDS
 
@@ -97,6 +95,11 @@ def build_repository(out_dir: str | Path, model_dir: str | Path, drafter: str | 
     (`protocol.STOCK_CONTRACT`), to try or compare a client against that contract without TensorRT-LLM. Triton
     tells an ensemble's running step nothing of a client's cancellation, so a stream cancelled there runs to its
     end. Not a RepositoryConfig field, so `adaflash serve` has none: its drain stops the `adaflash` model only."""
+    from adaflash.models.backends import check_backend
+    from adaflash.models.drafter import DEFAULT_BLOCK_SIZE
+    from adaflash.models.placement import CPU, placement
+    from adaflash.serving.protocol import MODEL_TENSORS
+
     out_dir, model_dir = Path(out_dir).resolve(), Path(model_dir).resolve()
     cfg = fit_to_context(config or RepositoryConfig(), _target_context(model_dir))
     drafter_dir = model_dir / drafter if drafter else None
@@ -120,8 +123,9 @@ def build_repository(out_dir: str | Path, model_dir: str | Path, drafter: str | 
               "kv_pages": str(kv_pages), "device": place.device.type, "dtype": place.dtype_name, "model_instances": _instances(place),
               "entry_instances": _instances(place) if cfg.target_in_orchestrator else _instances(CPU),
               "drafter_dir": str(drafter_dir or ""), "cost_table": str(cost_path if cost_path.exists() else ""),
-              "idle_us": str(cfg.idle_timeout_s * 1_000_000), "default_spec_mode": default_mode}
-    for name in MODELS:
+              "idle_us": str(cfg.idle_timeout_s * 1_000_000), "default_spec_mode": default_mode,
+              "drafter_in_orchestrator": str(cfg.drafter_in_orchestrator and cfg.target_in_orchestrator)}
+    for name in MODEL_TENSORS:
         if (name == "drafter" and not drafter_dir) or (name == "target" and cfg.target_in_orchestrator):
             continue
         shutil.copytree(TEMPLATES / name, out_dir / name, ignore=shutil.ignore_patterns("__pycache__", ".gitkeep"))
@@ -134,7 +138,22 @@ def build_repository(out_dir: str | Path, model_dir: str | Path, drafter: str | 
     return out_dir
 
 
+def models_to_load(repository: str | Path) -> list[str]:
+    """The models a server of `repository` loads when it starts: all of them, except the `drafter` model where the
+    drafter runs in the orchestrator's process (`drafter_in_orchestrator`); a published `drafter_<n>` is loaded
+    when it is published."""
+    from adaflash_contract.wire import ENTRY
+
+    names = sorted(p.name for p in Path(repository).iterdir() if (p / "config.pbtxt").exists())
+    entry = Path(repository) / ENTRY / "config.pbtxt"
+    here = entry.exists() and re.search(r'key: "drafter_in_orchestrator" value: \{ string_value: "True" \}',
+                                        entry.read_text())
+    return [n for n in names if not (here and n == "drafter")]  # protocol.DRAFTER, whose module imports torch
+
+
 def _write_stock_ensemble(path: Path, max_batch_size: int) -> None:
+    from adaflash.serving.protocol import ENTRY, STOCK_CONTRACT
+
     inputs, outputs = STOCK_CONTRACT
     (path / "1").mkdir(parents=True)
     maps = "\n".join([*(f'      input_map {{ key: "{s.name}" value: "{s.name}" }}' for s in inputs),
@@ -149,6 +168,11 @@ def pages_for_budget(cfg: RepositoryConfig, model_dir: Path, drafter_dir: Path |
     dtype, `models/memory.py`), or 0 (unpaged) when there is no budget or it holds max_active x max_len anyway."""
     if not cfg.kv_cache_memory:
         return 0
+    from adaflash.models.checkpoint import read_config
+    from adaflash.models.drafter import DrafterConfig
+    from adaflash.models.memory import plan_memory, tokens_for_budget
+    from adaflash.models.target import TargetConfig
+
     try:
         budget = byte_size(cfg.kv_cache_memory)
     except argparse.ArgumentTypeError as exc:
@@ -185,6 +209,8 @@ def _tensor_list(specs: tuple[TensorSpec, ...], is_input: bool) -> str:
 
 
 def _tensors(model: str) -> dict[str, str]:
+    from adaflash.serving.protocol import MODEL_TENSORS
+
     inputs, outputs = MODEL_TENSORS[model]
     return {"inputs": _tensor_list(inputs, True), "outputs": _tensor_list(outputs, False)}
 
@@ -196,6 +222,8 @@ SWAP_INVARIANTS = ("hidden_size", "num_target_layers", "target_layer_ids", "bloc
 
 def drafter_models(repository: str | Path) -> list[str]:
     """The drafter models of a repository, oldest first: `drafter`, then each published `drafter_<n>`."""
+    from adaflash.serving.protocol import drafter_models_in
+
     return drafter_models_in(p.name for p in Path(repository).iterdir() if (p / "config.pbtxt").exists())
 
 
@@ -207,6 +235,9 @@ def publish_drafter(repository: str | Path, drafter_dir: str | Path) -> str:
     Only files are written here; the server loads the model when told (`load_model`), and the
     orchestrator sends new requests to the newest ready drafter while running ones keep theirs.
     """
+    from adaflash.models.drafter import DrafterConfig
+    from adaflash.serving.protocol import next_drafter_name
+
     names = drafter_models(repository)
     if not names:
         raise ValueError(f"{repository} has no drafter model to publish beside")
@@ -229,6 +260,8 @@ def publish_drafter(repository: str | Path, drafter_dir: str | Path) -> str:
 
 
 def _target_context(model_dir: Path) -> int:
+    from adaflash.models.target import TargetConfig
+
     return TargetConfig.from_hf(json.loads((model_dir / "target" / "config.json").read_text())).max_position_embeddings
 
 
@@ -237,6 +270,8 @@ def fit_to_context(cfg: RepositoryConfig, context: int) -> RepositoryConfig:
     positions beyond it were never trained, so serving them would silently degrade the text."""
     if cfg.max_prompt_tokens + cfg.max_output_tokens <= context:
         return cfg
+    from adaflash.models.drafter import DEFAULT_BLOCK_SIZE
+
     prompt = min(cfg.max_prompt_tokens, context // 2)
     output = min(cfg.max_output_tokens, context - prompt)
     return replace(cfg, max_prompt_tokens=prompt, max_output_tokens=output,
@@ -245,6 +280,8 @@ def fit_to_context(cfg: RepositoryConfig, context: int) -> RepositoryConfig:
 
 def tiny_model_dir(state_dir: str | Path) -> Path:
     """The seeded tiny random target and drafter written as a model folder (for tests and a first run)."""
+    from adaflash.models.bundle import save_bundle, tiny_random_bundle
+
     path = Path(state_dir) / "models" / "tiny-random"
     if not (path / "drafter" / "config.json").exists():
         save_bundle(tiny_random_bundle(seed=0), path)
@@ -264,6 +301,37 @@ def config_from_arguments(args: argparse.Namespace) -> RepositoryConfig:
     return RepositoryConfig(**{f.name: getattr(args, f.name) for f in fields(RepositoryConfig)})
 
 
+def config_argv(cfg: RepositoryConfig) -> list[str]:
+    """The options of `add_config_arguments` that give `cfg` back (`config_from_arguments`)."""
+    argv = []
+    for f in fields(RepositoryConfig):
+        flag, value = f.name.replace("_", "-"), getattr(cfg, f.name)
+        if isinstance(f.default, bool):
+            argv.append(f"--{flag}" if value else f"--no-{flag}")
+        else:
+            argv.append(f"--{flag}={value}")  # one word: an empty value or a negative number stays this option's
+    return argv
+
+
+def build_apart(out_dir: Path, model_dir: Path | None, drafter: str | None, config: RepositoryConfig,
+                cost_table: Path | None = None) -> tuple[Path, Path]:
+    """`build_repository` in a short-lived interpreter (this module's `main`), on the seeded tiny random models
+    (written beside `out_dir` first) when `model_dir` is None; returns the repository and the model folder.
+
+    Why apart: building imports torch (the device to serve on, the memory plan, the tiny models), and a process
+    keeps what it imported: `adaflash serve`'s launcher would hold torch's memory for as long as its server runs,
+    to use it once. A builder that fails has said why on stderr; its exit status ends the caller too."""
+    source = ["--model-dir", str(model_dir)] if model_dir else ["--tiny-random"]
+    table = ["--cost-table", str(cost_table)] if cost_table else []
+    argv = [sys.executable, "-m", "adaflash_server.repository", str(out_dir), *source, "--drafter", drafter or "",
+            *table, *config_argv(config)]
+    built = subprocess.run(argv, stdout=subprocess.PIPE, text=True)
+    if built.returncode:
+        raise SystemExit(built.returncode)
+    made = json.loads(built.stdout.strip().splitlines()[-1])
+    return Path(made["model_repository"]), Path(made["model_dir"])
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("out_dir", type=Path)
@@ -279,8 +347,11 @@ def main(argv: list[str] | None = None) -> None:
     args = p.parse_args(argv)
     cfg = config_from_arguments(args)
     model_dir = tiny_model_dir(args.out_dir.parent) if args.tiny_random else args.model_dir
-    out = build_repository(args.out_dir, model_dir, args.drafter or None, cfg, args.cost_table,
-                           args.stock_contract_ensemble)
+    try:
+        out = build_repository(args.out_dir, model_dir, args.drafter or None, cfg, args.cost_table,
+                               args.stock_contract_ensemble)
+    except ValueError as exc:
+        raise SystemExit(f"error: {exc}") from None
     print(json.dumps({"model_repository": str(out), "model_dir": str(model_dir)}))
 
 

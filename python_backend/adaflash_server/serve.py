@@ -4,6 +4,10 @@
 Without a model folder it serves `models/default` when that exists, otherwise the seeded
 tiny random models (and says so), so a fresh clone serves something at once. Both commands
 reach the `adaflash` CLI through the `adaflash.commands` entry points (`register`, `register_publish`).
+
+The launcher lives as long as its server and runs no model, so nothing of its own imports torch: the repository is
+built in a short-lived interpreter (`repository.build_apart`); tests/integration/test_resident_served.py holds its
+modules to that.
 """
 
 from __future__ import annotations
@@ -19,7 +23,9 @@ from adaflash_server.launcher import ServerConfig, TritonServer, connect
 from adaflash_server.openai_front import DEFAULT_PORT as OPENAI_PORT
 from adaflash_server.openai_front import FrontServer, add_body_limit_argument
 from adaflash_server.repository import (
+    RepositoryConfig,
     add_config_arguments,
+    build_apart,
     build_repository,
     config_from_arguments,
     drafter_models,
@@ -74,9 +80,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_config_arguments(p)
 
 
-def model_dir_to_serve(model_dir: Path | None, tiny_random: bool, state_dir: Path) -> Path:
-    """`model_dir` when given; else DEFAULT_MODEL_DIR when it holds a target; else the seeded tiny random
-    models (written under `state_dir`), saying so unless they were asked for."""
+def model_dir_to_serve(model_dir: Path | None, tiny_random: bool) -> Path | None:
+    """`model_dir` when given; else DEFAULT_MODEL_DIR when it holds a target; else None: the seeded tiny random
+    models (written under the state folder), saying so unless they were asked for."""
     if model_dir:
         return model_dir
     if not tiny_random and (DEFAULT_MODEL_DIR / "target" / "config.json").exists():
@@ -84,15 +90,15 @@ def model_dir_to_serve(model_dir: Path | None, tiny_random: bool, state_dir: Pat
     if not tiny_random:
         print(f"{DEFAULT_MODEL_DIR} does not exist yet: serving the seeded tiny random models instead "
               "(their text is noise; use --model-dir for real models)", file=sys.stderr, flush=True)
-    return tiny_model_dir(state_dir)
+    return None
 
 
 def run(args: argparse.Namespace) -> int:
-    model_dir = model_dir_to_serve(args.model_dir, args.tiny_random, args.state_dir)
+    model_dir = model_dir_to_serve(args.model_dir, args.tiny_random)
     cfg = config_from_arguments(args)
-    print(f"building the model repository for {model_dir} (the target measures its verify costs when it starts)",
-          flush=True)
-    repo = build_repository(args.state_dir / "model_repository", model_dir, args.drafter or None, cfg, args.cost_table)
+    print(f"building the model repository for {model_dir or 'the seeded tiny random models'} (the target measures "
+          "its verify costs when it starts)", flush=True)
+    repo = build(args.state_dir, model_dir, args.drafter or None, cfg, args.cost_table)
     server = TritonServer(server_config(args, repo))
     server.start()
     api_key = api_key_from_args(args)
@@ -116,6 +122,17 @@ Ctrl-C stops the server.""", flush=True)
     finally:
         if front:
             front.stop()
+
+
+def build(state_dir: Path, model_dir: Path | None, drafter: str | None, cfg: RepositoryConfig,
+          cost_table: Path | None) -> Path:
+    """The model repository under `state_dir` (on the tiny random models when `model_dir` is None): built apart
+    (`build_apart`) so that torch stays out of the launcher, unless this process imported it already (the
+    `adaflash` CLI's own imports), where building here costs nothing more and saves the apart interpreter's start."""
+    out = state_dir / "model_repository"
+    if "torch" not in sys.modules:
+        return build_apart(out, model_dir, drafter, cfg, cost_table)[0]
+    return build_repository(out, model_dir or tiny_model_dir(state_dir), drafter, cfg, cost_table)
 
 
 def server_config(args: argparse.Namespace, repo: Path) -> ServerConfig:

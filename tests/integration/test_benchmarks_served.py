@@ -30,17 +30,20 @@ def script(name: str) -> ModuleType:
 
 def test_bench_grpc_serves_the_engines_texts_on_both_layouts(tmp_path):
     """Its default models (the tiny random ones), two modes at two concurrencies, one round: every served text
-    equals the in-process one (exit 0) on the target as a model of its own and in the orchestrator's process."""
+    equals the in-process one (exit 0) on the target as a model of its own and in the orchestrator's process, read
+    by tritonclient's sync client with a new stream per request and with one stream for all of a user's."""
     out = tmp_path / "grpc.json"
     code = script("bench_grpc").main(["--modes", "ar,adaflash", "--concurrency", "1,2", "--min-requests", "2",
                                       "--requests-per-user", "1", "--max-tokens", "8", "--reps", "1",
-                                      "--json", str(out)])
+                                      "--clients", "new-stream,reused-stream", "--json", str(out)])
     report = json.loads(out.read_text())
     assert code == 0
     assert {"model_dir", "prompts", "stream_interval_ms", "max_responses_per_s", "max_tokens", "reps",
             "rows"} <= report.keys()
-    assert [(r["mode"], r["concurrency"], r["target"]) for r in report["rows"]] == [
-        (m, c, t) for m in ("ar", "adaflash") for c in (1, 2) for t in ("own", "orchestrator")]
+    assert [(r["mode"], r["concurrency"], r["target"], r["client"]) for r in report["rows"]] == [
+        (m, c, t, k) for m in ("ar", "adaflash") for c in (1, 2) for t in ("own", "orchestrator")
+        for k in ("new-stream", "reused-stream")]
+    assert all(r["in_process_mean_ttft_ms"] > 0 and r["grpc_mean_ttft_ms"] > 0 for r in report["rows"])
     assert all(r["text_equal"] and r["grpc_tokens_per_s"] for r in report["rows"])
     assert all(r["calls"] for r in report["rows"])  # the orchestrator's call counters were read
 

@@ -46,7 +46,7 @@ def test_requests_decode_plainly_when_the_drafter_never_answers_in_time(tmp_path
     cost = tmp_path / "cost.json"
     fixed_costs(4).save(cost)
     cfg = RepositoryConfig(max_active=4, max_batch_size=8, max_len=512, max_prompt_tokens=64, max_output_tokens=256,
-                           drafter_timeout_s=1e-6)
+                           drafter_timeout_s=1e-6, drafter_in_orchestrator=False)  # a model's call can time out
     repo = build_repository(tmp_path / "model_repository", model_dir, "drafter", cfg, cost)
     prompts = ["the drafter is gone", "so the target decodes alone", "four at once", "and all must finish"]
     with TritonServer(ServerConfig(model_repository=repo, state_dir=tmp_path / "state")) as server:

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import dataclasses
 import threading
+import re
 import time
+import urllib.request
 
 import pytest
 import torch
@@ -25,12 +27,17 @@ REQUEST_TIMEOUT_S = 120
 POLL_TIMEOUT_S = REQUEST_TIMEOUT_S + 60  # a stuck request reports its own timeout before a poll gives up
 
 
-def _drafts(client: grpcclient.InferenceServerClient, model: str) -> int:
-    stats = client.get_inference_statistics(model_name=model)
-    return sum(s.inference_count for s in stats.model_stats)
+def _drafts(server: TritonServer, model: str) -> float:
+    """The sequences the orchestrator sent `model` to draft, wherever the drafter runs (its counters)."""
+    text = urllib.request.urlopen(server.metrics_url, timeout=10).read().decode()
+    found = re.search(rf'^adaflash_model_call_sequences_total{{model="{model}",op="draft"}} (\S+)$', text, re.M)
+    return float(found.group(1)) if found else 0.0
 
 
-def test_published_drafter_takes_over_without_dropping_requests(trained_tiny, tmp_path):
+@pytest.mark.parametrize("here", [True, False], ids=["drafter-in-orchestrator", "drafter-model"])
+def test_published_drafter_takes_over_without_dropping_requests(trained_tiny, tmp_path, here):
+    """Whether the first drafter runs beside the target or as a model of its own, a published one is a model that
+    takes over new sequences."""
     model_dir = save_bundle(trained_tiny, tmp_path / "models")
     # The next version: the same drafter given a per-position length head (different weights and config).
     cfg = dataclasses.replace(trained_tiny.drafter.config, position_head=True, position_head_dim=16)
@@ -40,7 +47,7 @@ def test_published_drafter_takes_over_without_dropping_requests(trained_tiny, tm
     v2.save_pretrained(model_dir / "drafter-v2", dtype=torch.float32)
     repo = build_repository(tmp_path / "repo", model_dir, "drafter",
                             RepositoryConfig(max_active=16, max_batch_size=16, max_len=1024, max_prompt_tokens=400,
-                                             max_output_tokens=600))
+                                             max_output_tokens=600, drafter_in_orchestrator=here))
     prompts = [p.text[-160:] for p in load_prompts(None, 8)]
     bundle = load_bundle(model_dir, None)
     engine = Engine(bundle.target, None, num_slots=8, max_len=1024)
@@ -72,14 +79,14 @@ def test_published_drafter_takes_over_without_dropping_requests(trained_tiny, tm
         wait_until(lambda: errors or len(results) >= 8, POLL_TIMEOUT_S, "8 requests to finish before the swap")
         assert not errors, errors
         swap_started = time.monotonic()
-        v1_before = _drafts(control, "drafter")
+        v1_before = _drafts(server, "drafter")
         assert main(["publish-drafter", str(model_dir / "drafter-v2"), "--repository", str(repo),
                      "--url", server.grpc_url]) == 0
         swapped = time.monotonic()
         assert drafter_models(repo) == ["drafter", "drafter_2"]
-        assert control.is_model_ready("drafter_2") and control.is_model_ready("drafter")
-        assert _drafts(control, "drafter") >= v1_before  # the running drafter was not reloaded
-        v2_at_swap = _drafts(control, "drafter_2")
+        assert control.is_model_ready("drafter_2") and control.is_model_ready("drafter") is not here
+        assert _drafts(server, "drafter") >= v1_before  # the running drafter was not reloaded
+        v2_at_swap = _drafts(server, "drafter_2")
         wait_until(lambda: errors or any(start > swapped for _, _, start, _ in results), POLL_TIMEOUT_S,
                    "a request started after the swap to finish")
         time.sleep(1.0)
@@ -92,7 +99,8 @@ def test_published_drafter_takes_over_without_dropping_requests(trained_tiny, tm
         assert all(text == reference[p] for p, text, _, _ in results)
         spanning = [r for r in results if r[2] < swap_started and r[3] > swap_started]
         assert spanning, "no request was running when the swap began"
-        assert _drafts(control, "drafter_2") > v2_at_swap  # requests after the swap draft with the new drafter
+        wait_until(lambda: _drafts(server, "drafter_2") > v2_at_swap, 10,  # counters reach /metrics within a flush
+                   "requests after the swap to draft with the new drafter")
 
     with pytest.raises(ValueError, match="block_size"):
         other = dataclasses.replace(trained_tiny.drafter.config, block_size=8)

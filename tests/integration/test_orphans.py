@@ -24,7 +24,7 @@ GONE_S = 5.0  # the issue's bound: no process of the server left, ports free
 def _serve(state: Path) -> tuple[subprocess.Popen, list[int]]:
     """`adaflash serve --tiny-random` in a session of its own, as a supervisor starts it: (launcher, ports)."""
     ports = free_ports(4)
-    cmd = [sys.executable, "-m", "adaflash.cli", "serve", "--tiny-random", "--state-dir", str(state),
+    cmd = [sys.executable, "-m", "adaflash.entry", "serve", "--tiny-random", "--state-dir", str(state),
            "--grpc-port", str(ports[0]), "--http-port", str(ports[1]), "--metrics-port", str(ports[2]),
            "--openai-port", str(ports[3]), "--max-active", "2"]
     log = (state / "serve.log").open("w")

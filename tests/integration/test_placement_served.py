@@ -25,7 +25,8 @@ def test_a_bfloat16_repository_serves_like_the_bfloat16_engine(trained_tiny, tmp
     per_token = sum(c.k.nbytes + c.v.nbytes for c in (KVCache(trained_tiny.target.config, 1, 1, half),
                                                       KVCache(trained_tiny.drafter.config, 1, 1, half)))
     cfg = RepositoryConfig(max_active=4, max_batch_size=8, max_len=512, max_prompt_tokens=128, max_output_tokens=256,
-                           device="cpu", dtype="bfloat16", kv_cache_memory=str(2 * 512 * per_token), kv_page=32)
+                           device="cpu", dtype="bfloat16", kv_cache_memory=str(2 * 512 * per_token), kv_page=32,
+                           drafter_in_orchestrator=False)
     repo = build_repository(tmp_path / "model_repository", model_dir, "drafter", cfg)
     assert "kv_pages\" value: { string_value: \"32\"" in (repo / "adaflash" / "config.pbtxt").read_text()
     bundle = load_bundle(model_dir, None, placement("cpu", "bfloat16"))

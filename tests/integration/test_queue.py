@@ -89,7 +89,7 @@ def test_beyond_the_queue_and_its_longest_wait_requests_are_refused_by_name(serv
 def _serve(tmp_path):
     """`adaflash serve --tiny-random` as a user runs it, on free ports: (process, ports)."""
     ports = free_ports(3)
-    cmd = [sys.executable, "-m", "adaflash.cli", "serve", "--tiny-random", "--state-dir", str(tmp_path), "--openai-port", "0",
+    cmd = [sys.executable, "-m", "adaflash.entry", "serve", "--tiny-random", "--state-dir", str(tmp_path), "--openai-port", "0",
            "--grpc-port", str(ports[0]), "--http-port", str(ports[1]), "--metrics-port", str(ports[2]),
            "--max-active", "2", "--max-len", "4096", "--max-prompt-tokens", "64", "--max-output-tokens", "3000"]
     serve = subprocess.Popen(cmd, stdout=(tmp_path / "serve.log").open("w"), stderr=subprocess.STDOUT)

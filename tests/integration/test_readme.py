@@ -180,7 +180,7 @@ def server(tmp_path_factory):
     root = tmp_path_factory.mktemp("readme")
     grpc, http, metrics, openai = free_ports(4)
     log = root / "serve.log"
-    cmd = [sys.executable, "-m", "adaflash.cli", "serve", "--model-dir", str(MODELS.relative_to(ROOT)),
+    cmd = [sys.executable, "-m", "adaflash.entry", "serve", "--model-dir", str(MODELS.relative_to(ROOT)),
            "--state-dir", str(root / "state"), "--grpc-port", str(grpc), "--http-port", str(http),
            "--metrics-port", str(metrics), "--openai-port", str(openai)]
     with log.open("w") as out:

@@ -26,7 +26,8 @@ BENCHMARKS = ROOT / "benchmarks"
 IN_PROCESS = ("bench_detokenize", "bench_gate", "bench_graph_ceiling", "bench_graphs", "bench_layout",
               "bench_onnx_drafter", "bench_peers", "bench_runner", "bench_step", "bench_verify")
 SERVED = ("bench_grpc", "bench_threads")  # tests/integration/test_benchmarks_served.py
-ELSEWHERE = {"results.py": "tests/unit/test_results.py", "gpu_check.sh": "make gpu-check; its flags: below"}
+ELSEWHERE = {"results.py": "tests/unit/test_results.py", "gpu_check.sh": "make gpu-check; its flags: below",
+             "bench_memory.py": "tests/integration/test_resident_served.py"}
 
 
 @cache

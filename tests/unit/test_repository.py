@@ -13,7 +13,13 @@ import pytest
 from helpers import fixed_costs
 
 from adaflash.models.bundle import save_bundle, tiny_random_bundle
-from adaflash_server.repository import RepositoryConfig, add_config_arguments, build_repository, config_from_arguments
+from adaflash_server.repository import (
+    RepositoryConfig,
+    add_config_arguments,
+    build_repository,
+    config_from_arguments,
+    models_to_load,
+)
 
 CFG = RepositoryConfig(max_active=4, max_batch_size=8, max_len=512, max_prompt_tokens=64, max_output_tokens=256)
 
@@ -68,6 +74,22 @@ def test_the_target_runs_in_the_orchestrator_unless_asked_apart(tmp_path):
                              replace(CFG, target_in_orchestrator=False))
     assert (apart / "target" / "config.pbtxt").exists()
     assert _parameter((apart / "adaflash" / "config.pbtxt").read_text(), "target_in_orchestrator") == "False"
+
+
+def test_the_drafter_runs_beside_the_target_unless_asked_apart(tmp_path):
+    """By default the drafter runs in the orchestrator's process beside the target: its model is written (the template
+    a published drafter copies) but the server does not load it; asked apart, or with the target a model of its own,
+    the `drafter` model is loaded and the orchestrator calls it."""
+    assert RepositoryConfig().drafter_in_orchestrator
+    bare = _configs_only(tmp_path / "m")
+    here = build_repository(tmp_path / "here", bare, "drafter", CFG)
+    assert _parameter((here / "adaflash" / "config.pbtxt").read_text(), "drafter_in_orchestrator") == "True"
+    assert (here / "drafter" / "config.pbtxt").exists() and models_to_load(here) == ["adaflash"]
+    for cfg in (replace(CFG, drafter_in_orchestrator=False), replace(CFG, target_in_orchestrator=False)):
+        apart = build_repository(tmp_path / "apart", bare, "drafter", cfg)
+        assert _parameter((apart / "adaflash" / "config.pbtxt").read_text(), "drafter_in_orchestrator") == "False"
+        assert "drafter" in models_to_load(apart)
+    assert models_to_load(build_repository(tmp_path / "none", bare, None, CFG)) == ["adaflash"]
 
 
 @pytest.mark.parametrize("here", LAYOUTS)

@@ -170,7 +170,7 @@ def start_replica(root: Path, name: str) -> Replica:
     state = root / name
     state.mkdir(parents=True, exist_ok=True)
     log = state / "serve.log"
-    cmd = [sys.executable, "-m", "adaflash.cli", "serve", *SERVE_ARGS, "--state-dir", str(state),
+    cmd = [sys.executable, "-m", "adaflash.entry", "serve", *SERVE_ARGS, "--state-dir", str(state),
            "--grpc-port", str(grpc_port), "--http-port", str(http_port), "--metrics-port", str(metrics_port)]
     with log.open("wb") as out:
         process = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)

@@ -651,7 +651,7 @@ def kill_and_recover(server: TritonServer, model: str, users: int) -> dict:
 
 def faults(server: TritonServer, scale: Scale) -> dict:
     """SIGKILL of each model process in turn under `fault_users` clients sending requests back to back; a model
-    this repository does not run (`target`, when the target runs in the orchestrator's process) is listed absent."""
+    this repository does not run (`target` or `drafter`, when it runs in the orchestrator's process) is listed absent."""
     present = stub_pids(server.pid)
     rows = [kill_and_recover(server, m, scale.fault_users) for m in MODELS if m in present]
     return {"users": scale.fault_users, "rows": rows, "absent": [m for m in MODELS if m not in present],

@@ -22,9 +22,10 @@ import torch  # noqa: E402
 
 from adaflash.decoding.backend import BackendError  # noqa: E402
 from adaflash.serving import protocol  # noqa: E402
+from adaflash.serving.metrics import CacheGauges  # noqa: E402
 from adaflash.serving.orchestrator import build_orchestrator  # noqa: E402
-from adaflash.serving.remote import TargetInProcess  # noqa: E402
-from adaflash.serving.slots import OccupancyReporter, load_target  # noqa: E402
+from adaflash.serving.remote import DrafterInProcess, TargetInProcess  # noqa: E402
+from adaflash.serving.slots import OccupancyReporter, load_drafter, load_target  # noqa: E402
 from adaflash_contract.errors import UNAVAILABLE, RequestError  # noqa: E402
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
@@ -68,9 +69,10 @@ class TritonStream:
 class TritonPythonModel:
     def initialize(self, args):
         params = protocol.model_parameters(json.loads(args["model_config"]))
-        self.target = None
+        self.target = self.drafter = None
+        self.reporters = []
         if params["target_in_orchestrator"] == "True":
-            self.target = self._target_here(params, args)
+            self._models_here(params, args)
         torch.set_num_threads(1)  # bookkeeping only: leave the cores to the target (its thread keeps its count)
         # Responses and metric updates are calls into Triton (each a round trip to the server process). With the
         # target a model of its own they run on a thread of their own, in FIFO order, so that the step loop sends
@@ -82,7 +84,8 @@ class TritonPythonModel:
                          protocol.DRAFTER: float(params["drafter_timeout_s"])}
         self.repository = os.path.dirname(args["model_repository"])
         self.orchestrator = build_orchestrator(params, self._call, self._newest_drafter, self.target,
-                                               pb_utils.MetricFamily, self._later, pb_utils.Logger.log_error)
+                                               pb_utils.MetricFamily, self._later, pb_utils.Logger.log_error,
+                                               self.drafter)
 
     async def execute(self, requests):
         self.orchestrator.start()
@@ -94,22 +97,28 @@ class TritonPythonModel:
         await self.orchestrator.serve(tensors, json.loads(request.parameters()),
                                       TritonStream(request.get_response_sender()))
 
-    def _target_here(self, params, args):
-        """The target in this process, on the device Triton gave this instance, with its cost table and the leak
-        check the `target` model would report."""
+    def _models_here(self, params, args):
+        """The target in this process, on the device Triton gave this instance, with its cost table, and the drafter
+        beside it where `drafter_in_orchestrator` says so; each with the cache gauges its model would report (slots
+        held, the leak check; the cache's blocks and bytes)."""
         place = protocol.model_placement(params, args["model_instance_kind"], args["model_instance_device_id"])
-        target = TargetInProcess(partial(load_target, params, place))
-        family = pb_utils.MetricFamily("adaflash_open_slots", "Sequences holding a cache slot of the model",
-                                       pb_utils.MetricFamily.GAUGE)
-        self.occupancy = family, family.Metric(labels={"model": protocol.TARGET})
-        self.reporter = OccupancyReporter(target.slots, self.occupancy[1].set)
-        self.reporter.start()
-        return target
+        self.target = TargetInProcess(partial(load_target, params, place))
+        self._report(self.target.slots, protocol.TARGET)
+        if params["drafter_in_orchestrator"] == "True" and params["drafter_dir"]:
+            load = partial(load_drafter, params, place, params["drafter_dir"], self.target.slots.target)
+            self.drafter = DrafterInProcess(self.target, load)
+            self._report(self.drafter.slots, protocol.DRAFTER)
+
+    def _report(self, slots, model):
+        reporter = OccupancyReporter(slots, CacheGauges(pb_utils.MetricFamily, model).write)
+        reporter.start()
+        self.reporters.append(reporter)
 
     def finalize(self):
         self.orchestrator.stop()
+        for reporter in self.reporters:
+            reporter.stop()
         if self.target is not None:
-            self.reporter.stop()
             self.target.close()
         self.outbox.put(None)
 
@@ -143,6 +152,8 @@ class TritonPythonModel:
         return {t.name(): t.as_numpy() for t in response.output_tensors()}
 
     def _newest_drafter(self):
-        """The newest loaded drafter (`drafter`, or a published `drafter_<n>`), None when none is ready."""
+        """The newest loaded drafter (`drafter`, or a published `drafter_<n>`; the one in this process where no
+        model of them is), None when none is ready."""
         newest_first = reversed(protocol.drafter_models_in(os.listdir(self.repository)))
-        return next((name for name in newest_first if pb_utils.is_model_ready(name)), None)
+        here = protocol.DRAFTER if self.drafter is not None else None
+        return next((name for name in newest_first if pb_utils.is_model_ready(name)), here)

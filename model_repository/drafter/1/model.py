@@ -13,12 +13,10 @@ import os
 
 import triton_python_backend_utils as pb_utils
 
-from adaflash.models.backends import on_backend
-from adaflash.models.drafter import DFlashDrafter
-from adaflash.models.target import TokenHeads
 from adaflash.serving import protocol
+from adaflash.serving.metrics import CacheGauges
 from adaflash.serving.protocol import Op
-from adaflash.serving.slots import DrafterSlots, OccupancyReporter
+from adaflash.serving.slots import OccupancyReporter, load_drafter
 
 
 def _inputs(request):
@@ -29,23 +27,14 @@ def _response(tensors):
     return pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor(n, v) for n, v in tensors.items()])
 
 
-def _occupancy_gauge(model):
-    family = pb_utils.MetricFamily("adaflash_open_slots", "Sequences holding a cache slot of the model",
-                                   pb_utils.MetricFamily.GAUGE)
-    return family, family.Metric(labels={"model": model})  # a family must outlive its series: both are kept
-
-
 class TritonPythonModel:
     def initialize(self, args):
         params = protocol.model_parameters(json.loads(args["model_config"]))
         weights = os.path.join(args["model_repository"], args["model_version"], "weights")
         place = protocol.model_placement(params, args["model_instance_kind"], args["model_instance_device_id"])
-        heads = TokenHeads.from_pretrained(params["target_dir"], place)
-        drafter = on_backend(DFlashDrafter.from_pretrained(weights, place), heads, params["drafter_backend"])
-        self.slots = DrafterSlots(drafter, heads, int(params["max_active"]), int(params["max_len"]),
-                                  float(params["idle_timeout_s"]), protocol.model_paging(params))
-        self.occupancy = _occupancy_gauge(args["model_name"])
-        self.reporter = OccupancyReporter(self.slots, self.occupancy[1].set)
+        self.slots = load_drafter(params, place, weights)
+        self.gauges = CacheGauges(pb_utils.MetricFamily, args["model_name"])  # slots held, the context cache's blocks
+        self.reporter = OccupancyReporter(self.slots, self.gauges.write)
         self.reporter.start()
 
     def finalize(self):

@@ -13,6 +13,7 @@ from adaflash.serving.threads import spin_target_threads
 spin_target_threads()  # before torch loads: the target's idle OpenMP threads spin briefly instead of sleeping
 
 from adaflash.serving import protocol  # noqa: E402
+from adaflash.serving.metrics import CacheGauges  # noqa: E402
 from adaflash.serving.slots import OccupancyReporter, load_target  # noqa: E402
 
 OPS = (protocol.Op.STEP, protocol.Op.RELEASE, protocol.Op.COSTS)
@@ -30,20 +31,14 @@ def _error(exc, code):
     return pb_utils.InferenceResponse(error=pb_utils.TritonError(str(exc), code))
 
 
-def _occupancy_gauge(model):
-    family = pb_utils.MetricFamily("adaflash_open_slots", "Sequences holding a cache slot of the model",
-                                   pb_utils.MetricFamily.GAUGE)
-    return family, family.Metric(labels={"model": model})  # a family must outlive its series: both are kept
-
-
 class TritonPythonModel:
     def initialize(self, args):
         params = protocol.model_parameters(json.loads(args["model_config"]))
         place = protocol.model_placement(params, args["model_instance_kind"], args["model_instance_device_id"])
         # The orchestrator's planner asks for the cost table (Op.COSTS) before its first step.
         self.slots, self.cost = load_target(params, place)
-        self.occupancy = _occupancy_gauge(args["model_name"])
-        self.reporter = OccupancyReporter(self.slots, self.occupancy[1].set)
+        self.gauges = CacheGauges(pb_utils.MetricFamily, args["model_name"])  # slots held, the KV cache's blocks
+        self.reporter = OccupancyReporter(self.slots, self.gauges.write)
         self.reporter.start()
 
     def finalize(self):

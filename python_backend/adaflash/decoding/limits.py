@@ -8,11 +8,14 @@ at fault, which each front door maps by that field (Triton's INVALID_ARGUMENT, O
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from adaflash.decoding.sequence import Request
-from adaflash.models.cache import Paging
 from adaflash_contract.errors import RequestError
 from adaflash_contract.modes import MODE_NAMES
+
+if TYPE_CHECKING:  # types only: the OpenAI front shares `check_prompt_text` without importing torch
+    from adaflash.decoding.sequence import Request
+    from adaflash.models.cache import Paging
 
 
 @dataclass(frozen=True)

@@ -3,6 +3,8 @@ served loop: the same caps, the same commit rules, so both produce the same outp
 
 from __future__ import annotations
 
+import time
+
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
@@ -61,6 +63,7 @@ class Sequence:
     pending_context: list[torch.Tensor] = field(default_factory=list)  # target features not yet in the drafter
     submitted_at: float = 0.0  # time.perf_counter() stamps
     admitted_at: float | None = None  # when it left the queue for a slot
+    first_token_at: float | None = None  # when its first output token was committed
     finished_at: float | None = None
     log_probs: list[float] = field(default_factory=list)  # per output token, when the request asked
     sampling: SamplingParams = field(init=False)  # the request's, its min_tokens masking the stop ids
@@ -86,6 +89,8 @@ class Sequence:
         """Append committed tokens up to a stop token, a stop string or max_tokens; returns how many were
         produced (the tokens a verify step accepted past a stop count: the target computed them)."""
         produced, before = 0, len(self.output)
+        if self.first_token_at is None:
+            self.first_token_at = time.perf_counter()
         for i, t in enumerate(tokens):
             produced += 1
             if t in self.stop_ids:

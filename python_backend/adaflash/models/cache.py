@@ -7,6 +7,8 @@ its own, so a model can be trained, measured and served without ordering traps.
 
 from __future__ import annotations
 
+import math
+import mmap
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -32,6 +34,24 @@ class Paging:
     def __post_init__(self) -> None:
         if self.page < 1 or self.pages < 1:
             raise ValueError(f"paging: page and pages must be >= 1, got {self.page} and {self.pages}")
+
+
+def untouched_zeros(size: tuple[int, ...], place: Placement) -> Tensor:
+    """Zeros of `size` on `place`; on the CPU, memory the kernel makes resident page by page as it is written.
+
+    Why: a cache is allocated for the worst case, every slot at max_len, while a server's load writes only the
+    lowest slots and pages (the free lists hand out the lowest first, and a page given back before any never
+    written), so most of it is never written. `torch.zeros` writes it all, and all of it stays resident.
+    Anonymous private memory is given on first write instead, and a read of a page never written maps the
+    kernel's shared zero page: reads still see zeros, as attention needs where it reads positions past a slot's
+    length and masks them (garbage there could be NaN, which no mask cancels). Elsewhere (CUDA) `torch.zeros`.
+    """
+    nbytes = math.prod(size) * place.dtype.itemsize
+    if place.device.type != "cpu" or nbytes == 0:
+        return torch.zeros(size, dtype=place.dtype, device=place.device)
+    memory = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    # The tensor keeps `memory` alive (torch.frombuffer holds the buffer); unmapped when the tensor is freed.
+    return torch.frombuffer(memory, dtype=torch.uint8).view(place.dtype).view(size)
 
 
 class CacheFull(RuntimeError):
@@ -60,12 +80,39 @@ class KVCache:
         num_pages = num_slots if not self.paged else paging.pages
         self.scratch = num_pages if scratch else None
         size = (shape.num_hidden_layers, num_pages + scratch, shape.num_key_value_heads, self.page, shape.head_dim)
-        self.k = torch.zeros(size, dtype=place.dtype, device=place.device)
-        self.v = torch.zeros(size, dtype=place.dtype, device=place.device)
+        self.k = untouched_zeros(size, place)
+        self.v = untouched_zeros(size, place)
         self.lengths = [0] * num_slots
         self.max_len = max_len
         self.tables: list[list[int]] = [[] if self.paged else [s] for s in range(num_slots)]
         self.free = list(range(num_pages - 1, -1, -1)) if self.paged else []
+
+    # Read-only accounting for the operators' gauges (`serving/slots.CacheSlots.usage`), read from a reporter
+    # thread while the model's thread steps: each reads one list's length or sums one list, never both in one go.
+    @property
+    def num_pages(self) -> int:
+        """Pages the slots share (unpaged: one of max_len positions per slot); the scratch page is no slot's."""
+        return self.k.shape[1] - (self.scratch is not None)
+
+    @property
+    def free_pages(self) -> int:
+        """Pages no slot holds. Unpaged, a slot's page is its own for good, so a slot with no positions counts as
+        free: what a new sequence could take."""
+        return len(self.free) if self.paged else sum(1 for n in self.lengths if n == 0)
+
+    @property
+    def used_pages(self) -> int:
+        return self.num_pages - self.free_pages
+
+    @property
+    def nbytes(self) -> int:
+        """The keys' and values' memory, the scratch page included."""
+        return self.k.nbytes + self.v.nbytes
+
+    @property
+    def page_bytes(self) -> int:
+        """One page's keys and values over every layer."""
+        return self.nbytes // self.k.shape[1]
 
     def reserve(self, slot: int, length: int) -> None:
         """Make positions 0..length-1 of `slot` writable, taking pages from the free list."""

@@ -38,4 +38,5 @@ def keep_freed_memory() -> bool:
     if platform.libc_ver()[0] != "glibc" or tuned:
         return False
     libc = ctypes.CDLL(None)
+    libc.malloc_trim(0)  # what loading freed (the cost table's widest forwards) goes back first: keep from here
     return all(libc.mallopt(param, value) == 1 for param, value in SETTINGS.items())

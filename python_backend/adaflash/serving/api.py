@@ -8,13 +8,15 @@ never splits a multi-byte character.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tokenizers import Tokenizer, decoders
 
 from adaflash.models.chat_template import ChatTemplate
-from adaflash.serving.protocol import Encoded
 from adaflash_contract.errors import RequestError
+
+if TYPE_CHECKING:
+    from adaflash.serving.protocol import Encoded
 
 REPLACEMENT = "\ufffd"
 
@@ -40,6 +42,8 @@ def encode(tokenizer: Tokenizer, values: dict[str, Any], vocab_size: int, eos_id
     has one. A stop word of one token stops like end_id (the token is not output); a longer one is matched in the
     text (`TextStops`), since a text has many tokenisations and the model need not choose the tokenizer's. The
     prompt's length is checked with the request's other limits (`decoding.limits.Limits`)."""
+    from adaflash.serving.protocol import Encoded  # late: the OpenAI front imports this module without torch
+
     ids = prompt_ids(tokenizer, values, chat)
     for name in ("end_id", "pad_id"):
         if values[name] is not None and not 0 <= values[name] < vocab_size:

@@ -35,7 +35,7 @@ from adaflash.serving.admission import Admission, AdmissionCancelled, AdmissionR
 from adaflash.serving.api import Detokenizer, TextStops, encode, longest_token, prompt_characters
 from adaflash.serving.metrics import Metrics
 from adaflash.serving.pacing import response_gap, response_rate
-from adaflash.serving.remote import Call, RemoteBackend, Target
+from adaflash.serving.remote import Call, DrafterInProcess, RemoteBackend, Target
 from adaflash_contract.errors import UNAVAILABLE, RequestError
 from adaflash_contract.modes import modes_served
 
@@ -106,6 +106,7 @@ class Orchestrator:
 
     async def serve(self, tensors: protocol.Tensors, parameters: dict, stream: Stream) -> None:
         """Run one request to its final response."""
+        arrived = time.perf_counter()  # its latencies count from here, as vLLM's from arrival
         try:
             served = self.text.parse(tensors, parameters, self.defaults, self.scheduler.limits)
             self.scheduler.limits.check(served.request)
@@ -120,7 +121,7 @@ class Orchestrator:
         if served.stop_texts:
             req.stop_text = TextStops(self.text.tokenizer, served.stop_texts)
         seq = Sequence(id=next(self.ids), request=req, tokens=list(req.prompt_ids), generator=None,
-                       stop_ids=served.stop_ids, submitted_at=time.perf_counter())
+                       stop_ids=served.stop_ids, submitted_at=arrived)
         client = Client(stream, served, asyncio.get_running_loop().create_future())
         self.clients[seq.id] = client
         self.later(self.metrics.started, seq)
@@ -225,9 +226,10 @@ class TextSide:
 
 def build_orchestrator(params: dict[str, str], call: Call, newest_drafter: Callable[[], str | None],
                        target: Target | None, metric_family: object, later: Later,
-                       log: Callable[[str], None] = print) -> Orchestrator:
+                       log: Callable[[str], None] = print, drafter: DrafterInProcess | None = None) -> Orchestrator:
     """The orchestrator of a model repository's parameters (the builder's fields, `protocol.model_parameters`).
-    `target`: the target in this process (None: the `target` model, through `call`)."""
+    `target`: the target in this process (None: the `target` model, through `call`); `drafter`: the drafter in this
+    process (None: the drafter models, through `call`)."""
     with open(f"{params['target_dir']}/config.json") as f:
         config = TargetConfig.from_hf(json.load(f))
     has_drafter = bool(params["drafter_dir"])
@@ -240,7 +242,8 @@ def build_orchestrator(params: dict[str, str], call: Call, newest_drafter: Calla
                     int(params["max_output_tokens"]), int(params["max_prompt_tokens"]))
     metrics = Metrics(metric_family)
     backend = RemoteBackend(call, newest_drafter, log=log, target=target,
-                            called=lambda model, op, n: later(metrics.called, model, op.name.lower(), n))
+                            called=lambda model, op, n: later(metrics.called, model, op.name.lower(), n),
+                            drafter=drafter)
     policy = build_speculation(getattr(target, "cost", None), block_size, max_len, has_drafter, served=True)
     admission = Admission(max_active, int(params["max_queued"]), float(params["max_queue_wait_s"]),
                           on_queue=partial(later, metrics.queued_now))

@@ -33,11 +33,11 @@ from adaflash.models.drafter import Draft
 from adaflash.models.placement import Placement, placement
 from adaflash_contract.errors import RequestError
 from adaflash_contract.modes import Mode, parse_mode
+from adaflash_contract.wire import ENTRY as ENTRY  # re-exported: the served side names the public model by it
 
 Tensors = dict[str, np.ndarray]
 
 TARGET, DRAFTER = "target", "drafter"  # the models the entry model calls by name (BLS)
-ENTRY = "adaflash"  # the public model: checks, tokenises, runs the step loop, detokenises, streams
 DRAFTER_NAME = re.compile(r"drafter(?:_(\d+))?")  # `drafter`, then each published `drafter_<n>`
 
 

@@ -23,7 +23,7 @@ from adaflash.decoding.steps import StepResult, StopEarly
 from adaflash.models.drafter import Draft
 from adaflash.serving import protocol
 from adaflash.serving.protocol import DraftCall, Op, TargetCall, Tensors
-from adaflash.serving.slots import TargetSlots
+from adaflash.serving.slots import DrafterSlots, TargetSlots
 
 Call = Callable[[str, Tensors], Awaitable[Tensors]]
 
@@ -73,17 +73,47 @@ class TargetInProcess:
         self.thread.shutdown()
 
 
+class DrafterInProcess:
+    """The drafter in the caller's process, beside the target in it (`TargetInProcess`): its forwards on the target's
+    thread (the cores are that thread's, `TargetInProcess`), the target's embedding and LM head shared, and no round
+    trip, tensors or process of its own. Named `protocol.DRAFTER` like the model it stands for."""
+
+    def __init__(self, target: TargetInProcess, load: Callable[[], DrafterSlots]) -> None:
+        self.thread = target.thread
+        self.slots = self.thread.submit(load).result()
+
+    async def run(self, call: DraftCall) -> Timed[Draft]:
+        return await self._on_thread(partial(self.slots.run, call))
+
+    async def release(self, keys: list[int]) -> None:
+        await self._on_thread(partial(_release_all, self.slots, keys))
+
+    async def _on_thread(self, job: Callable):
+        try:
+            return await asyncio.get_running_loop().run_in_executor(self.thread, job)
+        except Exception as exc:  # noqa: BLE001 - as a failed `drafter` model call: its sequences decode plainly
+            raise BackendError(f"{protocol.DRAFTER}: {exc}") from exc
+
+
+def _release_all(slots: DrafterSlots, keys: list[int]) -> None:
+    for key in keys:
+        slots.release(key)
+
+
 class RemoteBackend:
     """`newest_drafter()` names the drafter model a new sequence uses (None: none is ready): a sequence keeps
     it to the end, because its context lives in that model, so a hot swap never moves a running sequence.
     `target`: where the target runs (None: the `target` model, through `call`). `called(model, op, sequences)` is
-    told of every call to a model, wherever the target runs, before it is made."""
+    told of every call to a model, wherever the target runs, before it is made. `drafter`: the drafter in this
+    process (`DrafterInProcess`, the model `protocol.DRAFTER`), None when it is a model of its own."""
 
     def __init__(self, call: Call, newest_drafter: Callable[[], str | None],
                  log: Callable[[str], None] = lambda message: None, target: Target | None = None,
-                 called: Callable[[str, Op, int], None] = lambda model, op, n: None) -> None:
+                 called: Callable[[str, Op, int], None] = lambda model, op, n: None,
+                 drafter: DrafterInProcess | None = None) -> None:
         self.call, self.newest_drafter, self.log, self.called = call, newest_drafter, log, called
         self.target = target or TargetModel(call)
+        self.local = {protocol.DRAFTER: drafter} if drafter is not None else {}
         self.drafter_of: dict[int, str] = {}  # sequence -> the drafter model it started with
         self.releasing: dict[str, list[int]] = {}  # model -> sequences ended since its last call
 
@@ -116,7 +146,11 @@ class RemoteBackend:
                              [torch.cat(s.pending_context) if s.pending_context else None for s in group], block_length,
                              self.releasing.pop(model, []))
             self.called(model, Op.DRAFT, len(group))
-            draft, ms = protocol.decode_draft(await self.call(model, protocol.encode_draft_call(call)))
+            if model in self.local:
+                timed = await self.local[model].run(call)
+                draft, ms = timed.value, timed.ms
+            else:
+                draft, ms = protocol.decode_draft(await self.call(model, protocol.encode_draft_call(call)))
             for s in group:
                 s.pending_context.clear()
             parts[model], total_ms = draft, total_ms + ms
@@ -140,6 +174,8 @@ class RemoteBackend:
             try:
                 if model == protocol.TARGET:
                     await self.target.run(TargetCall(Op.RELEASE, keys, []))
+                elif model in self.local:
+                    await self.local[model].release(keys)
                 else:
                     await self.call(model, protocol.encode_release(keys))
             except BackendError as exc:

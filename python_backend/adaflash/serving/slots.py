@@ -13,6 +13,7 @@ import json
 import threading
 import time
 from collections.abc import Callable, Hashable
+from dataclasses import dataclass
 
 import torch
 
@@ -20,6 +21,7 @@ from adaflash.decoding.costs import CostModel, load_or_measure_costs
 from adaflash.decoding.sampling import History, SamplingParams
 from adaflash.decoding.backend import Timed
 from adaflash.decoding.steps import StepResult, StopEarly, ms_since, step_batch
+from adaflash.models.backends import on_backend
 from adaflash.models.cache import KVCache, Paging
 from adaflash.models.drafter import DFlashDrafter, Draft, DrafterConfig
 from adaflash.models.host import keep_freed_memory
@@ -70,6 +72,32 @@ class SlotTable:
         return len(self.slot_of)
 
 
+@dataclass(frozen=True)
+class CacheUsage:
+    """A model's cache as operators read it (vLLM's and TensorRT-LLM's KV cache series). A block is a page of
+    `tokens_per_block` positions; an unpaged cache is one block of max_len positions per slot."""
+
+    open_slots: int  # sequences holding a slot (the leak check: back to 0 when idle)
+    max_blocks: int
+    used_blocks: int
+    tokens_per_block: int
+    block_bytes: int
+    total_bytes: int  # the cache's memory, a graphed step's scratch page included
+
+    @property
+    def free_blocks(self) -> int:
+        return self.max_blocks - self.used_blocks
+
+    @property
+    def used_bytes(self) -> int:
+        return self.used_blocks * self.block_bytes
+
+    @property
+    def usage(self) -> float:
+        """The fraction of blocks held (vLLM's kv_cache_usage_perc is a fraction too)."""
+        return self.used_blocks / self.max_blocks if self.max_blocks else 0.0
+
+
 class CacheSlots:
     """A cache and which of its slots each live sequence holds; releasing a sequence empties its slot. The process
     that holds one steps a model on it, so its allocator keeps freed memory for the next call (`host`)."""
@@ -90,27 +118,40 @@ class CacheSlots:
             self.release(key)
         return stale
 
+    def usage(self) -> CacheUsage:
+        """The slots held and the cache's blocks, read without a lock from any thread (a reading may be one step
+        old; the next one catches up)."""
+        cache = self.cache
+        return CacheUsage(len(self.slots), cache.num_pages, cache.used_pages, cache.page, cache.page_bytes,
+                          cache.nbytes)
+
 
 class OccupancyReporter(threading.Thread):
-    """Reports how many sequences hold a slot of `slots` (`write`), every `interval_s` when it changed.
+    """Reports `slots.usage()` (`write`: the slots held and the cache's blocks and bytes) every `interval_s` when
+    it changed.
 
-    A leak check for operators: with no request running the count must come back to 0. Sampled on a
-    thread of its own because a metric update is a round trip to the server process, which the model's
-    forward should not wait for.
+    A leak check for operators (with no request running the slots held come back to 0) and the cache's fill, as
+    operators of vLLM and TensorRT-LLM read it. Sampled on a thread of its own because a metric update is a round
+    trip to the server process, which the model's forward should not wait for; the writer sets only the gauges
+    whose value changed.
     """
 
-    def __init__(self, slots: CacheSlots, write: Callable[[int], None], interval_s: float = 0.5) -> None:
+    def __init__(self, slots: CacheSlots, write: Callable[[CacheUsage], None], interval_s: float = 0.5) -> None:
         super().__init__(name="adaflash-occupancy", daemon=True)
         self.slots, self.write, self.interval_s = slots, write, interval_s
         self.stopped = threading.Event()
 
     def run(self) -> None:
-        last = None
+        last = self.report(None)  # the constant gauges (max blocks, tokens per block, bytes) from the start
         while not self.stopped.wait(self.interval_s):
-            now = len(self.slots.slots)
-            if now != last:
-                self.write(now)
-                last = now
+            last = self.report(last)
+
+    def report(self, last: CacheUsage | None) -> CacheUsage:
+        """Write the usage when it differs from `last`; returns it."""
+        now = self.slots.usage()
+        if now != last:
+            self.write(now)
+        return now
 
     def stop(self) -> None:
         self.stopped.set()
@@ -189,6 +230,16 @@ def load_target(params: dict[str, str], place: Placement) -> tuple[TargetSlots, 
     slots = TargetSlots(target, int(params["max_active"]), int(params["max_len"]), capture,
                         float(params["idle_timeout_s"]), model_paging(params))
     return slots, cost
+
+
+def load_drafter(params: dict[str, str], place: Placement, weights: str, target: Transformer | None = None
+                 ) -> DrafterSlots:
+    """The served drafter of `weights` from a model's parameters: beside `target` when the target runs in the same
+    process (its embedding and LM head are shared, not copied), else with the target's token heads alone."""
+    heads = target if target is not None else TokenHeads.from_pretrained(params["target_dir"], place)
+    drafter = on_backend(DFlashDrafter.from_pretrained(weights, place), heads, params["drafter_backend"])
+    return DrafterSlots(drafter, heads, int(params["max_active"]), int(params["max_len"]),
+                        float(params["idle_timeout_s"]), model_paging(params))
 
 
 class DrafterSlots(CacheSlots):
