@@ -40,7 +40,7 @@ from adaflash.evaluation.prompts import PACKAGED_DATA, eval_prompts
 from adaflash_client.client import build_inputs, is_final, parse_chunk
 from adaflash_contract.modes import MODE_NAMES
 from adaflash_contract.wire import GenerationError, GenerationParams
-from adaflash_server.launcher import free_ports
+from adaflash_server.launcher import descendants, free_ports
 
 READY_LINE = "Ctrl-C stops the server"  # the last line `adaflash serve` prints once everything serves
 PROMPT_CHARS = 300  # a prompt keeps its last characters, well inside the default max_prompt_tokens
@@ -120,25 +120,9 @@ def role(argv: list[str], launcher: int, pid: int) -> str:
     return program
 
 
-def children_of() -> dict[int, list[int]]:
-    """Every live process's children, from /proc."""
-    children: dict[int, list[int]] = {}
-    for proc in Path("/proc").iterdir():
-        if proc.name.isdigit():
-            try:
-                ppid = int((proc / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            except (OSError, ValueError, IndexError):
-                continue  # gone meanwhile
-            children.setdefault(ppid, []).append(int(proc.name))
-    return children
-
-
 def tree(root: int) -> list[int]:
     """`root` and all its descendants, parents before their children."""
-    children, found = children_of(), [root]
-    for pid in found:
-        found += sorted(children.get(pid, []))
-    return found
+    return [root, *descendants(root)]
 
 
 def process_row(pid: int, launcher: int, mappings: int) -> dict | None:

@@ -443,6 +443,22 @@ def clear_stale_server(state_dir: Path) -> int | None:
     return pid
 
 
+def descendants(pid: int) -> list[int]:
+    """Every live process below `pid`, parents before their children (Linux: read from /proc)."""
+    children: dict[int, list[int]] = {}
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit():
+            try:
+                ppid = int((proc / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue  # gone meanwhile
+            children.setdefault(ppid, []).append(int(proc.name))
+    found = sorted(children.get(pid, []))
+    for parent in found:
+        found += sorted(children.get(parent, []))
+    return found
+
+
 def group_members(pgid: int) -> list[int]:
     """Live (not zombie) processes of a process group (Linux: read from /proc)."""
     members = []

@@ -35,7 +35,7 @@ import tritonclient.grpc.aio as grpcaio
 
 from adaflash_client.client import GenerationParams
 from adaflash_tools.reliability import PROMPTS, one_stream
-from adaflash_server.launcher import free_ports
+from adaflash_server.launcher import descendants, free_ports
 
 CHART = Path(__file__).resolve().parents[2] / "deploy" / "helm" / "adaflash"
 TEMPLATE = CHART / "files" / "grpc-balancer.conf.template"
@@ -190,7 +190,7 @@ def process_groups(replica: Replica) -> list[int]:
     """The process groups of the replica's process tree: `adaflash serve`'s own first (so that its self-healing
     cannot start a new server), then tritonserver's, which holds the model processes (the launcher gives it a
     session of its own)."""
-    pids = [replica.process.pid, *_descendants(replica.process.pid)]
+    pids = [replica.process.pid, *descendants(replica.process.pid)]
     return [g for g in dict.fromkeys(map(_group, pids)) if g is not None]
 
 
@@ -201,24 +201,6 @@ def kill(groups: list[int]) -> None:
             os.killpg(group, signal.SIGKILL)
         except ProcessLookupError:
             pass
-
-
-def _descendants(pid: int) -> list[int]:
-    """Every process below `pid`, from /proc (Linux)."""
-    children: dict[int, list[int]] = {}
-    for proc in Path("/proc").iterdir():
-        if proc.name.isdigit():
-            try:
-                ppid = int((proc / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            except (OSError, ValueError, IndexError):
-                continue
-            children.setdefault(ppid, []).append(int(proc.name))
-    found, todo = [], [pid]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            found.append(child)
-            todo.append(child)
-    return found
 
 
 def _group(pid: int) -> int | None:
