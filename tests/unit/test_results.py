@@ -34,7 +34,7 @@ def test_the_readme_headline_is_what_the_records_give():
 
 def test_the_page_has_one_section_per_question_and_stays_small():
     text = _results().render()
-    for anchor in ("engine-speed", "peers", "served", "gpu", "quality", "capacity", "reliability"):
+    for anchor in ("engine-speed", "peers", "served", "memory", "gpu", "quality", "capacity", "reliability"):
         assert text.count(f'<a id="{anchor}"></a>') == 1, anchor
     assert len(text.encode()) <= 30_000
 
