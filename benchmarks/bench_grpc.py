@@ -159,22 +159,30 @@ class Served:
     responses: int
 
 
-def served_of(responses: list[grpcclient.InferResult], start: float, first_at: float | None) -> Served:
-    """A request's figures from its responses in order (`first_at`: when the first one with text came)."""
-    text, tokens, steps, count = [], 0, 0, 0
-    for result in responses:
+class Reading:
+    """One request's responses as they come, each parsed once: its text and counts, and when its first text came
+    (from the reading's start, before the request was sent)."""
+
+    def __init__(self) -> None:
+        self.start, self.first_at = time.perf_counter(), None
+        self.text: list[str] = []
+        self.tokens = self.steps = self.count = 0
+
+    def add(self, result: grpcclient.InferResult) -> bool:
+        """Take a response; whether it was the final one."""
         chunk = parse_chunk(result)
         if chunk is not None:
-            count += 1
-            text.append(chunk.text)
-            tokens = chunk.num_output_tokens
-            steps += len(chunk.accepted_per_step)
-    return Served("".join(text), tokens, None if first_at is None else first_at - start, steps, count)
+            if self.first_at is None and chunk.text:
+                self.first_at = time.perf_counter()
+            self.count += 1
+            self.text.append(chunk.text)
+            self.tokens = chunk.num_output_tokens
+            self.steps += len(chunk.accepted_per_step)
+        return is_final(result)
 
-
-def has_text(result: grpcclient.InferResult) -> bool:
-    chunk = parse_chunk(result)
-    return chunk is not None and bool(chunk.text)
+    def served(self) -> Served:
+        ttft = None if self.first_at is None else self.first_at - self.start
+        return Served("".join(self.text), self.tokens, ttft, self.steps, self.count)
 
 
 async def one_request(client: grpcaio.InferenceServerClient, prompt: str, params: GenerationParams) -> Served:
@@ -182,16 +190,13 @@ async def one_request(client: grpcaio.InferenceServerClient, prompt: str, params
     async def requests():
         yield {"model_name": "adaflash", "inputs": build_inputs(prompt, params, stream=True)}
 
-    start, first_at, results = time.perf_counter(), None, []
+    reading = Reading()
     async for result, error in client.stream_infer(requests()):
         if error is not None:
             raise GenerationError.from_triton(error)
-        results.append(result)
-        if first_at is None and has_text(result):
-            first_at = time.perf_counter()
-        if is_final(result):
+        if reading.add(result):
             break
-    return served_of(results, start, first_at)
+    return reading.served()
 
 
 async def run_aio(url: str, prompts: list[str], params: GenerationParams, concurrency: int) -> list[Served]:
@@ -222,20 +227,18 @@ def sync_user(url: str, prompts: list[str], params: GenerationParams, todo: Iter
         if reuse:
             client.start_stream(on_response)
         while (i := _next(todo, lock)) is not None:
-            start = time.perf_counter()
+            reading = Reading()
             if not reuse:
                 client.start_stream(on_response)
             client.async_stream_infer("adaflash", build_inputs(prompts[i], params, stream=True), request_id=str(i),
                                       enable_empty_final_response=True)
-            got, first_at = [], None
-            while not got or not is_final(got[-1]):
+            final = False
+            while not final:
                 result, error = responses.get(timeout=STREAM_DEADLINE_S)
                 if error is not None:
                     raise GenerationError.from_triton(error)
-                got.append(result)
-                if first_at is None and has_text(result):
-                    first_at = time.perf_counter()
-            results[i] = served_of(got, start, first_at)
+                final = reading.add(result)
+            results[i] = reading.served()
             if not reuse:
                 client.stop_stream()
         if reuse:

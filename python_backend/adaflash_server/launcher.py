@@ -158,6 +158,7 @@ def _copy_if_changed(src: str | Path, dst: str | Path) -> None:
 
 
 def _load_models(config: ServerConfig) -> list[str]:
+    """The configured models, else those the repository says to load (every model where it is not yet written)."""
     if config.load_models is not None or not Path(config.model_repository).is_dir():
         return config.load_models or ["*"]
     from adaflash_server.repository import models_to_load

@@ -47,8 +47,7 @@ class TritonPythonModel:
         tensors = _inputs(request)
         try:
             if protocol.decode_op(tensors, (Op.DRAFT, Op.RELEASE)) is Op.RELEASE:
-                for key in protocol.decode_keys(tensors):
-                    self.slots.release(key)
+                self.slots.release_all(protocol.decode_keys(tensors))
                 return _response({})
             timed = self.slots.run(protocol.decode_draft_call(tensors))
         except (ValueError, KeyError) as exc:

@@ -63,11 +63,15 @@ class TargetInProcess:
         self.slots, self.cost = self.thread.submit(load).result()
 
     async def run(self, call: TargetCall, stop_early: StopEarly | None = None) -> Timed[list[StepResult]]:
+        return await self.on_thread(partial(self.slots.run, call, stop_early), protocol.TARGET)
+
+    async def on_thread(self, job: Callable, model: str):
+        """`job()` on the target's thread; BackendError naming `model` when it raises, as a failed call of that
+        model: a failed target call ends its sequences, a failed draft makes its sequences decode plainly."""
         try:
-            return await asyncio.get_running_loop().run_in_executor(self.thread,
-                                                                    partial(self.slots.run, call, stop_early))
-        except Exception as exc:  # noqa: BLE001 - as a failed `target` model call: its sequences end with the error
-            raise BackendError(f"{protocol.TARGET}: {exc}") from exc
+            return await asyncio.get_running_loop().run_in_executor(self.thread, job)
+        except Exception as exc:  # noqa: BLE001 - reported as the model's failure, not raised through the loop
+            raise BackendError(f"{model}: {exc}") from exc
 
     def close(self) -> None:
         self.thread.shutdown()
@@ -79,25 +83,14 @@ class DrafterInProcess:
     trip, tensors or process of its own. Named `protocol.DRAFTER` like the model it stands for."""
 
     def __init__(self, target: TargetInProcess, load: Callable[[], DrafterSlots]) -> None:
-        self.thread = target.thread
-        self.slots = self.thread.submit(load).result()
+        self.target = target
+        self.slots = target.thread.submit(load).result()
 
     async def run(self, call: DraftCall) -> Timed[Draft]:
-        return await self._on_thread(partial(self.slots.run, call))
+        return await self.target.on_thread(partial(self.slots.run, call), protocol.DRAFTER)
 
     async def release(self, keys: list[int]) -> None:
-        await self._on_thread(partial(_release_all, self.slots, keys))
-
-    async def _on_thread(self, job: Callable):
-        try:
-            return await asyncio.get_running_loop().run_in_executor(self.thread, job)
-        except Exception as exc:  # noqa: BLE001 - as a failed `drafter` model call: its sequences decode plainly
-            raise BackendError(f"{protocol.DRAFTER}: {exc}") from exc
-
-
-def _release_all(slots: DrafterSlots, keys: list[int]) -> None:
-    for key in keys:
-        slots.release(key)
+        await self.target.on_thread(partial(self.slots.release_all, keys), protocol.DRAFTER)
 
 
 class RemoteBackend:
@@ -113,7 +106,7 @@ class RemoteBackend:
                  drafter: DrafterInProcess | None = None) -> None:
         self.call, self.newest_drafter, self.log, self.called = call, newest_drafter, log, called
         self.target = target or TargetModel(call)
-        self.local = {protocol.DRAFTER: drafter} if drafter is not None else {}
+        self.here = drafter
         self.drafter_of: dict[int, str] = {}  # sequence -> the drafter model it started with
         self.releasing: dict[str, list[int]] = {}  # model -> sequences ended since its last call
 
@@ -146,8 +139,8 @@ class RemoteBackend:
                              [torch.cat(s.pending_context) if s.pending_context else None for s in group], block_length,
                              self.releasing.pop(model, []))
             self.called(model, Op.DRAFT, len(group))
-            if model in self.local:
-                timed = await self.local[model].run(call)
+            if self.here is not None and model == protocol.DRAFTER:
+                timed = await self.here.run(call)
                 draft, ms = timed.value, timed.ms
             else:
                 draft, ms = protocol.decode_draft(await self.call(model, protocol.encode_draft_call(call)))
@@ -174,8 +167,8 @@ class RemoteBackend:
             try:
                 if model == protocol.TARGET:
                     await self.target.run(TargetCall(Op.RELEASE, keys, []))
-                elif model in self.local:
-                    await self.local[model].release(keys)
+                elif self.here is not None and model == protocol.DRAFTER:
+                    await self.here.release(keys)
                 else:
                     await self.call(model, protocol.encode_release(keys))
             except BackendError as exc:

@@ -112,6 +112,11 @@ class CacheSlots:
         if slot is not None:
             self.cache.truncate(slot, 0)
 
+    def release_all(self, keys: list[Hashable]) -> None:
+        """What a call or an idle loop frees: each key's slot emptied (a key without one is skipped)."""
+        for key in keys:
+            self.release(key)
+
     def release_stale(self) -> list[Hashable]:
         stale = self.slots.stale()
         for key in stale:
@@ -172,8 +177,7 @@ class TargetSlots(CacheSlots):
         KeyError for a call that does not fit its sequences (nothing changes then, beyond the releases it carries),
         RuntimeError when no slot is free."""
         self.release_stale()
-        for key in call.keys if call.op is Op.RELEASE else call.release:
-            self.release(key)
+        self.release_all(call.keys if call.op is Op.RELEASE else call.release)
         if call.op is Op.RELEASE:
             return Timed([], 0.0)
         new = len(call.sampling)
@@ -253,8 +257,7 @@ class DrafterSlots(CacheSlots):
         """Append each sequence's new features to its context (a new sequence takes a slot), then draft every
         block in one forward; the caller cuts the drafts. The sequences the call releases are freed first."""
         self.release_stale()
-        for key in call.release:
-            self.release(key)
+        self.release_all(call.release)
         for key in call.keys:
             if key not in self.slots.slot_of:
                 self.slots.acquire(key)
