@@ -489,7 +489,13 @@ def render_reliability(rec: dict, name: str) -> list[str]:
                      f"errors; TTFT p50 {s['ttft_p50_s']:.3f} s, p99 {s['ttft_p99_s']:.3f} s; resident memory after "
                      f"the warm-up to the end: {growth}; canary unchanged: "
                      f"{'yes' if s['canary_unchanged'] else 'NO'}"])
+    if "chaos" in sc:
+        rows.append(["chaos", "pass" if sc["chaos"]["passed"] else "**fail**", chaos_summary(sc["chaos"])])
     out += table(["scenario", "result", "measured"], rows)
+    if "chaos" in sc:
+        out += ["", "Chaos, by the kind of process killed (seconds from the kill; the worst of its kills):", ""]
+        out += table(["killed", "kills", "readiness false after", "ready again after", "served again after",
+                      "ready while failing"], chaos_by_kind(sc["chaos"]["rows"]))
     if "faults" in sc:
         f = sc["faults"]
         out += ["", f"Faults ({'pass' if f['passed'] else '**fail**'}): SIGKILL of each model process while "
@@ -501,6 +507,26 @@ def render_reliability(rec: dict, name: str) -> list[str]:
                        f2(r["s_to_first_success_after_ready"]), f"{r['requests_after_kill']} / {r['failed_after_kill']}",
                        str(r["hung"]), f2(r["longest_ready_while_failing_s"])] for r in f["rows"]])
     return out
+
+
+def chaos_summary(c: dict) -> str:
+    doors = ", ".join(f"{k} {v:,}" for k, v in c["requests_by_door"].items())
+    growth = c["memory_growth"].get("total")
+    return (f"{c['users']} users for {c['seconds'] / 60:.0f} min, {len(c['modes'])} modes: {c['requests']:,} requests "
+            f"({doors}; {c['cancelled']} cancelled by their client); {c['kills']} kills; {c['failed']:,} failed while a "
+            f"process was down, {c['failed_outside_faults']} outside a fault, {c['hung']} hung; the server's resident "
+            f"memory after the warm-up to the end {growth * 100:+.2f}%; canary unchanged: "
+            f"{'yes' if c['canary_unchanged'] else 'NO'}")
+
+
+def chaos_by_kind(rows: list[dict]) -> list[list[str]]:
+    def worst(kills: list[dict], key: str) -> str:
+        values = [k[key] for k in kills]
+        return "never" if any(v is None for v in values) else f2(max(values))
+
+    return [[f"`{kind}`", str(len(kills)), worst(kills, "to_not_ready_s"), worst(kills, "to_ready_s"),
+             worst(kills, "to_served_s"), worst(kills, "ready_while_failing_s")]
+            for kind in sorted({r["kind"] for r in rows}) for kills in [[r for r in rows if r["kind"] == kind]]]
 
 
 def malformed_outcomes(rows: list[dict]) -> dict[str, int]:

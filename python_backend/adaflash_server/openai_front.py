@@ -1,5 +1,5 @@
-"""An OpenAI-compatible HTTP endpoint (`/v1/models`, `/v1/completions`, `/v1/chat/completions`) in front of the
-server's own gRPC stream: `adaflash serve --openai-port`, or alone as `adaflash openai-front`.
+"""An OpenAI-compatible HTTP endpoint (`/v1/models`, `/v1/completions`, `/v1/chat/completions`, and its OpenAPI
+document at `/openapi.json`) in front of the server's own gRPC stream: `adaflash serve --openai-port`, or alone as `adaflash openai-front`.
 
 Why a front and not a second engine: every request goes through the `adaflash` model exactly as a gRPC client's
 would (the same admission queue, pacing, metrics and lossless decoding), so the HTTP text equals the gRPC text. The
@@ -76,6 +76,7 @@ from adaflash_contract.wire import (
     response_chunk,
 )
 from adaflash_server.launcher import connect
+from adaflash_server.openai_schema import CHAT, COMPLETIONS, MOST_COMPLETION_LOGPROBS, MOST_TOP_LOGPROBS, document, parameters
 from adaflash_server.security import (
     ServerTls,
     add_api_key_argument,
@@ -224,32 +225,14 @@ class Generation:
                 "chat_template_kwargs": self.params.chat_template_kwargs or {}}
 
 
-_NO_EFFECT: dict[str, Callable[[Any], bool]] = {  # parameters the server lacks: accepted only at their neutral value
-    "n": lambda v: v == 1,
-    "best_of": lambda v: v == 1,
-    "echo": lambda v: v is False,
-    "suffix": lambda v: v in ("", None),
-    "logit_bias": lambda v: not v,
-    "tools": lambda v: not v,
-    "tool_choice": lambda v: v in ("none", None),
-    "parallel_tool_calls": lambda v: v is None,
-    "functions": lambda v: not v,
-    "function_call": lambda v: v in ("none", None),
-    "response_format": lambda v: v is None or v == {"type": "text"},
-}
 # presence_penalty and frequency_penalty are OpenAI's; repetition_penalty and min_tokens vLLM's extensions.
 _PENALTIES = ("presence_penalty", "frequency_penalty", "repetition_penalty")
-_COMMON = {"model", "stream", "stream_options", "max_tokens", "temperature", "top_p", "top_k", "seed", "stop",
-           *_PENALTIES, "min_tokens", "spec_mode", "max_draft", "user", *_NO_EFFECT}
-_COMPLETION_FIELDS = {*_COMMON, "prompt", "logprobs"}
-_CHAT_FIELDS = {*_COMMON, "messages", "max_completion_tokens", "chat_template_kwargs", "logprobs", "top_logprobs"}
-_MOST_COMPLETION_LOGPROBS, _MOST_TOP_LOGPROBS = 5, 20  # OpenAI's limits of /v1/completions' and chat's counts
 _CHAT_ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
 
 
 def completion_generation(body: dict[str, Any], target: Target) -> Generation:
     """/v1/completions: one prompt string (OpenAI's default of 16 output tokens)."""
-    _check_fields(body, _COMPLETION_FIELDS, target)
+    _check_fields(body, COMPLETIONS, target)
     prompt = body.get("prompt")
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
         prompt = prompt[0]
@@ -257,14 +240,14 @@ def completion_generation(body: dict[str, Any], target: Target) -> Generation:
         raise _invalid("prompt", "must be a string (a batch of prompts, or token ids, is not supported)")
     max_tokens = _integer(body, "max_tokens", _COMPLETION_DEFAULT_MAX_TOKENS)
     generation = _generation(body, chat=False, prompt=prompt, max_tokens=max_tokens, max_tokens_param="max_tokens")
-    _ask_logprobs(generation, _alternatives(body, "logprobs", _MOST_COMPLETION_LOGPROBS) is not None, target)
+    _ask_logprobs(generation, _alternatives(body, "logprobs", MOST_COMPLETION_LOGPROBS) is not None, target)
     return generation
 
 
 def chat_generation(body: dict[str, Any], target: Target) -> Generation:
     """/v1/chat/completions: the last message is the user's turn (the model's text_input), the ones before
     travel as `messages`, and the server renders them all in the target's chat template."""
-    _check_fields(body, _CHAT_FIELDS, target)
+    _check_fields(body, CHAT, target)
     *history, last = _chat_messages(body.get("messages"))
     if last["role"] != "user":
         raise _invalid("messages", f"the last message must be the user's, got role {last['role']!r}")
@@ -277,7 +260,7 @@ def chat_generation(body: dict[str, Any], target: Target) -> Generation:
     if kwargs is not None and not isinstance(kwargs, dict):
         raise _invalid("chat_template_kwargs", "must be an object")
     generation.params.chat_template_kwargs = kwargs or None
-    _alternatives(body, "top_logprobs", _MOST_TOP_LOGPROBS)
+    _alternatives(body, "top_logprobs", MOST_TOP_LOGPROBS)
     _ask_logprobs(generation, _boolean(body, "logprobs", False), target)
     return generation
 
@@ -304,14 +287,16 @@ def _ask_logprobs(generation: Generation, wanted: bool, target: Target) -> None:
     generation.params.return_log_probs = wanted or None
 
 
-def _check_fields(body: dict[str, Any], allowed: set[str], target: Target) -> None:
-    """Unknown fields, and known ones the server cannot honour, are refused by name; so is another model."""
-    unknown = sorted(set(body) - allowed)
+def _check_fields(body: dict[str, Any], route: str, target: Target) -> None:
+    """Unknown fields, and known ones the server cannot honour, are refused by name (the table: `openai_schema`); so
+    is another model."""
+    allowed = parameters(route)
+    unknown = sorted(set(body) - set(allowed))
     if unknown:
         raise OpenAIError(400, f"Unrecognized request argument supplied: {unknown[0]}", param=unknown[0],
                           code="unsupported_parameter")
-    for name, neutral in _NO_EFFECT.items():
-        if name in body and not neutral(body[name]):
+    for name, param in allowed.items():
+        if param.no_op is not None and name in body and not param.accepts_as_no_op(body[name]):
             raise OpenAIError(400, f"{name}: not supported by this server (only {name}'s no-op value is accepted)",
                               param=name, code="unsupported_parameter")
     model = body.get("model")
@@ -352,6 +337,7 @@ def _message_text(content: Any, where: str) -> str:
 def _generation(body: dict[str, Any], chat: bool, prompt: str, max_tokens: int, max_tokens_param: str) -> Generation:
     """The fields both routes share; OpenAI's defaults (temperature 1, top_p 1), not the server's."""
     stream = _boolean(body, "stream", False)
+    _optional_string(body, "user")  # taken, not used: a client still learns when it sent something else
     options = body.get("stream_options")
     if options is not None and not stream:
         raise _invalid("stream_options", "only allowed when stream is true")
@@ -714,6 +700,9 @@ class Front:
         return JSONResponse({"object": "list", "data": [{"id": self.target.name, "object": "model", "created": 0,
                                                          "owned_by": "adaflash"}]})
 
+    async def openapi(self, request: Request) -> Response:
+        return JSONResponse(document(self.target.name))
+
     async def completions(self, request: Request) -> Response:
         return await self._answer(request, completion_generation)
 
@@ -929,7 +918,8 @@ class BodyLimit:
 def create_app(upstream: Upstream, target: Target, api_key: str | None = None,
                max_request_bytes: int | None = None) -> Starlette:
     front = Front(upstream, target)
-    routes = [Route("/v1/models", front.models, methods=["GET"]),
+    routes = [Route("/openapi.json", front.openapi, methods=["GET"]),
+              Route("/v1/models", front.models, methods=["GET"]),
               Route("/v1/completions", front.completions, methods=["POST"]),
               Route("/v1/chat/completions", front.chat_completions, methods=["POST"])]
 

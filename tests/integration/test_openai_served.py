@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import openai
+from openapi_spec_validator import validate as validate_openapi
 import pytest
 from helpers import fixed_costs, metric_total, scrape, wait_until
 
@@ -299,6 +300,22 @@ def test_an_unknown_route_is_an_openai_404(served):
         urllib.request.urlopen(f"{served[1].url}/embeddings", data=b"{}", timeout=30)
     assert refused.value.code == 404
     assert set(json.loads(refused.value.read())["error"]) == {"message", "type", "param", "code"}
+
+
+def test_the_openapi_document_is_served_and_its_examples_answer(served):
+    """`GET /openapi.json`: a valid OpenAPI 3.1 document naming the served model; each route's example, sent as it
+    stands, is answered (the schemas against the front's checks: tests/unit/test_openai_schema.py)."""
+    root = served[1].url.removesuffix("/v1")
+    with urllib.request.urlopen(f"{root}/openapi.json", timeout=30) as response:
+        doc = json.loads(response.read())
+    validate_openapi(doc)
+    for path, operation in doc["paths"].items():
+        if "post" not in operation:
+            continue
+        example = operation["post"]["requestBody"]["content"]["application/json"]["example"]
+        assert example["model"] == MODEL
+        status, answer, _ = _post(root + path, json.dumps(example).encode())
+        assert status == 200 and answer["choices"], (path, answer)
 
 
 STALL_S = 5.0  # what tells a request held behind a huge one from one that was not, whatever else runs here

@@ -91,3 +91,39 @@ def test_fuzzed_requests_keep_their_load_small_and_their_bodies_sendable():
 
     check()
     assert seen["json"] > 100 and seen["junk"] > 0
+
+
+def test_chaos_counts_a_failure_outside_every_fault_and_only_that():
+    """Requests failing while a killed process is down are the fault's; one failing while the server had been back
+    for more than a second is not explained by any kill."""
+    from adaflash_tools.chaos import Kill, Request, unexplained_failures
+
+    kills = [Kill("adaflash", at_s=10.0, pid=1, to_not_ready_s=0.1, to_ready_s=3.0, to_served_s=4.0)]
+
+    def failed(start: float, end: float) -> Request:
+        return Request("grpc", True, "ar", started=100 + start, ended=100 + end, ok=False, error="UNAVAILABLE")
+
+    inside = [failed(9.0, 10.2), failed(12.0, 12.1), failed(14.5, 14.9)]
+    outside = [failed(2.0, 3.0), failed(15.2, 15.3)]
+    ok = Request("grpc", True, "ar", started=120.0, ended=121.0, ok=True)
+    assert unexplained_failures([*inside, *outside, ok], kills, began=100.0) == outside
+
+
+def test_chaos_requires_recovery_in_time_and_readiness_to_turn_false():
+    """A kill passes when service is back within RECOVERED_S and readiness turned false, except the drafter's (the
+    server decodes without it, exactly, so it may rightly stay ready)."""
+    from adaflash_tools.chaos import RECOVERED_S, Kill
+
+    assert Kill("tritonserver", 1.0, 1, 0.0, 5.0, 6.0).passed()
+    assert not Kill("tritonserver", 1.0, 1, 0.0, 5.0, RECOVERED_S + 1).passed()
+    assert not Kill("adaflash", 1.0, 1, None, 5.0, 6.0).passed()
+    assert Kill("drafter", 1.0, 1, None, 5.0, 6.0).passed()
+    assert not Kill("drafter", 1.0, 1, 0.1, None, None).passed()
+
+
+def test_chaos_counts_a_request_past_its_deadline_as_hung_and_a_refusal_not():
+    from adaflash_tools.chaos import Request
+
+    assert Request("grpc", True, "ar", 0.0, error="StatusCode.DEADLINE_EXCEEDED").hung
+    assert Request("openai", True, "ar", 0.0, error="TimeoutError: ").hung
+    assert not Request("openai", False, "ar", 0.0, error="HTTP 503: unavailable").hung

@@ -1,6 +1,6 @@
 """Property-based fuzzing of both front doors: generated requests, well formed and not, to the OpenAI endpoint and
-to the `adaflash` model over gRPC, drawn by hypothesis from the request fields (`adaflash_contract.wire.FIELDS` and
-their OpenAI names).
+to the `adaflash` model over gRPC, drawn by hypothesis from the request fields (`adaflash_contract.wire.FIELDS`) and the
+OpenAI front's parameters (`adaflash_server.openai_schema`, the table its OpenAPI document is made from).
 
 What must hold whatever is sent: every request gets an answer (none hangs), no answer is a server error (HTTP 5xx
 other than 503; over gRPC an internal error or a failed generation), and once the traffic stops nothing is leaked
@@ -25,13 +25,11 @@ from hypothesis import strategies as st
 
 from adaflash_contract.modes import MODE_NAMES
 from adaflash_contract.wire import FIELDS
+from adaflash_server.openai_schema import PARAMETERS
 
 ANSWER_S = 120.0  # a request without an answer after this long counts as hung
 MAX_TOKENS = 8  # the most a generated valid request asks for: the fuzz is about input, not load
-OPENAI_PARAMS = ("model", "prompt", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p", "seed",
-                 "stop", "stream", "stream_options", "logprobs", "top_logprobs", "n", "spec_mode", "min_tokens",
-                 "presence_penalty", "frequency_penalty", "repetition_penalty", "top_k", "max_draft",
-                 "chat_template_kwargs", "logit_bias", "tools", "user")
+OPENAI_PARAMS = tuple(sorted({p.name for p in PARAMETERS}))  # both routes' (a route's own, sent to the other, is unknown)
 NUMPY = {"BOOL": np.bool_, "INT32": np.int32, "UINT64": np.uint64, "FP32": np.float32, "BYTES": np.object_}
 
 # Values of any JSON type, wild ones included: what a client may put in any field.

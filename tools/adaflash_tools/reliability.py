@@ -41,7 +41,8 @@ from adaflash_server.openai_front import FrontServer
 from adaflash_tools import fuzz as fuzzing
 
 MODELS = ("target", "drafter", "adaflash")  # the model processes the faults scenario kills in turn
-SCENARIOS = ("malformed", "fuzz", "huge_bodies", "cancellations", "overload", "soak", "faults")
+SCENARIOS = ("malformed", "fuzz", "huge_bodies", "cancellations", "overload", "soak", "faults", "chaos")
+APART = ("chaos",)  # scenarios run on a server of their own, the drafter in a model process of its own (`chaos.py`)
 CANARY = "The canary: greedy, the same answer every time."
 PROMPTS = [f"Request {i}: {w}" for i, w in enumerate(
     ["def fibonacci(n):", "Translate to French: good morning", "Summarise: the cat sat on the mat.",
@@ -64,20 +65,26 @@ class Scale:
     soak_s: float
     memory_every_s: float
     fuzz_requests: int = 200  # generated requests, half to each front door (`fuzz.py`)
+    chaos_s: float = 30  # `chaos.py`: how long the load runs while processes are killed (at least chaos_min_kills)
+    chaos_min_kills: int = 3
+    chaos_users: int = 3
+    chaos_gap_s: tuple[float, float] = (1.0, 3.0)  # the pause before a kill, after the last recovery: drawn uniformly
+    chaos_warmup_s: float = 3.0
 
 
 FULL = Scale(max_active=64, max_queued=256, overload_factor=4, overload_s=60, max_tokens=32, cancellations=1000,
-             fault_users=8, soak_s=1800, memory_every_s=10, fuzz_requests=6000)
+             fault_users=8, soak_s=1800, memory_every_s=10, fuzz_requests=6000, chaos_s=1800, chaos_min_kills=10,
+             chaos_users=8, chaos_gap_s=(40.0, 90.0), chaos_warmup_s=180.0)
 # Both runs kill each model's process in turn: the decoding loop (`adaflash`), the forward (the loop's own where the
 # target runs there), the drafter with its fallback.
 SHORT = Scale(max_active=4, max_queued=16, overload_factor=4, overload_s=5, max_tokens=16, cancellations=40,
               fault_users=2, soak_s=20, memory_every_s=2)
 
 
-def repository_config(scale: Scale) -> RepositoryConfig:
+def repository_config(scale: Scale, drafter_apart: bool = False) -> RepositoryConfig:
     return RepositoryConfig(max_active=scale.max_active, max_queued=scale.max_queued,
                             max_batch_size=max(8, scale.max_active), max_len=512, max_prompt_tokens=64,
-                            max_output_tokens=256)
+                            max_output_tokens=256, drafter_in_orchestrator=not drafter_apart)
 
 
 # Metrics ---------------------------------------------------------------------------------------------------
@@ -157,11 +164,13 @@ class Outcome:
 
 
 async def one_stream(client: grpcaio.InferenceServerClient, prompt: str, params: GenerationParams,
-                     cancel_after: int | None = None, cancel: asyncio.Event | None = None) -> Outcome:
-    """A streaming request read to its end, or cancelled after `cancel_after` responses with tokens or when
-    `cancel` is set; a request open longer than HANG_S ends as an error saying so."""
+                     cancel_after: int | None = None, cancel: asyncio.Event | None = None,
+                     stream: bool = True) -> Outcome:
+    """A request on a gRPC stream read to its end, or cancelled after `cancel_after` responses with tokens or when
+    `cancel` is set; a request open longer than HANG_S ends as an error saying so. `stream` False: the request asks
+    for its whole answer in one response."""
     async def requests():
-        yield {"model_name": "adaflash", "inputs": build_inputs(prompt, params, stream=True)}
+        yield {"model_name": "adaflash", "inputs": build_inputs(prompt, params, stream=stream)}
 
     start, seen, ttft, tokens = time.perf_counter(), 0, None, 0
     it = client.stream_infer(requests(), stream_timeout=HANG_S)
@@ -748,8 +757,17 @@ def memory_growth(samples: list[tuple[float, dict[str, int]]], warmup_s: float) 
 
 # Running the suite -----------------------------------------------------------------------------------------
 
+def chaos(server: TritonServer, scale: Scale) -> dict:
+    """Random kills of every process kind under a mixed load on both front doors (`chaos.py`); its server is one of
+    its own (`APART`)."""
+    from adaflash_tools import chaos as chaotic  # it builds on this module's helpers
+
+    return chaotic.run(server, scale)
+
+
 SCENARIO_FUNCTIONS: dict[str, Callable[[TritonServer, Scale], dict]] = {
-    "malformed": malformed, "fuzz": fuzz, "huge_bodies": huge_bodies, "cancellations": cancellations, "overload": overload, "soak": soak, "faults": faults}
+    "malformed": malformed, "fuzz": fuzz, "huge_bodies": huge_bodies, "cancellations": cancellations,
+    "overload": overload, "soak": soak, "faults": faults, "chaos": chaos}
 
 
 @dataclass
@@ -765,9 +783,9 @@ class Report:
         return all(s["passed"] for s in self.scenarios.values())
 
 
-def start_server(root: Path, scale: Scale, model_dir: Path | None) -> TritonServer:
+def start_server(root: Path, scale: Scale, model_dir: Path | None, drafter_apart: bool = False) -> TritonServer:
     repo = build_repository(root / "model_repository", model_dir or tiny_model_dir(root), "drafter",
-                            repository_config(scale))
+                            repository_config(scale, drafter_apart))
     return TritonServer(ServerConfig(model_repository=repo, state_dir=root / "server")).start()
 
 
@@ -788,20 +806,31 @@ def main(argv: list[str] | None = None) -> int:
     report = Report("short" if args.short else "full", str(args.model_dir or "tiny-random"), asdict(scale))
     if args.update and args.json.exists():
         report.scenarios = json.loads(args.json.read_text())["scenarios"]
+    names = args.scenarios.split(",")
     with tempfile.TemporaryDirectory(prefix="adaflash-reliability-") as tmp:
-        server = start_server(args.work or Path(tmp), scale, args.model_dir)
-        try:
-            for name in args.scenarios.split(","):
-                print(f"{name} ...", flush=True)
-                report.scenarios[name] = SCENARIO_FUNCTIONS[name](server, scale) | {"run_at": time.strftime(
-                    "%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
-                summary = {k: v for k, v in report.scenarios[name].items() if k not in ("rows", "failing")}
-                print(f"{name}: {json.dumps(summary)}", flush=True)
-                args.json.parent.mkdir(parents=True, exist_ok=True)
-                args.json.write_text(json.dumps(asdict(report) | {"passed": report.passed}, indent=1) + "\n")
-        finally:
-            server.stop()
+        root = args.work or Path(tmp)
+        for apart in (False, True):
+            todo = [n for n in names if (n in APART) == apart]
+            if not todo:
+                continue
+            server = start_server(root / ("apart" if apart else "shared"), scale, args.model_dir, drafter_apart=apart)
+            try:
+                for name in todo:
+                    run_scenario(report, name, server, scale, args.json)
+            finally:
+                server.stop()
     return 0 if report.passed else 1
+
+
+def run_scenario(report: Report, name: str, server: TritonServer, scale: Scale, out: Path) -> None:
+    """One scenario, its summary printed and the report written after it (a long run's results survive its end)."""
+    print(f"{name} ...", flush=True)
+    report.scenarios[name] = SCENARIO_FUNCTIONS[name](server, scale) | {"run_at": time.strftime(
+        "%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    summary = {k: v for k, v in report.scenarios[name].items() if k not in ("rows", "failing")}
+    print(f"{name}: {json.dumps(summary)}", flush=True)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(asdict(report) | {"passed": report.passed}, indent=1) + "\n")
 
 
 if __name__ == "__main__":
