@@ -4,6 +4,7 @@ vocabulary, and at toy size a folder the engine loads and decodes losslessly in 
 from __future__ import annotations
 
 import importlib.util
+import json
 from pathlib import Path
 
 import torch
@@ -55,3 +56,22 @@ def test_the_tiny_fixture_loads_and_every_mode_equals_plain_decoding(tmp_path):
     rows, equal = run_bench(engine, prompts, [None] * 4, list(MODE_NAMES), [1, 4], 12, SamplingParams(),
                             progress=False)
     assert equal and all(r["greedy_equal_to_ar"] for r in rows)
+
+
+def test_the_scale_benchmark_runs_at_toy_size_and_checks_every_mode(tmp_path):
+    """benchmarks/bench_scale.py end to end on the tiny shape (no llama.cpp): every part recorded, every mode equal
+    to plain decoding, each prompt length timed."""
+    path = Path(__file__).parents[2] / "benchmarks" / "bench_scale.py"
+    spec = importlib.util.spec_from_file_location("bench_scale_under_test", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    out = tmp_path / "scale.json"
+    assert bench.main(["--shape", "tiny", "--model-dir", str(tmp_path / "tiny"), "--prompt-lengths", "16,64",
+                       "--concurrency", "1,2", "--most-tokens", "128", "--max-tokens", "6", "--modes-prompt-tokens",
+                       "16", "--modes-concurrency", "1,2", "--modes-max-tokens", "6", "--long-max-tokens", "4",
+                       "--no-llama", "--json", str(out)]) == 0
+    record = json.loads(out.read_text())
+    assert set(record) == {"meta", "bandwidth", "ar", "memory", "modes", "long"}
+    assert {(r["prompt_tokens_each"], r["concurrency"]) for r in record["ar"]} == {(16, 1), (16, 2), (64, 1), (64, 2)}
+    assert record["modes"]["all_equal_to_ar"] and record["long"]["all_equal_to_ar"]
+    assert {r["mode"] for r in record["long"]["rows"]} == set(MODE_NAMES)
