@@ -33,6 +33,32 @@ def test_ready_while_failing_counts_failures_the_server_said_it_was_ready_for():
     assert reliability.ready_while_failing_s(polls, [8.0], since=0.0) == 2.0
 
 
+def test_ready_while_failing_equals_walking_back_through_the_polls():
+    """The linear-time version against the plain reading of its definition, on random runs of readiness."""
+    import random
+
+    def walking_back(polls, failures, since):
+        longest = 0.0
+        for t in failures:
+            before = [(pt, ok) for pt, ok in polls if pt <= t]
+            if not before or not before[-1][1]:
+                continue
+            start = since
+            for pt, ok in reversed(before):
+                if not ok:
+                    break
+                start = max(pt, since)
+            longest = max(longest, t - start)
+        return round(longest, 2)
+
+    rng = random.Random(0)
+    for _ in range(200):
+        polls = [(i * 0.5, rng.random() < 0.7) for i in range(rng.randint(0, 30))]
+        failures = sorted(rng.uniform(-1, 16) for _ in range(rng.randint(0, 10)))
+        since = rng.uniform(0, 10)
+        assert reliability.ready_while_failing_s(polls, failures, since) == walking_back(polls, failures, since)
+
+
 def test_histogram_quantile_is_the_bucket_holding_it():
     before = {0.1: 5, 1.0: 5, math.inf: 5}
     after = {0.1: 95, 1.0: 104, math.inf: 105}

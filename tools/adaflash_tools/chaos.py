@@ -235,6 +235,12 @@ def unexplained_failures(requests: list[Request], kills: list[Kill], began: floa
                                                           for start, end in windows)]
 
 
+def kill_spans(kills: list[Kill], began: float) -> list[tuple[float, float]]:
+    """Each kill's time until the next one's: the failures a kill's readiness is judged by."""
+    starts = [began + k.at_s - 0.05 for k in kills]
+    return list(zip(starts, [*starts[1:], float("inf")]))
+
+
 def run(server: TritonServer, scale: suite.Scale, seed: int = 0) -> dict:
     if not whole(server, KINDS):
         raise ValueError(f"chaos kills {', '.join(KINDS)}: this server runs "
@@ -282,7 +288,8 @@ def summary(server: TritonServer, load: Load, kills: list[Kill], memory: list, p
     failed = [r for r in requests if not r.ok]
     hung = [r for r in requests if r.hung]
     unexplained = unexplained_failures(requests, kills, began)
-    windows = [suite.ready_while_failing_s(polls, [r.ended for r in failed], began + k.at_s) for k in kills]
+    windows = [suite.ready_while_failing_s(polls, [r.ended for r in failed if since <= r.ended < until], since)
+               for since, until in kill_spans(kills, began)]
     growth = {name: round(memory[-1][1][name] / memory[0][1][name] - 1, 4)
               for name in ("total", *suite.resident_kib(server)) if name in memory[0][1] and name in memory[-1][1]}
     rows = [asdict(k) | {"ready_while_failing_s": w, "passed": k.passed()} for k, w in zip(kills, windows)]

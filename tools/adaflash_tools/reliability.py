@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import bisect
 import json
 import math
 import os
@@ -608,18 +609,18 @@ class Readiness(threading.Thread):
 
 def ready_while_failing_s(polls: list[tuple[float, bool]], failures: list[float], since: float) -> float:
     """The longest time a client could be failed while the server said it was ready: for each failure,
-    how long the server had been reporting ready (counted from `since`, the fault) when it happened."""
+    how long the server had been reporting ready (counted from `since`, the fault) when it happened. `polls` in time
+    order; linear in the polls, so that a run of an hour's polls and thousands of failures takes no time."""
+    times = [pt for pt, _ in polls]
+    run_start: list[float] = []  # the time of the first poll of the ready run each poll belongs to
+    for i, (pt, ok) in enumerate(polls):
+        run_start.append(run_start[-1] if ok and i and polls[i - 1][1] else pt)
     longest = 0.0
     for t in failures:
-        before = [(pt, ok) for pt, ok in polls if pt <= t]
-        if not before or not before[-1][1]:
+        i = bisect.bisect_right(times, t) - 1
+        if i < 0 or not polls[i][1]:
             continue
-        start = since
-        for pt, ok in reversed(before):
-            if not ok:
-                break
-            start = max(pt, since)
-        longest = max(longest, t - start)
+        longest = max(longest, t - max(run_start[i], since))
     return round(longest, 2)
 
 
