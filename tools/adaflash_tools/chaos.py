@@ -37,7 +37,7 @@ from adaflash_contract.modes import MODE_NAMES
 from adaflash_server.launcher import TritonServer, free_ports, stub_pids
 from adaflash_server.openai_front import FrontServer
 from adaflash_tools import fuzz as fuzzing
-from adaflash_tools import reliability as suite
+from adaflash_tools import probes
 
 KINDS = ("adaflash", "drafter", "tritonserver")  # the processes killed: orchestrator, drafter, the model server
 NOT_READY_S = 5.0  # readiness must turn false this soon after a kill (not the drafter's)
@@ -48,6 +48,18 @@ _SHM = Path("/dev/shm")
 # gRPC's reconnect backoff grows to 2 minutes, and channels to one address share its state: a client of a restarted
 # server would fail for seconds after it is ready again. The load's clients retry as the OpenAI front's channel does.
 GRPC_CHANNEL = [("grpc.max_reconnect_backoff_ms", 1000)]
+
+
+@dataclass(frozen=True)
+class Settings:
+    """How long and how hard (`reliability.Scale` gives the suite's two scales)."""
+
+    seconds: float  # the load runs this long while processes are killed (and until min_kills kills)
+    min_kills: int
+    users: int
+    gap_s: tuple[float, float]  # the pause before a kill, after the last recovery: drawn uniformly
+    warmup_s: float
+    max_tokens: int
 
 
 @dataclass
@@ -84,14 +96,14 @@ class Load(threading.Thread):
 
     def stop(self) -> None:
         self.stopped.set()
-        self.join(suite.HANG_S + 30)
+        self.join(probes.HANG_S + 30)
 
     def succeeded_since(self, t: float) -> bool:
         """A request sent at `t` or later ended with its answer."""
         return any(r.ok and r.started >= t for r in reversed(self.requests[-200:]))
 
     async def _users(self) -> None:
-        timeout = aiohttp.ClientTimeout(total=suite.HANG_S)
+        timeout = aiohttp.ClientTimeout(total=probes.HANG_S)
         async with aiohttp.ClientSession(timeout=timeout) as session:
             await asyncio.gather(*(self._user(u, session) for u in range(self.users)))
 
@@ -102,7 +114,7 @@ class Load(threading.Thread):
             door, stream = self.rng.choice(["grpc", "openai"]), self.rng.random() < 0.7
             request = Request(door, stream, self.rng.choice(MODE_NAMES), time.monotonic())
             cancel_after = self.rng.randint(1, 3) if stream and self.rng.random() < 0.2 else None
-            prompt = suite.PROMPTS[i % len(suite.PROMPTS)]
+            prompt = probes.PROMPTS[i % len(probes.PROMPTS)]
             i += self.users
             if door == "grpc":
                 grpc = grpc or grpcaio.InferenceServerClient(self.grpc_url, channel_args=GRPC_CHANNEL)
@@ -122,7 +134,7 @@ class Load(threading.Thread):
     async def _grpc(self, client: grpcaio.InferenceServerClient, request: Request, prompt: str,
                     cancel_after: int | None) -> None:
         params = GenerationParams(max_tokens=self.max_tokens, spec_mode=request.mode)
-        outcome = await suite.one_stream(client, prompt, params, cancel_after=cancel_after, stream=request.stream)
+        outcome = await probes.one_stream(client, prompt, params, cancel_after=cancel_after, stream=request.stream)
         request.ok, request.cancelled, request.error = outcome.ok, outcome.cancelled, outcome.error
 
     async def _openai(self, session: aiohttp.ClientSession, request: Request, prompt: str,
@@ -206,14 +218,14 @@ def kill_and_recover(server: TritonServer, kind: str, load: Load, began: float) 
     pid = process_pid(server, kind)
     killed_at = time.monotonic()
     os.kill(pid, signal.SIGKILL)
-    not_ready = suite.wait_for(lambda: not suite.ready(server), NOT_READY_S)
-    back = suite.wait_for(lambda: process_pid(server, kind) not in (None, pid) and whole(server, KINDS[:2])
-                          and suite.ready(server), 120)
+    not_ready = probes.wait_for(lambda: not probes.ready(server), NOT_READY_S)
+    back = probes.wait_for(lambda: process_pid(server, kind) not in (None, pid) and whole(server, KINDS[:2])
+                          and probes.ready(server), 120)
     ready_at = time.monotonic()
-    served = suite.wait_for(lambda: load.succeeded_since(ready_at), 60) if back is not None else None
+    served = probes.wait_for(lambda: load.succeeded_since(ready_at), 60) if back is not None else None
     to_served = None if served is None else time.monotonic() - killed_at
-    return Kill(kind, round(killed_at - began, 1), pid, suite._round(not_ready), suite._round(back),
-                suite._round(to_served))
+    return Kill(kind, round(killed_at - began, 1), pid, probes.rounded(not_ready), probes.rounded(back),
+                probes.rounded(to_served))
 
 
 def shm_bytes() -> int:
@@ -222,7 +234,7 @@ def shm_bytes() -> int:
 
 
 def server_memory(server: TritonServer) -> dict[str, int]:
-    kib = suite.resident_kib(server)
+    kib = probes.resident_kib(server)
     return kib | {"total": sum(kib.values()), "dev_shm": shm_bytes() // 1024}
 
 
@@ -241,36 +253,36 @@ def kill_spans(kills: list[Kill], began: float) -> list[tuple[float, float]]:
     return list(zip(starts, [*starts[1:], float("inf")]))
 
 
-def run(server: TritonServer, scale: suite.Scale, seed: int = 0) -> dict:
+def run(server: TritonServer, settings: Settings, seed: int = 0) -> dict:
     if not whole(server, KINDS):
         raise ValueError(f"chaos kills {', '.join(KINDS)}: this server runs "
                          f"{', '.join(['tritonserver', *stub_pids(server.pid)])} (start it with drafter_apart)")
     rng = random.Random(seed)
-    before = suite.canary(server, 8)
+    before = probes.canary(server, 8)
     front = FrontServer(server.grpc_url, "127.0.0.1", free_ports(1)[0]).start()
     model = fuzzing.served_name(front.url)
-    load = Load(server.grpc_url, front.url, model, scale.chaos_users, scale.max_tokens, seed, has_chat(front.url, model))
-    readiness = suite.Readiness(server)
+    load = Load(server.grpc_url, front.url, model, settings.users, settings.max_tokens, seed, has_chat(front.url, model))
+    readiness = probes.Readiness(server)
     kills: list[Kill] = []
     memory: list[tuple[float, dict[str, int]]] = []
     began = time.monotonic()
     try:
         load.start()
         readiness.start()
-        suite.wait_for(lambda: load.succeeded_since(began), suite.HANG_S)
-        time.sleep(scale.chaos_warmup_s)
+        probes.wait_for(lambda: load.succeeded_since(began), probes.HANG_S)
+        time.sleep(settings.warmup_s)
         memory.append((time.monotonic() - began, server_memory(server)))
-        deadline, bag = began + scale.chaos_s, []
-        while len(kills) < scale.chaos_min_kills or time.monotonic() < deadline:
-            time.sleep(rng.uniform(*scale.chaos_gap_s))
-            if len(kills) >= scale.chaos_min_kills and time.monotonic() >= deadline:
+        deadline, bag = began + settings.seconds, []
+        while len(kills) < settings.min_kills or time.monotonic() < deadline:
+            time.sleep(rng.uniform(*settings.gap_s))
+            if len(kills) >= settings.min_kills and time.monotonic() >= deadline:
                 break
             bag = bag or rng.sample(KINDS, len(KINDS))
             kills.append(kill_and_recover(server, bag.pop(), load, began))
             print(f"chaos: {json.dumps(asdict(kills[-1]))}", flush=True)
             if kills[-1].to_ready_s is None:
                 break  # the server did not come back: nothing more to learn from killing it again
-        time.sleep(min(scale.chaos_gap_s))  # the load on the last recovered server
+        time.sleep(min(settings.gap_s))  # the load on the last recovered server
         memory.append((time.monotonic() - began, server_memory(server)))
     finally:
         load.stop()
@@ -283,15 +295,15 @@ def run(server: TritonServer, scale: suite.Scale, seed: int = 0) -> dict:
 def summary(server: TritonServer, load: Load, kills: list[Kill], memory: list, polls: list, began: float,
             canary_before: str) -> dict:
     requests = load.requests
-    idle_s, counts = suite.seconds_until_idle(server)
-    same = suite.canary(server, 8) == canary_before
+    idle_s, counts = probes.seconds_until_idle(server)
+    same = probes.canary(server, 8) == canary_before
     failed = [r for r in requests if not r.ok]
     hung = [r for r in requests if r.hung]
     unexplained = unexplained_failures(requests, kills, began)
-    windows = [suite.ready_while_failing_s(polls, [r.ended for r in failed if since <= r.ended < until], since)
+    windows = [probes.ready_while_failing_s(polls, [r.ended for r in failed if since <= r.ended < until], since)
                for since, until in kill_spans(kills, began)]
     growth = {name: round(memory[-1][1][name] / memory[0][1][name] - 1, 4)
-              for name in ("total", *suite.resident_kib(server)) if name in memory[0][1] and name in memory[-1][1]}
+              for name in ("total", *probes.resident_kib(server)) if name in memory[0][1] and name in memory[-1][1]}
     rows = [asdict(k) | {"ready_while_failing_s": w, "passed": k.passed()} for k, w in zip(kills, windows)]
     by = {f"{d} {'stream' if s else 'whole'}": sum(r.door == d and r.stream == s for r in requests)
           for d in ("grpc", "openai") for s in (True, False)}
