@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import math
 
-from adaflash_tools import reliability
+from adaflash_tools import probes, reliability
 from adaflash_tools.reliability import Malformed
 
 
@@ -28,9 +28,9 @@ def test_a_refusal_by_our_models_must_be_a_client_error_naming_the_field():
 
 def test_ready_while_failing_counts_failures_the_server_said_it_was_ready_for():
     polls = [(0.0, True), (1.0, True), (2.0, False), (5.0, False), (6.0, True), (9.0, True)]
-    assert reliability.ready_while_failing_s(polls, [0.5, 1.9, 3.0], since=0.5) == 1.4
-    assert reliability.ready_while_failing_s(polls, [3.0, 4.0], since=0.0) == 0.0
-    assert reliability.ready_while_failing_s(polls, [8.0], since=0.0) == 2.0
+    assert probes.ready_while_failing_s(polls, [0.5, 1.9, 3.0], since=0.5) == 1.4
+    assert probes.ready_while_failing_s(polls, [3.0, 4.0], since=0.0) == 0.0
+    assert probes.ready_while_failing_s(polls, [8.0], since=0.0) == 2.0
 
 
 def test_ready_while_failing_equals_walking_back_through_the_polls():
@@ -56,7 +56,7 @@ def test_ready_while_failing_equals_walking_back_through_the_polls():
         polls = [(i * 0.5, rng.random() < 0.7) for i in range(rng.randint(0, 30))]
         failures = sorted(rng.uniform(-1, 16) for _ in range(rng.randint(0, 10)))
         since = rng.uniform(0, 10)
-        assert reliability.ready_while_failing_s(polls, failures, since) == walking_back(polls, failures, since)
+        assert probes.ready_while_failing_s(polls, failures, since) == walking_back(polls, failures, since)
 
 
 def test_histogram_quantile_is_the_bucket_holding_it():
