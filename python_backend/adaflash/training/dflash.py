@@ -14,14 +14,16 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import random
 from collections.abc import Callable
 from pathlib import Path
+from typing import IO
 
 import torch
 import torch.nn.functional as F
 from tokenizers import Tokenizer
-from torch import Tensor
+from torch import Tensor, nn
 from tqdm import tqdm
 
 from adaflash.cli_args import DEFAULT_MODEL_DIR, add_placement_args
@@ -29,10 +31,11 @@ from adaflash.decoding.engine import Engine
 from adaflash.decoding.sampling import SamplingParams
 from adaflash.decoding.sequence import Request, context_length, tau
 from adaflash.models.drafter import DFlashDrafter, DrafterConfig, block_size_of
-from adaflash.models.placement import move_to, place_of, placement
+from adaflash.models.placement import Placement, move_to, place_of, placement
 from adaflash.models.target import Transformer
 from adaflash.models.tokenizer import BYTE_SPECIALS
 from adaflash.corpus import DOMAINS, PROMPT_DOMAINS, TRAIN_LAYOUT, as_prompt, documents
+from adaflash.training.distributed import SINGLE, World, no_sync
 from adaflash.training.precision import autocast, check_master, master_place
 
 PUBLISHED_GAMMA = {16: 7.0, 10: 5.0, 8: 4.0}
@@ -127,6 +130,10 @@ def fit_drafter(
     progress: bool = False,
     max_new_steps: int | None = None,
     loss_fn: BlockLoss | None = None,
+    batch: int = 1,
+    world: World = SINGLE,
+    desc: str = "drafter",
+    feature_cache: int = 8 * 2**30,
 ) -> list[float]:
     """Train on (tokens, response_start) pairs with AdamW and cosine decay; returns this call's loss curve.
 
@@ -137,48 +144,139 @@ def fit_drafter(
     device, and on CUDA with a half placement the loss's forward runs under bf16 autocast. Anchors and the
     order come from CPU generators, so a seed gives the same run on every device.
 
-    One sequence per step, in a seeded order reshuffled every pass. With `run_dir`, metrics are
-    appended to metrics.jsonl and a checkpoint is written every `checkpoint_every` steps; a
-    later call with the same arguments resumes from it and ends with the same weights;
-    `max_new_steps` stops early (time-boxed sessions) after a checkpoint.
+    `batch` sequences per step (the global batch), in a seeded order reshuffled every pass; the loss is their
+    mean. Under torchrun (`world`) each process trains its share of every batch and DistributedDataParallel
+    averages the gradients, so a step is the same step at any world size (up to the order of float sums):
+    a sequence's anchors depend only on its place in the run, never on the process that trains it. One
+    sequence per step (`batch` 1) draws its anchors from one generator, as the recipe always did.
+    The target's features are computed when a sequence is first trained and kept while they fit in
+    `feature_cache` bytes (`FeatureStore`).
+
+    With `run_dir`, metrics (the global batch's mean loss) are appended to metrics.jsonl and a checkpoint is
+    written every `checkpoint_every` steps, by the main process; a later call with the same arguments, at any
+    world size, resumes from it and ends with the same weights; `max_new_steps` stops early (time-boxed
+    sessions) after a checkpoint.
     """
     place = place_of(target)
     check_master(drafter, place, "drafter")
-    data = training_data(target, sequences, drafter.config.target_layer_ids)
+    if batch < 1 or batch % world.size:
+        raise ValueError(f"batch: {batch} sequences per step do not split over {world.size} processes")
+    if batch > 1:  # every process runs every step's forwards: none may lack a token to predict
+        sequences = [(t, s) for t, s in sequences if len(t) - 1 > max(s - 1, 0)]
+    features = FeatureStore(target, sequences, drafter.config.target_layer_ids, feature_cache)
     for p in target.parameters():
         p.requires_grad_(False)
     opt = torch.optim.AdamW(drafter.parameters(), lr=lr, weight_decay=0.0)
     g = torch.Generator().manual_seed(seed)
-    step = _resume(run_dir, drafter, opt, g)
-    log = None if run_dir is None else (run_dir / "metrics.jsonl").open("a")
+    step = _resume(run_dir, drafter, opt, g, world.is_main)
+    model = world.wrap(SequenceLoss(drafter, loss_fn or dflash_loss))
+    log = None if run_dir is None or not world.is_main else (run_dir / "metrics.jsonl").open("a")
     drafter.train()
     losses: list[float] = []
     gamma = default_gamma(drafter.config.block_size)
-    loss_fn = loss_fn or dflash_loss
     stop_at = steps if max_new_steps is None else min(steps, step + max_new_steps)
-    for step in tqdm(range(step, stop_at), initial=step, total=steps, disable=not progress, desc="drafter"):
-        tokens, feats, start = data[_order(len(data), step, seed)]
-        anchors = sample_anchors(max(start - 1, 0), tokens.shape[0], anchors_per_seq, g)
-        if anchors.numel() == 0:
+    bar = tqdm(range(step, stop_at), initial=step, total=steps, disable=not (progress and world.is_main), desc=desc)
+    for step in bar:
+        picks = [_pick(features, step, i, batch, seed, anchors_per_seq, g) for i in world.share(batch)]
+        if batch == 1 and picks[0][1].numel() == 0:
             continue
         for group in opt.param_groups:
             group["lr"] = lr * 0.5 * (1 + math.cos(math.pi * step / steps))
-        with autocast(place):
-            loss = loss_fn(drafter, target, tokens, feats, anchors.to(tokens.device), gamma)
         opt.zero_grad()
-        loss.backward()
+        local = _accumulate(model, target, picks, gamma, place)
         opt.step()
-        losses.append(loss.item())
+        losses.append(world.mean(local, place.device))
+        bar.set_postfix(loss=f"{losses[-1]:.3f}", refresh=False)
         if log is not None:
-            log.write(json.dumps({"step": step + 1, "loss": round(losses[-1], 4), "lr": opt.param_groups[0]["lr"]}) + "\n")
-            if (step + 1) % checkpoint_every == 0 or step + 1 == stop_at:
-                log.flush()
-                torch.save({"drafter": drafter.state_dict(), "optimizer": opt.state_dict(), "step": step + 1,
-                            "generator": g.get_state()}, run_dir / "checkpoint.pt")
+            log.write(json.dumps({"step": step + 1, "loss": round(losses[-1], 6), "lr": opt.param_groups[0]["lr"]}) + "\n")
+        if run_dir is not None and ((step + 1) % checkpoint_every == 0 or step + 1 == stop_at):
+            _checkpoint(run_dir, drafter, opt, g, step + 1, log, world)
+    bar.close()
     if log is not None:
         log.close()
     drafter.eval()
     return losses
+
+
+class SequenceLoss(nn.Module):
+    """The drafter and its loss as one module whose forward is one sequence's loss: what DistributedDataParallel
+    wraps, since it synchronises gradients of what runs through its forward (the loss calls the drafter's parts,
+    not its forward). The frozen target is an argument, not a submodule, so it is neither broadcast nor synced."""
+
+    def __init__(self, drafter: DFlashDrafter, loss_fn: BlockLoss) -> None:
+        super().__init__()
+        self.drafter, self.loss_fn = drafter, loss_fn
+
+    def forward(self, target: Transformer, tokens: Tensor, features: Tensor, anchors: Tensor, gamma: float) -> Tensor:
+        return self.loss_fn(self.drafter, target, tokens, features, anchors, gamma)
+
+
+class FeatureStore:
+    """Tokens and target features of each training sequence, computed on first use on the target's device and
+    kept while they fit in `budget` bytes: a process computes only the sequences it trains, and a large corpus
+    need not fit in memory at once (beyond the budget, features are recomputed: the same values)."""
+
+    def __init__(self, target: Transformer, sequences: list[tuple[list[int], int]], layer_ids: list[int],
+                 budget: int = 8 * 2**30) -> None:
+        self.target, self.sequences, self.layer_ids, self.budget = target, sequences, layer_ids, budget
+        self.kept: dict[int, tuple[Tensor, Tensor, int]] = {}
+        self.kept_bytes = 0
+
+    def __len__(self) -> int:
+        return len(self.sequences)
+
+    def __getitem__(self, i: int) -> tuple[Tensor, Tensor, int]:
+        if i in self.kept:
+            return self.kept[i]
+        tokens, start = self.sequences[i]
+        device = place_of(self.target).device
+        item = (torch.tensor(tokens, device=device), target_features(self.target, tokens, self.layer_ids), start)
+        size = item[1].numel() * item[1].element_size()
+        if self.kept_bytes + size <= self.budget:
+            self.kept[i], self.kept_bytes = item, self.kept_bytes + size
+        return item
+
+
+def _pick(features: FeatureStore, step: int, i: int, batch: int, seed: int, count: int,
+          g: torch.Generator) -> tuple[tuple[Tensor, Tensor, int], Tensor]:
+    """The `i`-th sequence of step `step`'s global batch and its anchors: from the run's generator with one
+    sequence per step (the recipe's draw), else from a generator seeded by the sequence's place in the run."""
+    position = step * batch + i
+    item = features[_order(len(features), position, seed)]
+    tokens, _, start = item
+    draw = g if batch == 1 else torch.Generator().manual_seed(seed * 1_000_003 + position)
+    return item, sample_anchors(max(start - 1, 0), tokens.shape[0], count, draw)
+
+
+def _accumulate(model: nn.Module, target: Transformer, picks: list[tuple[tuple[Tensor, Tensor, int], Tensor]],
+                gamma: float, place: Placement) -> float:
+    """Backward of the mean loss of this process's sequences, one at a time (one sequence's activations in memory),
+    gradients synchronised once, on the last; returns that mean."""
+    total = 0.0
+    for k, ((tokens, feats, _), anchors) in enumerate(picks):
+        if anchors.numel() == 0:
+            raise ValueError("a training sequence has no response token to predict: drop it before training")
+        with no_sync(model, keep=k < len(picks) - 1):
+            with autocast(place):
+                loss = model(target, tokens, feats, anchors.to(tokens.device), gamma)
+            (loss / len(picks)).backward()
+        total += loss.item()
+    return total / len(picks)
+
+
+def _checkpoint(run_dir: Path, drafter: DFlashDrafter, opt: torch.optim.Optimizer, g: torch.Generator, step: int,
+                log: IO[str] | None, world: World) -> None:
+    """The main process writes the state to resume from, whole or not at all (a kill mid-write leaves the previous
+    one); the metrics are flushed first, so they never end before the checkpoint does."""
+    if world.is_main:
+        if log is not None:
+            log.flush()
+        state = {"drafter": drafter.state_dict(), "optimizer": opt.state_dict(), "step": step,
+                 "generator": g.get_state()}
+        tmp = run_dir / "checkpoint.pt.tmp"
+        torch.save(state, tmp)
+        os.replace(tmp, run_dir / "checkpoint.pt")
+    world.barrier()
 
 
 def _order(n: int, step: int, seed: int) -> int:
@@ -187,21 +285,42 @@ def _order(n: int, step: int, seed: int) -> int:
     return int(torch.randperm(n, generator=torch.Generator().manual_seed(seed * 7919 + epoch))[i])
 
 
-def _resume(run_dir: Path | None, drafter: DFlashDrafter, opt: torch.optim.Optimizer, g: torch.Generator) -> int:
+def _resume(run_dir: Path | None, drafter: DFlashDrafter, opt: torch.optim.Optimizer, g: torch.Generator,
+            writer: bool = True) -> int:
     """Step to start from: 0, or the one saved in run_dir/checkpoint.pt (whose state is loaded). Read onto the
     CPU, whatever device wrote it: the loads copy into the models' devices, and the generator state is a CPU
-    tensor."""
+    tensor. The `writer` drops metrics logged after that checkpoint (a run killed between two): they are logged
+    again."""
     if run_dir is None:
         return 0
     run_dir.mkdir(parents=True, exist_ok=True)
     ckpt = run_dir / "checkpoint.pt"
-    if not ckpt.exists():
-        return 0
-    state = torch.load(ckpt, weights_only=False, map_location="cpu")
-    drafter.load_state_dict(state["drafter"])
-    opt.load_state_dict(state["optimizer"])
-    g.set_state(state["generator"])
-    return state["step"]
+    step = 0
+    if ckpt.exists():
+        state = torch.load(ckpt, weights_only=False, map_location="cpu")
+        drafter.load_state_dict(state["drafter"])
+        opt.load_state_dict(state["optimizer"])
+        g.set_state(state["generator"])
+        step = state["step"]
+    if writer:
+        _truncate_metrics(run_dir / "metrics.jsonl", step)
+    return step
+
+
+def _truncate_metrics(path: Path, step: int) -> None:
+    """Keep the whole lines of steps up to `step`; a line cut by a kill is dropped."""
+    if not path.exists():
+        return
+    kept = []
+    for line in path.read_text().splitlines():
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            break
+        if row["step"] > step:
+            break
+        kept.append(line + "\n")
+    path.write_text("".join(kept))
 
 
 def new_drafter(target: Transformer, mask_token_id: int, num_layers: int = 2, block_size: int = 16,

@@ -198,6 +198,33 @@ def split(n: int, holdout: float, seed: int) -> tuple[list[int], list[int]]:
     return order[cut:], order[:cut]
 
 
+@dataclass(frozen=True)
+class HeadsSchedule:
+    """How the heads are fitted: steps, blocks drawn per sequence, the share of sequences kept for calibration."""
+
+    steps: int = 600
+    anchors: int = 16
+    holdout: float = 0.1
+
+
+def train_heads(drafter: DFlashDrafter, target: Transformer, rows: list[dict], schedule: HeadsSchedule, seed: int,
+                heads: tuple[str, ...] = tuple(HEADS), progress: bool = False) -> tuple[dict, list[float]]:
+    """Fit the heads in `heads` (already added to `drafter`, `with_heads`) on blocks of the target's text `rows`
+    (domain, prompt, response), measure their calibration on sequences kept out; returns the report
+    (`calibration.json`) and the loss curve."""
+    train_idx, held_idx = split(len(rows), schedule.holdout, seed)
+
+    def blocks(idx: list[int]) -> Blocks:
+        seqs = [(rows[i]["prompt"] + rows[i]["response"], len(rows[i]["prompt"])) for i in idx]
+        return collect_blocks(drafter, target, seqs, [rows[i]["domain"] for i in idx], schedule.anchors, seed,
+                              progress)
+
+    losses = fit_heads(drafter, blocks(train_idx), schedule.steps, seed=seed, progress=progress, heads=heads)
+    report = {"fitted": list(heads), "sequences": {"train": len(train_idx), "holdout": len(held_idx)},
+              "last_loss": round(sum(losses[-20:]) / len(losses[-20:]), 4), **calibration(drafter, blocks(held_idx))}
+    return report, losses
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="adaflash-train-heads", description=__doc__)
     p.add_argument("--model-dir", type=Path, default=DEFAULT_MODEL_DIR)
@@ -225,16 +252,9 @@ def main(argv: list[str] | None = None) -> int:
     master = master_place(place)  # the heads train in fp32 on the device, the drafter frozen beside them
     drafter = move_to(with_heads(DFlashDrafter.from_pretrained(args.model_dir / args.drafter, master), args.head_dim,
                                  args.seed, heads), master)
-    train_idx, held_idx = split(len(rows), args.holdout, args.seed)
-
-    def blocks(idx: list[int]) -> Blocks:
-        seqs = [(rows[i]["prompt"] + rows[i]["response"], len(rows[i]["prompt"])) for i in idx]
-        return collect_blocks(drafter, target, seqs, [rows[i]["domain"] for i in idx], args.anchors, args.seed, True)
-
-    losses = fit_heads(drafter, blocks(train_idx), args.steps, seed=args.seed, progress=True, heads=heads)
-    report = {"drafter": args.drafter, "fitted": list(heads),
-              "sequences": {"train": len(train_idx), "holdout": len(held_idx)},
-              "last_loss": round(sum(losses[-20:]) / len(losses[-20:]), 4), **calibration(drafter, blocks(held_idx))}
+    report, _ = train_heads(drafter, target, rows, HeadsSchedule(args.steps, args.anchors, args.holdout),
+                            args.seed, heads=heads, progress=True)
+    report = {"drafter": args.drafter, **report}
     drafter.save_pretrained(args.model_dir / out, dtype=torch.float16)
     (args.model_dir / out / "calibration.json").write_text(json.dumps(report, indent=1) + "\n")
     print(json.dumps({k: v for k, v in report.items() if k not in ("per_position", "per_domain")}))

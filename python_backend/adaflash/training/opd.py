@@ -17,8 +17,10 @@ Both start from the same drafter and get the same rounds, prompts and steps.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import shutil
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -41,6 +43,8 @@ from adaflash.training.dflash import (
     regenerate,
     training_prompts,
 )
+from adaflash.training.distributed import SINGLE, World
+from adaflash.training.generation import Generation, generate_rows
 from adaflash.training.precision import master_place
 
 KINDS = ("reverse", "forward")
@@ -84,12 +88,45 @@ def distill_loss(cfg: DistillConfig) -> BlockLoss:
     return loss
 
 
+RoundPrompts = Callable[[int], list[tuple[str, list[int]]]]
+"""round number (from 1) -> that round's (domain, prompt ids)."""
+
+
+@dataclass(frozen=True)
+class RoundSchedule:
+    """What every round trains: steps, learning rate, anchors per sequence, sequences per step (the global batch)."""
+
+    steps: int
+    lr: float
+    anchors: int
+    batch: int = 1
+    feature_cache: int = 8 * 2**30  # bytes of target features kept between steps (`dflash.FeatureStore`)
+
+
 def run_rounds(target: Transformer, drafter: DFlashDrafter, tokenizer: Tokenizer, data_dir: Path, work: Path,
                cfg: DistillConfig, rounds: int, prompts_per_domain: int, steps: int, lr: float, anchors: int,
                response_tokens: int, max_prompt_tokens: int, temperatures: tuple[float, ...], seed: int) -> DFlashDrafter:
+    """All rounds on fresh prompts of the corpus folder `data_dir` each round (`distill_rounds`)."""
+
+    def prompts(r: int) -> list[tuple[str, list[int]]]:
+        return training_prompts(data_dir, tokenizer, prompts_per_domain, max_prompt_tokens, seed + 1000 * r)
+
+    return distill_rounds(target, drafter, work, cfg, rounds, prompts, RoundSchedule(steps, lr, anchors),
+                          response_tokens, temperatures, seed)
+
+
+def distill_rounds(target: Transformer, drafter: DFlashDrafter, work: Path, cfg: DistillConfig, rounds: int,
+                   prompts: RoundPrompts, schedule: RoundSchedule, response_tokens: int,
+                   temperatures: tuple[float, ...], seed: int, world: World = SINGLE, generation: Generation | None = None,
+                   version_dtype: torch.dtype = torch.float16, progress: bool = True) -> DFlashDrafter:
     """All rounds, resumable: a published version is loaded instead of retrained (where `drafter` is, fp32 on the
     training device), a round's generation and training pick up from their files. Appends one line per round
-    to <work>/rounds.jsonl."""
+    to <work>/rounds.jsonl; returns the last round's drafter.
+
+    Alone and without `generation`, a round's text comes from `regenerate` (one file, as the recipe always made
+    it); with `generation` (`adaflash train`), from chunks the processes of `world` share. Versions are written by
+    the main process in `version_dtype`: float32 makes a resumed run continue from exactly the weights an
+    uninterrupted one holds."""
     for r in range(1, rounds + 1):
         version = work / "versions" / str(r)
         if (version / "config.json").exists():
@@ -97,22 +134,32 @@ def run_rounds(target: Transformer, drafter: DFlashDrafter, tokenizer: Tokenizer
             continue
         round_dir = work / f"round-{r}"
         round_dir.mkdir(parents=True, exist_ok=True)
-        tagged = training_prompts(data_dir, tokenizer, prompts_per_domain, max_prompt_tokens, seed + 1000 * r)
-        prompts = [p for _, p in tagged]
-        responses = regenerate(target, prompts, response_tokens, out=round_dir / "generated.jsonl", progress=True,
-                               tags=[d for d, _ in tagged], drafter=drafter, temperatures=temperatures, seed=seed + r)
-        rows = [json.loads(line) for line in (round_dir / "generated.jsonl").read_text().splitlines()]
-        losses = fit_drafter(drafter, target, [(p + o, len(p)) for p, o in zip(prompts, responses)], steps, lr=lr,
-                             anchors_per_seq=anchors, seed=seed + r, run_dir=round_dir, progress=True,
-                             loss_fn=distill_loss(cfg))
-        drafter.save_pretrained(version, dtype=torch.float16)
+        tagged = prompts(r)
+        ids, tags = [p for _, p in tagged], [d for d, _ in tagged]
+        if generation is None and world.size == 1:
+            responses = regenerate(target, ids, response_tokens, out=round_dir / "generated.jsonl", progress=progress,
+                                   tags=tags, drafter=drafter, temperatures=temperatures, seed=seed + r)
+            rows = [json.loads(line) for line in (round_dir / "generated.jsonl").read_text().splitlines()]
+        else:
+            how = dataclasses.replace(generation or Generation(response_tokens), max_tokens=response_tokens,
+                                      temperatures=temperatures, seed=seed + r)
+            rows = generate_rows(target, drafter, ids, tags, round_dir, how, world, progress)
+            responses = [row["response"] for row in rows]
+        losses = fit_drafter(drafter, target, [(p + o, len(p)) for p, o in zip(ids, responses)], schedule.steps,
+                             lr=schedule.lr, anchors_per_seq=schedule.anchors, seed=seed + r, run_dir=round_dir,
+                             progress=progress, loss_fn=distill_loss(cfg), batch=schedule.batch, world=world,
+                             desc=f"opd round {r}", feature_cache=schedule.feature_cache)
         taus = [row["tau"] for row in rows if row["tau"] is not None]
-        line = {"round": r, "kind": cfg.kind, "sequences": len(prompts),
+        line = {"round": r, "kind": cfg.kind, "sequences": len(ids),
                 "generation_tau": round(sum(taus) / len(taus), 4) if taus else None,
                 "last_loss": round(sum(losses[-20:]) / len(losses[-20:]), 4) if losses else None}
-        with (work / "rounds.jsonl").open("a") as f:
-            f.write(json.dumps(line) + "\n")
-        print(json.dumps(line), flush=True)
+        if world.is_main:
+            drafter.save_pretrained(version, dtype=version_dtype)
+            with (work / "rounds.jsonl").open("a") as f:
+                f.write(json.dumps(line) + "\n")
+            if progress:
+                print(json.dumps(line), flush=True)
+        world.barrier()
     return drafter
 
 
