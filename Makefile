@@ -143,5 +143,17 @@ SOAK_ARGS ?=
 soak: venv
 	$(BIN)/python -m adaflash_tools.reliability --json bench-out/reliability.json $(SOAK_ARGS)
 
+# The containers for real (tools/adaflash_tools/image_check.py; docs/deployment.md): a Docker daemon of its own when
+# none answers (root, Debian's docker.io), debian:bookworm-slim from debootstrap when it cannot be pulled, the CPU
+# image built (time and size printed), run until healthy, a gRPC (adaflash-client) and an OpenAI SDK completion,
+# everything it started removed. compose-check adds docker-compose.yml's server, loadtest and fleet, one replica
+# killed under load. Not in `make test` (minutes to tens of minutes); reports in bench-out/.
+.PHONY: image-check compose-check
+image-check: venv
+	$(BIN)/python -m adaflash_tools.image_check --json bench-out/image-check.json
+
+compose-check: venv
+	$(BIN)/python -m adaflash_tools.image_check --compose --json bench-out/compose-check.json
+
 clean:
 	rm -rf $(VENV) bench-out .serve work

