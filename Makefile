@@ -23,20 +23,18 @@ serve: venv
 
 # The default models, trained from scratch on a corpus folder (hours on CPU; resumable: rerun to continue):
 #   make models DATA=<folder>    (its layout: python_backend/adaflash/data/README.md, "Training corpus")
-# the target; the DFlash drafter in two stages (drafter-dflash-stage1/ is only the second stage's start);
-# from it, on-policy distillation with forward KL (OSD baseline, drafter-osd/) and with reverse KL
-# (drafter-adaflash/); the served drafter/ = the AdaFlash drafter with its length heads.
+# the target; then `adaflash train` (docs/training.md), the recipe any target takes: the DFlash drafter's first
+# stage (drafter-dflash-stage1/, the start of the rest), then regeneration, DFlash (drafter-dflash/), on-policy
+# distillation with reverse KL (drafter-adaflash/) and the length heads: the served drafter/. Beside them, the OSD
+# baseline (forward KL, drafter-osd/) that `make evaluate` compares.
 DATA ?=
 models: corpus venv
 	$(BIN)/adaflash-pretrain all --data $(DATA) --work work/pretrain --out models/default/target
-	$(BIN)/adaflash-train-drafter --model-dir models/default --data $(DATA) --out drafter-dflash-stage1 \
-		--work work/drafter-dflash --steps 3000
-	$(BIN)/adaflash-train-drafter --model-dir models/default --data $(DATA) --out drafter-dflash \
-		--work work/drafter-dflash2 --prompts-per-domain 700 --steps 6000 --lr 2e-3 --init models/default/drafter-dflash-stage1
+	$(BIN)/adaflash train --target models/default/target --data $(DATA) --out models/default/drafter-dflash-stage1 \
+		--work work/train-stage1 --stages dflash --prompts-per-domain 200 --dflash-steps 3000 --dflash-lr 1e-3
+	$(BIN)/adaflash train --target models/default/target --data $(DATA) --out models/default/drafter \
+		--work work/train --init models/default/drafter-dflash-stage1 --stage-drafters models/default
 	$(BIN)/adaflash-train-opd --model-dir models/default --data $(DATA) --kind forward --out drafter-osd $(OPD_ARGS)
-	$(BIN)/adaflash-train-opd --model-dir models/default --data $(DATA) --kind reverse --out drafter-adaflash $(OPD_ARGS)
-	$(BIN)/adaflash-train-heads --model-dir models/default --drafter drafter-adaflash --out drafter \
-		--regenerated work/drafter-dflash2/regenerated.jsonl
 OPD_ARGS ?= --rounds 2 --prompts-per-domain 40 --steps 300
 
 # `make models` stops here without a corpus, saying what to give it.
