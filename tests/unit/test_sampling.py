@@ -14,6 +14,7 @@ from adaflash_contract.modes import MODE_NAMES
 from adaflash.decoding.sampling import (
     History,
     SamplingParams,
+    log_probs_of,
     process_logits,
     target_probs,
     verify_greedy,
@@ -304,3 +305,20 @@ def test_verify_sampled_resamples_from_the_residual():
             assert committed[0] != 0
         elif len(committed) == 2:
             assert committed[1] != 1
+
+
+def test_a_temperature_near_zero_puts_all_the_mass_on_the_likeliest_token():
+    """The fuzz found 1.175494351e-38 (float32's smallest normal) answered with a server error: never NaN."""
+    logits = torch.tensor([[1.0, 3.0, -2.0, float("-inf")], [0.5, 0.25, 0.75, 0.0]])
+    for temperature in (1.175494351e-38, 1e-45, 1e-30):
+        probs = target_probs(logits, SamplingParams(temperature=temperature, top_p=0.9))
+        assert torch.isfinite(probs).all()
+        assert probs.argmax(-1).tolist() == [1, 2] and probs.max(-1).values.tolist() == [1.0, 1.0]
+        assert all(torch.isfinite(torch.tensor(log_probs_of(logits, SamplingParams(temperature=temperature), [1, 2]))))
+
+
+def test_an_ordinary_temperature_gives_the_same_distribution_as_dividing():
+    logits = torch.randn(3, 50)
+    for temperature in (0.3, 1.0, 2.5):
+        expected = torch.softmax(logits / temperature, dim=-1)
+        assert torch.allclose(target_probs(logits, SamplingParams(temperature=temperature)), expected, atol=1e-6)

@@ -110,19 +110,26 @@ def _prefix_counts(tokens: Tensor, base: int, rows: int, vocab: int, start: int)
     return counts
 
 
+def tempered(logits: Tensor, temperature: float) -> Tensor:
+    """Logits over the temperature, each row shifted so that its largest is 0 first: the same distribution, but a
+    temperature near 0 (a float's smallest) sends the others to -inf instead of every logit to +-inf, whose softmax
+    is NaN. The likeliest token then has all the mass, as greedy decoding gives it."""
+    return (logits - logits.amax(dim=-1, keepdim=True)) / temperature
+
+
 def log_probs_of(logits: Tensor, params: SamplingParams, chosen: list[int]) -> list[float]:
     """log p of chosen[j] under row j: the processed logits at the request's temperature (1 when greedy), before
     top-k and top-p, as TensorRT-LLM and vLLM report them."""
     rows = logits[: len(chosen)].float()
     if not params.greedy:
-        rows = rows / params.temperature
+        rows = tempered(rows, params.temperature)
     logp = torch.log_softmax(rows, dim=-1)
     return logp[torch.arange(len(chosen)), torch.tensor(chosen)].tolist()
 
 
 def target_probs(logits: Tensor, params: SamplingParams) -> Tensor:
     """The distribution sampled from: temperature, then top-k, then top-p (nucleus), as in Hugging Face."""
-    logits = logits.float() / params.temperature
+    logits = tempered(logits.float(), params.temperature)
     if params.top_k > 0 and params.top_k < logits.shape[-1]:
         kth = torch.topk(logits, params.top_k, dim=-1).values[..., -1:]
         logits = logits.masked_fill(logits < kth, float("-inf"))
