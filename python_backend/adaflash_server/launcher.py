@@ -37,6 +37,7 @@ from typing import IO, TYPE_CHECKING
 
 from adaflash.serving.threads import openmp_wait_env
 from adaflash_contract.connection import Tls, grpc_options
+from adaflash_server import shm
 from adaflash_server.security import ServerTls
 
 if TYPE_CHECKING:
@@ -344,6 +345,7 @@ class Healer(threading.Thread):
         pid = self.server.pid
         if pid is None:
             return
+        self.server.note_regions()
         dead = self._dead(client, pid)
         if dead:
             dead = self._dead(client, pid)  # again: a model being unloaded (a hot swap) ends its process too
@@ -494,6 +496,7 @@ class TritonServer:
         # After a drain: Triton still counts requests in flight that the orchestrator has ended (cancelled
         # streams), so its own shutdown would wait out its exit timeout and fail; stopping kills it instead.
         self._stranded = False
+        self._regions: set[Path] = set()  # the server's shared-memory regions (`note_regions`)
 
     @property
     def grpc_url(self) -> str:
@@ -555,6 +558,13 @@ class TritonServer:
         except BaseException:  # also Ctrl-C during a long model load: never leave a server behind
             self._terminate()
             raise
+        self.note_regions()
+
+    def note_regions(self) -> None:
+        """Remember the shared-memory regions the server maps now (models reloaded since map new ones), for
+        `_cleanup` to remove once the server is gone (`shm`: a killed server leaves them in /dev/shm)."""
+        if self._process is not None:
+            self._regions |= shm.mapped_regions(self._process.pid)
 
     def _wait_ready(self) -> None:
         deadline = time.monotonic() + self.config.ready_timeout_s
@@ -678,6 +688,8 @@ class TritonServer:
         if self._process is None:
             return
         _kill_group(self._process.pid)  # once, right after the exit: the group id is still ours
+        shm.remove_unmapped(self._regions)  # a clean exit removed them; a killed server left them
+        self._regions = set()
         (self.config.state_dir / PID_FILE).unlink(missing_ok=True)
         if self._watchdog is not None:
             self._watchdog.kill()

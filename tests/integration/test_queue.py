@@ -19,6 +19,7 @@ import pytest
 from helpers import fixed_costs, metric_total, scrape, wait_until
 
 from adaflash.models.bundle import save_bundle, tiny_random_bundle
+from adaflash_server import shm
 from adaflash_server.repository import RepositoryConfig, build_repository
 from adaflash_client import AdaFlashClient, GenerationError, GenerationParams
 from adaflash_server.launcher import ServerConfig, TritonServer, free_ports
@@ -136,10 +137,12 @@ def test_a_server_that_dies_is_started_again_and_a_cancelled_stream_does_not_hol
     serve, (grpc_port, http_port, metrics_port) = _serve(tmp_path)
     try:
         server_pid = _child(serve.pid, b"tritonserver")
+        regions = shm.mapped_regions(server_pid)  # its models' shared memory, which a killed server leaves behind
         os.kill(server_pid, signal.SIGKILL)
         wait_until(lambda: "restarting in" in (tmp_path / "serve.log").read_text(), 30, "the restart notice")
         wait_until(lambda: _http_status(http_port, "/v2/health/ready") == 200, 300, "the restarted server")
         assert _child(serve.pid, b"tritonserver") != server_pid
+        assert regions and not any(r.exists() for r in regions), "the killed server's regions are left in /dev/shm"
         with AdaFlashClient(f"127.0.0.1:{grpc_port}", timeout_s=60) as client:
             assert client.generate("again", GenerationParams(max_tokens=4)).num_output_tokens == 4
             stream = client.stream("x", GenerationParams(max_tokens=1500, spec_mode="ar"))
