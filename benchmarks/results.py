@@ -513,7 +513,7 @@ def chaos_summary(c: dict) -> str:
     doors = ", ".join(f"{k} {v:,}" for k, v in c["requests_by_door"].items())
     growth = c["memory_growth"].get("total")
     return (f"{c['users']} users for {c['seconds'] / 60:.0f} min, {len(c['modes'])} modes: {c['requests']:,} requests "
-            f"({doors}; {c['cancelled']} cancelled by their client); {c['kills']} kills; {c['failed']:,} failed while a "
+            f"({doors}; {c['cancelled']:,} cancelled by their client); {c['kills']} kills; {c['failed']:,} failed while a "
             f"process was down, {c['failed_outside_faults']} outside a fault, {c['hung']} hung; the server's resident "
             f"memory after the warm-up to the end {growth * 100:+.2f}%; canary unchanged: "
             f"{'yes' if c['canary_unchanged'] else 'NO'}")
