@@ -4,6 +4,7 @@ killed under a running stream."""
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import re
 import signal
@@ -23,6 +24,17 @@ from adaflash.decoding.sampling import SamplingParams
 from adaflash.decoding.sequence import Request
 from adaflash.evaluation.bench import departure_gap
 from adaflash.models.target import Transformer
+
+
+BENCHMARKS = Path(__file__).parents[1] / "benchmarks"
+
+
+def load_script(path: Path):
+    """A script (a benchmark, not a package module) loaded from its file, under a name of its own."""
+    spec = importlib.util.spec_from_file_location(f"{path.stem}_under_test", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def random_prompts(n: int, seed: int, vocab: int = 256, min_len: int = 4, max_len: int = 30) -> list[list[int]]:

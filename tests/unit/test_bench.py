@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import importlib.util
 import math
 from pathlib import Path
 
 import pytest
-from helpers import random_prompts
+from helpers import BENCHMARKS, load_script, random_prompts
 
 from adaflash.decoding.engine import Engine
 from adaflash.decoding.sampling import SamplingParams
@@ -163,11 +162,7 @@ def test_a_departing_contender_keeps_its_speed_only_within_the_tie_tolerance(tol
 
 def _bench_gate():
     """benchmarks/bench_gate.py (a script, not a package), loaded from its file."""
-    path = Path(__file__).parents[2] / "benchmarks" / "bench_gate.py"
-    spec = importlib.util.spec_from_file_location("bench_gate_under_test", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(BENCHMARKS / "bench_gate.py")
 
 
 def _gate_rows(domain: str, adaflash: list[float]) -> list[dict]:

@@ -3,11 +3,10 @@ vocabulary, and at toy size a folder the engine loads and decodes losslessly in 
 
 from __future__ import annotations
 
-import importlib.util
 import json
-from pathlib import Path
 
 import torch
+from helpers import BENCHMARKS, load_script
 
 from adaflash.decoding.engine import Engine
 from adaflash.decoding.sampling import SamplingParams
@@ -18,11 +17,7 @@ from adaflash_contract.modes import MODE_NAMES
 
 
 def _fixture():
-    path = Path(__file__).parents[2] / "benchmarks" / "scale_fixture.py"
-    spec = importlib.util.spec_from_file_location("scale_fixture_under_test", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(BENCHMARKS / "scale_fixture.py")
 
 
 def test_the_target_has_qwen3_0_6b_published_size():
@@ -61,10 +56,7 @@ def test_the_tiny_fixture_loads_and_every_mode_equals_plain_decoding(tmp_path):
 def test_the_scale_benchmark_runs_at_toy_size_and_checks_every_mode(tmp_path):
     """benchmarks/bench_scale.py end to end on the tiny shape (no llama.cpp): every part recorded, every mode equal
     to plain decoding, each prompt length timed."""
-    path = Path(__file__).parents[2] / "benchmarks" / "bench_scale.py"
-    spec = importlib.util.spec_from_file_location("bench_scale_under_test", path)
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = load_script(BENCHMARKS / "bench_scale.py")
     out = tmp_path / "scale.json"
     assert bench.main(["--shape", "tiny", "--model-dir", str(tmp_path / "tiny"), "--prompt-lengths", "16,64",
                        "--concurrency", "1,2", "--most-tokens", "128", "--max-tokens", "6", "--modes-prompt-tokens",

@@ -21,20 +21,18 @@ import re
 import shlex
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import time
-import urllib.error
-import urllib.request
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import tritonclient.grpc.aio as grpcaio
 
 from adaflash_client.client import GenerationParams
-from adaflash_tools.reliability import PROMPTS, one_stream
+from adaflash_tools.net import accepts, http_ok, log_tail
+from adaflash_tools.probes import PROMPTS, one_stream
 from adaflash_server.launcher import descendants, free_ports
 
 CHART = Path(__file__).resolve().parents[2] / "deploy" / "helm" / "adaflash"
@@ -124,11 +122,11 @@ class Balancer:
                                              "-c", str(conf)], stdout=out, stderr=subprocess.STDOUT,
                                             start_new_session=True)
         deadline = time.monotonic() + timeout_s
-        while self.process.poll() is None and not _accepts(self.port) and time.monotonic() < deadline:
+        while self.process.poll() is None and not accepts("127.0.0.1", self.port) and time.monotonic() < deadline:
             time.sleep(0.05)
-        if self.process.poll() is not None or not _accepts(self.port):
+        if self.process.poll() is not None or not accepts("127.0.0.1", self.port):
             self.stop()
-            raise RuntimeError(f"nginx did not start: {_tail(self.root / 'error.log')}")
+            raise RuntimeError(f"nginx did not start: {log_tail(self.root / 'error.log')}")
         return self
 
     def stop(self) -> None:
@@ -178,11 +176,11 @@ def start_replica(root: Path, name: str) -> Replica:
 
 
 def wait_ready(replica: Replica, deadline: float) -> None:
-    while not _http_ok(f"http://127.0.0.1:{replica.http_port}/v2/health/ready"):
+    while not http_ok(f"http://127.0.0.1:{replica.http_port}/v2/health/ready"):
         if replica.process.poll() is not None:
-            raise RuntimeError(f"replica {replica.name} exited during startup: {_tail(replica.log)}")
+            raise RuntimeError(f"replica {replica.name} exited during startup: {log_tail(replica.log)}")
         if time.monotonic() > deadline:
-            raise RuntimeError(f"replica {replica.name} not ready in time: {_tail(replica.log)}")
+            raise RuntimeError(f"replica {replica.name} not ready in time: {log_tail(replica.log)}")
         time.sleep(0.2)
 
 
@@ -268,7 +266,7 @@ async def load_with_kill(url: str, settings: Settings, victim: Replica) -> tuple
 
 def _until_refused(port: int, deadline: float) -> float:
     """The moment connections to `port` are refused (time.monotonic())."""
-    while _accepts(port):
+    while accepts("127.0.0.1", port):
         if time.monotonic() > deadline:
             raise RuntimeError(f"port {port} still accepts connections after the kill")
         time.sleep(0.005)
@@ -382,23 +380,10 @@ def run(root: Path, settings: Settings) -> Report:
     return report
 
 
-def _accepts(port: int) -> bool:
-    try:
-        with socket.create_connection(("127.0.0.1", port), timeout=1):
-            return True
-    except OSError:
-        return False
 
 
-def _http_ok(url: str) -> bool:
-    try:
-        return urllib.request.urlopen(url, timeout=2).status == 200
-    except (urllib.error.URLError, OSError):
-        return False
 
 
-def _tail(path: Path, chars: int = 3000) -> str:
-    return path.read_text(errors="replace")[-chars:] if path.exists() else f"({path} missing)"
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -44,12 +44,12 @@ import tempfile
 import threading
 import time
 import tomllib
-import urllib.error
-import urllib.request
 from collections.abc import Callable
 from datetime import datetime
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+
+from adaflash_tools.net import accepts, http_ok, log_tail
 
 ROOT = Path(__file__).resolve().parents[2]
 VENV_BIN = Path(sys.executable).parent
@@ -98,7 +98,7 @@ def run_group(cmd: list[str], timeout: float, output: Path) -> None:
         process.wait(30)
         raise
     if code != 0:
-        raise CheckFailed(f"{' '.join(cmd)} exited {code}: {_tail(output)}")
+        raise CheckFailed(f"{' '.join(cmd)} exited {code}: {log_tail(output)}")
 
 
 def unmount_under(folder: Path) -> int:
@@ -193,7 +193,7 @@ class Daemon:
         deadline = time.monotonic() + 90
         while not self.answers():
             if self.process.poll() is not None or time.monotonic() > deadline:
-                tail = _tail(self.data_root / "dockerd.log")
+                tail = log_tail(self.data_root / "dockerd.log")
                 self.stop()
                 raise CheckFailed(f"dockerd did not start: {tail}")
             time.sleep(0.5)
@@ -426,7 +426,7 @@ def build_image(daemon: Daemon, work: Path, torch_index: str | None, pip_index: 
                                     timeout=BUILD_TIMEOUT_S)
         seconds = round(time.monotonic() - started, 1)
     if result.returncode != 0:
-        raise CheckFailed(f"the build failed after {seconds} s: {_tail(build_log)}")
+        raise CheckFailed(f"the build failed after {seconds} s: {log_tail(build_log)}")
     size = int(daemon.docker("image", "inspect", "--format", "{{.Size}}", IMAGE).stdout.strip())
     native = re.findall(r"native kernels: (\w+)", build_log.read_text(errors="replace"))
     log(f"built {IMAGE} in {seconds} s; image size {size / 1e9:.2f} GB ({size} bytes)")
@@ -477,7 +477,7 @@ def wait_healthy(daemon: Daemon, containers: list[str], timeout_s: float, ready_
     ready_s = None
     while True:
         states = {c: state(daemon, c) for c in containers}
-        if ready_s is None and ready_url and _http_ok(ready_url):
+        if ready_s is None and ready_url and http_ok(ready_url):
             ready_s = round(time.monotonic() - started, 1)
         if all(s.get("Health", {}).get("Status") == "healthy" for s in states.values()):
             return {"healthy_s": round(time.monotonic() - started, 1), "ready_answered_s": ready_s,
@@ -594,7 +594,7 @@ class Compose:
 
 
 def ports_in_use(ports: list[int]) -> list[int]:
-    return [p for p in ports if _accepts("127.0.0.1", p)]
+    return [p for p in ports if accepts("127.0.0.1", p)]
 
 
 def short_sweep(compose: Compose, sweep_s: int) -> dict:
@@ -699,7 +699,7 @@ def fleet(compose: Compose, load_s: float, kill_after_s: float, users: int) -> d
     log(f"fleet up in {up_s} s: {', '.join(f'{m.name} ({m.address})' for m in members)} behind {balancer} ({nginx})")
     url = "127.0.0.1:8201"
     deadline = time.monotonic() + 60
-    while not _accepts("127.0.0.1", 8201):
+    while not accepts("127.0.0.1", 8201):
         if time.monotonic() > deadline:
             raise CheckFailed("the balancer's port 8201 does not accept connections")
         time.sleep(0.5)
@@ -709,7 +709,7 @@ def fleet(compose: Compose, load_s: float, kill_after_s: float, users: int) -> d
     def kill() -> failover.Kill:
         at, wall = time.monotonic(), time.time()
         daemon.docker("kill", victim.name)  # SIGKILL to the container's init: every process in it dies
-        while _accepts(victim_ip, 8001):
+        while accepts(victim_ip, 8001):
             if time.monotonic() > at + 30:
                 raise CheckFailed(f"{victim.address} still accepts connections 30 s after the kill")
             time.sleep(0.005)
@@ -785,23 +785,10 @@ def compose_check(daemon: Daemon, args: argparse.Namespace) -> dict:
 
 # Running it ----------------------------------------------------------------------------------------------------
 
-def _accepts(host: str, port: int) -> bool:
-    try:
-        with socket.create_connection((host, port), timeout=1):
-            return True
-    except OSError:
-        return False
 
 
-def _http_ok(url: str) -> bool:
-    try:
-        return urllib.request.urlopen(url, timeout=2).status == 200
-    except (urllib.error.URLError, OSError):
-        return False
 
 
-def _tail(path: Path, chars: int = 3000) -> str:
-    return path.read_text(errors="replace")[-chars:] if path.exists() else f"({path} missing)"
 
 
 def main(argv: list[str] | None = None) -> int:
