@@ -134,9 +134,10 @@ SWEEP_ARGS ?=
 sweep: venv
 	$(BIN)/adaflash sweep --out bench-out/sweep $(SWEEP_ARGS)
 
-# The reliability suite at full scale (about 45 minutes, the machine to itself): 4x overload for 60 s, 1,000
-# cancellations, the malformed-input corpus, a 30-minute soak, SIGKILL of each model process under load; the
-# tiny random models unless SOAK_ARGS="--model-dir models/default". `make test` runs its short scale.
+# The reliability suite at full scale (about 80 minutes, the machine to itself; docs/reliability.md): the malformed-
+# input corpus, 6,000 fuzzed requests, huge bodies, 1,000 cancellations, 4x overload for 60 s, a 30-minute soak,
+# SIGKILL of each model process under load, and 30 minutes of random kills under a mixed load (chaos); the tiny
+# random models unless SOAK_ARGS="--model-dir models/default". `make test` runs its short scale.
 SOAK_ARGS ?=
 soak: venv
 	$(BIN)/python -m adaflash_tools.reliability --json bench-out/reliability.json $(SOAK_ARGS)
