@@ -127,6 +127,13 @@ $(PEERS_STAMP): $(STAMP)
 bench-peers: $(PEERS_STAMP)
 	$(BIN)/python benchmarks/bench_peers.py --json bench-out/peers.json
 
+# The engine at Qwen3-0.6B's size (random weights: benchmarks/scale_fixture.py writes it under bench-out/scale/, 2.4 GB)
+# beside llama.cpp f32 on the same folder: prefill and decode per prompt length (128, 2,048, 8,192) and load, every
+# mode against ar, peak memory against plan-memory (benchmarks/bench_scale.py). The machine to itself; about an hour.
+.PHONY: bench-scale
+bench-scale: $(PEERS_STAMP)
+	$(BIN)/python benchmarks/bench_scale.py --json bench-out/scale.json
+
 # Capacity sweep: Locust per spec_mode and concurrency against a server it starts (models/default, else
 # the tiny random models); CSVs, plots and report.md in bench-out/sweep/. SWEEP_ARGS adds options, e.g.
 #   make sweep SWEEP_ARGS="--url 127.0.0.1:8001 --modes ar,adaflash --duration 60 --ttft-slo-ms 500 --itl-slo-ms 50"

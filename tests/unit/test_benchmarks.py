@@ -27,7 +27,8 @@ IN_PROCESS = ("bench_detokenize", "bench_gate", "bench_graph_ceiling", "bench_gr
               "bench_onnx_drafter", "bench_peers", "bench_runner", "bench_step", "bench_verify")
 SERVED = ("bench_grpc", "bench_threads")  # tests/integration/test_benchmarks_served.py
 ELSEWHERE = {"results.py": "tests/unit/test_results.py", "gpu_check.sh": "make gpu-check; its flags: below",
-             "bench_memory.py": "tests/integration/test_resident_served.py"}
+             "bench_memory.py": "tests/integration/test_resident_served.py",
+             "bench_scale.py": "tests/unit/test_scale_fixture.py", "scale_fixture.py": "tests/unit/test_scale_fixture.py"}
 
 
 @cache
