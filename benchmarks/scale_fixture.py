@@ -25,6 +25,7 @@ from pathlib import Path
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
+from adaflash.models.bundle import randomize
 from adaflash.models.drafter import DFlashDrafter, DrafterConfig
 from adaflash.models.target import TargetConfig, Transformer
 
@@ -57,7 +58,7 @@ TINY_DRAFTER = {**DFLASH_QWEN3_0_6B, "hidden_size": 64, "intermediate_size": 128
                 "dflash_config": {"mask_token_id": 2042, "target_layer_ids": [1, 4]}}
 SHAPES = {"qwen3-0.6b": (QWEN3_0_6B, DFLASH_QWEN3_0_6B), "tiny": (TINY, TINY_DRAFTER)}
 SPECIALS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")  # Qwen3's first three, at the ids its config names
-INIT_STD = 0.02  # the published initializer_range
+INIT_STD = 0.02  # the published initializer_range (norms drawn near 1, as the tiny bundles' are)
 
 
 def covering_tokenizer(vocab_size: int, first_special: int) -> Tokenizer:
@@ -83,25 +84,13 @@ def covering_tokenizer(vocab_size: int, first_special: int) -> Tokenizer:
     return tok
 
 
-def _randomize(model: torch.nn.Module, generator: torch.Generator) -> None:
-    """Normal(0, INIT_STD) matrices and unit norms, as a freshly initialised Qwen3."""
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if name.endswith("norm.weight"):
-                p.fill_(1.0)
-            elif p.dim() == 1:
-                p.zero_()
-            else:
-                p.copy_(torch.randn(p.shape, generator=generator) * INIT_STD)
-
-
 def write_fixture(out: Path, shape: str = "qwen3-0.6b", seed: int = 0) -> Path:
     """`out`/target (config.json, model.safetensors, tokenizer.json) and `out`/drafter, the model folder layout
     `adaflash serve --model-dir` and `adaflash bench --model-dir` read."""
     target_cfg, drafter_cfg = SHAPES[shape]
-    generator = torch.Generator().manual_seed(seed)
+    torch.manual_seed(seed)
     target = Transformer(TargetConfig.from_hf(target_cfg))
-    _randomize(target, generator)
+    randomize(target, INIT_STD)
     target.save_pretrained(out / "target", dtype=torch.float32)
     config = json.loads((out / "target" / "config.json").read_text())  # the runner's, with the published fields kept
     (out / "target" / "config.json").write_text(json.dumps({**target_cfg, **config, "torch_dtype": "float32"},
@@ -110,7 +99,7 @@ def write_fixture(out: Path, shape: str = "qwen3-0.6b", seed: int = 0) -> Path:
     tokenizer.save(str(out / "target" / "tokenizer.json"))
     del target
     drafter = DFlashDrafter(DrafterConfig.from_hf(drafter_cfg))
-    _randomize(drafter, generator)
+    randomize(drafter, INIT_STD)
     drafter.save_pretrained(out / "drafter", dtype=torch.float32)
     return out
 

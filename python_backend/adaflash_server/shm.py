@@ -12,6 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 
 REGION_PREFIX = "triton_python_backend_shm_region_"
+SHM_DIR = Path("/dev/shm")
 
 
 def mapped_regions(pid: int, prefix: str = REGION_PREFIX) -> set[Path]:
@@ -38,3 +39,8 @@ def remove_unmapped(regions: set[Path], prefix: str = REGION_PREFIX) -> list[Pat
     for region in unused:
         region.unlink(missing_ok=True)
     return unused
+
+
+def region_bytes(folder: Path = SHM_DIR, prefix: str = REGION_PREFIX) -> int:
+    """Bytes the regions in `folder` hold (every server's): what a container's `shm_size` bounds."""
+    return sum(p.stat().st_size for p in folder.glob(f"{prefix}*") if p.is_file()) if folder.is_dir() else 0

@@ -27,24 +27,24 @@ import signal
 import threading
 import time
 from dataclasses import asdict, dataclass
-from pathlib import Path
 
 import aiohttp
 import tritonclient.grpc.aio as grpcaio
 
 from adaflash_client.client import GenerationParams
 from adaflash_contract.modes import MODE_NAMES
+from adaflash_server import shm
 from adaflash_server.launcher import TritonServer, free_ports, stub_pids
 from adaflash_server.openai_front import FrontServer
 from adaflash_tools import fuzz as fuzzing
 from adaflash_tools import probes
 
-KINDS = ("adaflash", "drafter", "tritonserver")  # the processes killed: orchestrator, drafter, the model server
+MODELS = ("adaflash", "drafter")  # the model processes: the orchestrator, the drafter
+KINDS = (*MODELS, "tritonserver")  # the processes killed
 NOT_READY_S = 5.0  # readiness must turn false this soon after a kill (not the drafter's)
 RECOVERED_S = 30.0  # service must be back this soon after a kill
 READY_WHILE_FAILING_S = 5.0
 MEMORY_GROWTH = 0.05
-_SHM = Path("/dev/shm")
 # gRPC's reconnect backoff grows to 2 minutes, and channels to one address share its state: a client of a restarted
 # server would fail for seconds after it is ready again. The load's clients retry as the OpenAI front's channel does.
 GRPC_CHANNEL = [("grpc.max_reconnect_backoff_ms", 1000)]
@@ -190,7 +190,7 @@ class Kill:
     to_served_s: float | None  # a request sent after readiness came back ended with its answer
 
     def passed(self) -> bool:
-        recovered = self.to_served_s is not None and max(self.to_ready_s or 0.0, self.to_served_s) <= RECOVERED_S
+        recovered = self.to_served_s is not None and self.to_served_s <= RECOVERED_S  # served after ready: the later
         return recovered and (self.kind == "drafter" or self.to_not_ready_s is not None)
 
 
@@ -219,7 +219,7 @@ def kill_and_recover(server: TritonServer, kind: str, load: Load, began: float) 
     killed_at = time.monotonic()
     os.kill(pid, signal.SIGKILL)
     not_ready = probes.wait_for(lambda: not probes.ready(server), NOT_READY_S)
-    back = probes.wait_for(lambda: process_pid(server, kind) not in (None, pid) and whole(server, KINDS[:2])
+    back = probes.wait_for(lambda: process_pid(server, kind) not in (None, pid) and whole(server, MODELS)
                           and probes.ready(server), 120)
     ready_at = time.monotonic()
     served = probes.wait_for(lambda: load.succeeded_since(ready_at), 60) if back is not None else None
@@ -228,28 +228,27 @@ def kill_and_recover(server: TritonServer, kind: str, load: Load, began: float) 
                 probes.rounded(to_served))
 
 
-def shm_bytes() -> int:
-    """Bytes held in /dev/shm, where Triton's Python backend keeps a region per model process."""
-    return sum(p.stat().st_size for p in _SHM.iterdir() if p.is_file()) if _SHM.is_dir() else 0
-
-
 def server_memory(server: TritonServer) -> dict[str, int]:
     kib = probes.resident_kib(server)
-    return kib | {"total": sum(kib.values()), "dev_shm": shm_bytes() // 1024}
+    return kib | {"total": sum(kib.values()), "dev_shm": shm.region_bytes() // 1024}
 
 
 def unexplained_failures(requests: list[Request], kills: list[Kill], began: float) -> list[Request]:
-    """Failed requests whose time overlaps no fault (from a kill, `at_s` rounded, until service was back, and a second
-    after)."""
-    windows = [(began + k.at_s - 0.05, began + k.at_s + (k.to_served_s if k.to_served_s is not None else 1e9) + 1.0)
+    """Failed requests whose time overlaps no fault (from a kill until service was back, and a second after)."""
+    windows = [(killed_at(k, began), began + k.at_s + (k.to_served_s if k.to_served_s is not None else 1e9) + 1.0)
                for k in kills]
     return [r for r in requests if not r.ok and not any(r.started <= end and r.ended >= start
                                                           for start, end in windows)]
 
 
+def killed_at(kill: Kill, began: float) -> float:
+    """When `kill` happened (time.monotonic()), its `at_s` being rounded to a tenth: never after it."""
+    return began + kill.at_s - 0.05
+
+
 def kill_spans(kills: list[Kill], began: float) -> list[tuple[float, float]]:
     """Each kill's time until the next one's: the failures a kill's readiness is judged by."""
-    starts = [began + k.at_s - 0.05 for k in kills]
+    starts = [killed_at(k, began) for k in kills]
     return list(zip(starts, [*starts[1:], float("inf")]))
 
 
@@ -302,8 +301,8 @@ def summary(server: TritonServer, load: Load, kills: list[Kill], memory: list, p
     unexplained = unexplained_failures(requests, kills, began)
     windows = [probes.ready_while_failing_s(polls, [r.ended for r in failed if since <= r.ended < until], since)
                for since, until in kill_spans(kills, began)]
-    growth = {name: round(memory[-1][1][name] / memory[0][1][name] - 1, 4)
-              for name in ("total", *probes.resident_kib(server)) if name in memory[0][1] and name in memory[-1][1]}
+    (_, first), (_, last) = memory[0], memory[-1]
+    growth = {name: round(last[name] / first[name] - 1, 4) for name in first if name in last and first[name]}
     rows = [asdict(k) | {"ready_while_failing_s": w, "passed": k.passed()} for k, w in zip(kills, windows)]
     by = {f"{d} {'stream' if s else 'whole'}": sum(r.door == d and r.stream == s for r in requests)
           for d in ("grpc", "openai") for s in (True, False)}

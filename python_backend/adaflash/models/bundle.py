@@ -69,7 +69,7 @@ def tiny_random_bundle(seed: int = 0, block_size: int = 16, length_head: bool = 
         eos_token_ids=[] if eos is None else [eos],
     )
     target = Transformer(tcfg)
-    _randomize(target, std=0.2)
+    randomize(target, std=0.2)
     with torch.no_grad():
         target.model.embed_tokens.weight.normal_(0.0, 1.0)
     dcfg = DrafterConfig(
@@ -79,11 +79,12 @@ def tiny_random_bundle(seed: int = 0, block_size: int = 16, length_head: bool = 
         length_head_dim=32, hf=_tiny_drafter_hf(),
     )
     drafter = DFlashDrafter(dcfg)
-    _randomize(drafter, std=0.1)
+    randomize(drafter, std=0.1)
     return Bundle(move_to(target, place).eval(), move_to(drafter, place).eval(), tok)
 
 
-def _randomize(model: torch.nn.Module, std: float) -> None:
+def randomize(model: torch.nn.Module, std: float) -> None:
+    """Normal(0, std) matrices, zero biases, norms near 1, from torch's global generator (seed it first)."""
     with torch.no_grad():
         for name, p in model.named_parameters():
             if name.endswith("norm.weight"):
